@@ -1,0 +1,29 @@
+"""Exceptions raised by mmreplay.
+
+Every error names the offending value and what was expected, so a user can fix the call without
+reading our source. Input errors are raised before anything is written.
+"""
+
+
+class MMReplayError(Exception):
+    """Base class for mmreplay's own errors."""
+
+
+class NotAStoreError(MMReplayError, FileNotFoundError):
+    """The path is not an mmreplay store (no store metadata where one was expected)."""
+
+
+class FormatError(MMReplayError):
+    """Stored metadata is malformed, from a newer format version, or inconsistent."""
+
+
+class CorruptDataError(MMReplayError):
+    """A stored chunk failed its checksum or decoded to the wrong size."""
+
+
+class StoreClosedError(MMReplayError):
+    """The store was used after close()."""
+
+
+class ReadOnlyError(MMReplayError):
+    """A write was attempted on a store opened with mode='r'."""

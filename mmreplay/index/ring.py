@@ -1,0 +1,252 @@
+"""The in-RAM index ring: which transitions exist, where their frames are, which are valid.
+
+Invariants:
+- Transitions have global ids ``g = 0, 1, 2, ...``; ``g`` lives in slot ``g % rows`` (``rows`` is the
+  ring size, or grows by doubling when unbounded). Every per-transition column is resident here, packed
+  where the schema says so; the observations themselves live in the frame ring on disk.
+- ``obs_frame[slot]`` / ``next_frame[slot]`` are the global ids (mod 2**32) of the newest frame of the
+  observation and of the next observation; ``prev_delta[slot]`` is ``g`` minus the global id of the
+  previous transition of the same episode, 0 at an episode start.
+- A transition ``g`` is valid iff ``oldest <= g < head`` and every predecessor its frame stack needs is
+  ``>= oldest``. ``oldest`` is only ever advanced so that every frame a valid transition needs is still
+  in the frame ring (see ``advance_past_frames``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from mmreplay.columns import packing
+from mmreplay.columns.spec import ColumnSpec
+from mmreplay.storage.layout import transition_layout
+from mmreplay.storage.sharded import ShardedArray
+
+U32 = np.uint32
+NO_FRAME = np.iinfo(np.int64).max
+
+
+class TransitionRing:
+    INDEX_COLUMNS = ("obs_frame", "next_frame", "prev_delta")
+    FLAG_COLUMNS = ("terminated", "truncated")
+
+    def __init__(self, root: str, data_columns: Sequence[ColumnSpec], rows: int, shard_rows: int, *,
+                 capacity: int | None, head: int = 0, oldest: int = 0):
+        if rows % shard_rows or shard_rows % 8:
+            raise ValueError(f"transition rows {rows} / shard rows {shard_rows} must be multiples of 8 and nest")
+        self.root = root
+        self.rows = rows
+        self.shard_rows = shard_rows
+        self.capacity = capacity  # None: unbounded
+        self.head = head
+        self.oldest = oldest
+        self.max_prev_delta = 0
+        self.specs: dict[str, ColumnSpec] = {c.name: c for c in data_columns}
+        self.arrays: dict[str, np.ndarray] = {}
+        self.bits: dict[str, int] = {}  # packed columns: name -> bits
+        self.disk: dict[str, ShardedArray] = {}
+        for name in self.INDEX_COLUMNS:
+            self._add_column(name, np.dtype(U32), (), 0, None)
+        for name in self.FLAG_COLUMNS:
+            self._add_column(name, np.dtype(np.uint8), (), 1, (False, True))
+        for spec in data_columns:
+            if spec.kind == "packed":
+                self._add_column(spec.name, np.dtype(np.uint8), (), spec.bits, spec.values)
+            else:
+                self._add_column(spec.name, spec.np_dtype, spec.shape, 0, None)
+        n_shards = rows // shard_rows
+        self.shard_min_frame = np.full(n_shards, NO_FRAME, dtype=np.int64)  # per file shard, this lap
+        self.dirty: set[int] = set()  # global shard numbers changed since the last flush
+        self.written: list[str] = []
+        self.before_overwrite: Callable[[], None] = lambda: None
+        self.on_grow: Callable[[int], None] = lambda rows: None
+        self._valid_count_cache: tuple | None = None
+
+    def _add_column(self, name: str, dtype: np.dtype, shape: tuple, bits: int, values) -> None:
+        layout = transition_layout(name, self.rows, self.shard_rows, dtype.name, shape, bits, values)
+        self.disk[name] = ShardedArray(self.root, layout)
+        if bits:
+            self.bits[name] = bits
+            self.arrays[name] = np.zeros(packing.packed_nbytes(self.rows, bits), dtype=np.uint8)
+        else:
+            self.arrays[name] = np.zeros((self.rows, *shape), dtype=dtype)
+
+    def layouts(self):
+        return [a.layout for a in self.disk.values()]
+
+    # -- geometry ---------------------------------------------------------------------------------
+    def slot(self, g):
+        return g if self.capacity is None else g % self.rows
+
+    def file_shard(self, global_shard: int) -> int:
+        return global_shard if self.capacity is None else global_shard % (self.rows // self.shard_rows)
+
+    def __len__(self) -> int:
+        return self.count_valid(1)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def append(self, n: int, index: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray],
+               frame_globals_of_obs: np.ndarray) -> int:
+        """Store ``n`` transitions (index columns, flags and data columns already encoded)."""
+        first = self.head
+        done = 0
+        while done < n:
+            shard = self.head // self.shard_rows
+            if self.head % self.shard_rows == 0:
+                self._enter_shard(shard)
+            take = min(n - done, (shard + 1) * self.shard_rows - self.head)
+            slots = self.slot(np.arange(self.head, self.head + take, dtype=np.int64))
+            part = slice(done, done + take)
+            for name, values in index.items():
+                if name in self.bits:
+                    packing.write_codes(self.arrays[name], self.bits[name], slots, values[part])
+                else:
+                    self.arrays[name][slots] = values[part]
+            for name, values in codes.items():
+                if name in self.bits:
+                    packing.write_codes(self.arrays[name], self.bits[name], slots, values[part])
+                else:
+                    self.arrays[name][slots] = values[part]
+            fs = self.file_shard(shard)
+            self.shard_min_frame[fs] = min(int(self.shard_min_frame[fs]), int(frame_globals_of_obs[part].min()))
+            self.dirty.add(shard)
+            self.head += take
+            done += take
+        if self.capacity is not None:
+            self.oldest = max(self.oldest, self.head - self.capacity)
+        delta_max = int(index["prev_delta"].max())
+        if delta_max > self.max_prev_delta:
+            self.max_prev_delta = delta_max
+        return first
+
+    def _enter_shard(self, global_shard: int) -> None:
+        start = global_shard * self.shard_rows
+        if self.capacity is None:
+            if start + self.shard_rows > self.rows:
+                self._grow(max(2 * self.rows, start + self.shard_rows))
+        elif start >= self.rows:  # the previous lap's transitions in this shard are given up now
+            self.oldest = max(self.oldest, start + self.shard_rows - self.rows)
+        fs = self.file_shard(global_shard)
+        self.shard_min_frame[fs] = NO_FRAME
+        lo, hi = fs * self.shard_rows, (fs + 1) * self.shard_rows
+        for name, arr in self.arrays.items():  # zero the shard so rows past head never show stale data
+            bits = self.bits.get(name)
+            if bits:
+                arr[lo * bits // 8: hi * bits // 8] = 0
+            else:
+                arr[lo:hi] = 0
+
+    def _grow(self, rows: int) -> None:
+        rows = -(-rows // self.shard_rows) * self.shard_rows
+        for name, arr in self.arrays.items():
+            bits = self.bits.get(name)
+            new_len = packing.packed_nbytes(rows, bits) if bits else rows
+            grown = np.zeros((new_len, *arr.shape[1:]), dtype=arr.dtype)
+            grown[: arr.shape[0]] = arr
+            self.arrays[name] = grown
+        grown_min = np.full(rows // self.shard_rows, NO_FRAME, dtype=np.int64)
+        grown_min[: self.shard_min_frame.size] = self.shard_min_frame
+        self.shard_min_frame = grown_min
+        self.rows = rows
+        self.on_grow(rows)
+
+    def advance_past_frames(self, frame_oldest: int) -> None:
+        """Frames below ``frame_oldest`` are gone: drop every transition shard that may need them."""
+        shard = self.oldest // self.shard_rows
+        while self.oldest < self.head and self.shard_min_frame[self.file_shard(shard)] < frame_oldest:
+            self.oldest = min(self.head, (shard + 1) * self.shard_rows)
+            shard += 1
+
+    def flush(self) -> None:
+        """Write every shard changed since the last flush."""
+        for shard in sorted(self.dirty):
+            if self.capacity is not None and shard * self.shard_rows >= self.rows:
+                self.before_overwrite()  # the file still holds the previous lap
+            fs = self.file_shard(shard)
+            n_rows = min(self.shard_rows, self.head - shard * self.shard_rows)
+            for name, disk in self.disk.items():
+                lo, hi = fs * self.shard_rows, (fs + 1) * self.shard_rows
+                bits = self.bits.get(name)
+                data = self.arrays[name][lo * bits // 8: hi * bits // 8] if bits else self.arrays[name][lo:hi]
+                self.written.append(disk.write_shard(fs, data, disk.layout.shard_rows))
+        self.dirty.clear()
+
+    def load(self, head: int) -> None:
+        """After open: read every committed shard back into RAM."""
+        n_shards_used = -(-min(head, self.rows) // self.shard_rows) if self.capacity is not None else \
+            -(-head // self.shard_rows)
+        for name, disk in self.disk.items():
+            bits = self.bits.get(name)
+            scale = (bits / 8) if bits else 1
+            for fs in range(n_shards_used):
+                lo, hi = int(fs * self.shard_rows * scale), int((fs + 1) * self.shard_rows * scale)
+                self.arrays[name][lo:hi] = disk.read_rows(lo, hi)
+
+    def rebuild_shard_min_frame(self, frame_head: int) -> None:
+        """Recompute the per-shard minimum obs frame from the resident index (after open)."""
+        self.shard_min_frame[:] = NO_FRAME
+        if self.head == self.oldest:
+            return
+        g = np.arange(self.oldest, self.head, dtype=np.int64)
+        frames = self.frame_globals(self.arrays["obs_frame"][self.slot(g)], frame_head)
+        shards = self.file_shard_array(g // self.shard_rows)
+        np.minimum.at(self.shard_min_frame, shards, frames)
+
+    def file_shard_array(self, global_shards: np.ndarray) -> np.ndarray:
+        return global_shards if self.capacity is None else global_shards % (self.rows // self.shard_rows)
+
+    # -- reading ----------------------------------------------------------------------------------
+    @staticmethod
+    def frame_globals(frames_u32: np.ndarray, frame_head: int) -> np.ndarray:
+        """Global frame ids from their low 32 bits (every live frame is within 2**32 of the head)."""
+        age = (np.uint32(frame_head & 0xFFFFFFFF) - frames_u32.astype(U32, copy=False)).astype(np.int64)
+        return frame_head - age
+
+    def read(self, name: str, g: np.ndarray) -> np.ndarray:
+        """Stored values (codes for packed columns) of column ``name`` at transitions ``g``."""
+        slots = self.slot(g)
+        if name in self.bits:
+            return packing.read_codes(self.arrays[name], self.bits[name], slots)
+        return self.arrays[name][slots]
+
+    def stack_frames(self, g: np.ndarray, k: int, frame_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Frame ids of the obs stack and next-obs stack of transitions ``g`` (shape (n, k) each, oldest
+        first) and a mask of which ``g`` are valid. Stacks never cross an episode start: they are
+        padded by repeating the episode's first frame."""
+        obs_frame = self.arrays["obs_frame"]
+        prev_delta = self.arrays["prev_delta"]
+        obs_ids = np.empty((g.size, k), dtype=np.int64)
+        frame = self.frame_globals(obs_frame[self.slot(g)], frame_head)
+        obs_ids[:, k - 1] = frame
+        valid = (g >= self.oldest) & (g < self.head)
+        cur = g
+        for j in range(1, k):
+            delta = prev_delta[self.slot(cur)].astype(np.int64)
+            prev = cur - delta
+            has_prev = delta > 0
+            prev_kept = prev >= self.oldest
+            valid &= ~has_prev | prev_kept
+            move = has_prev & prev_kept  # at an episode start the stack repeats the first frame
+            cur = np.where(move, prev, cur)
+            frame = np.where(move, self.frame_globals(obs_frame[self.slot(cur)], frame_head), frame)
+            obs_ids[:, k - 1 - j] = frame
+        next_ids = np.empty_like(obs_ids)
+        next_ids[:, : k - 1] = obs_ids[:, 1:]
+        next_ids[:, k - 1] = self.frame_globals(self.arrays["next_frame"][self.slot(g)], frame_head)
+        return obs_ids, next_ids, valid
+
+    def count_valid(self, k: int, frame_head: int | None = None) -> int:
+        """Number of valid transitions for stacks of ``k`` frames (cached until the ring changes)."""
+        key = (self.head, self.oldest, k)
+        if self._valid_count_cache and self._valid_count_cache[0] == key:
+            return self._valid_count_cache[1]
+        total = self.head - self.oldest
+        if k > 1 and total > 0:
+            # Only transitions whose stack may reach below ``oldest`` can be invalid.
+            window = min(total, (k - 1) * max(1, self.max_prev_delta))
+            g = np.arange(self.oldest, self.oldest + window, dtype=np.int64)
+            _, _, valid = self.stack_frames(g, k, frame_head or 0)
+            total -= int(window - np.count_nonzero(valid))
+        self._valid_count_cache = (key, total)
+        return total

@@ -1,0 +1,85 @@
+"""Episode state per stream (one stream per sub-env of a vector env).
+
+Invariant: for stream ``s``, ``last[s]`` is the global id of its newest transition and ``ended[s]``
+whether that transition ended its episode. A new transition of ``s`` continues the episode (its
+observation is not stored again; its frame stack reaches back) iff the episode has not ended, the last
+transition is still in the ring, and the new observation equals the last next observation exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mmreplay.columns.spec import ColumnSpec
+
+MAX_STREAM_ID = (1 << 31) - 1
+
+
+class Streams:
+    def __init__(self, obs_specs: Sequence[ColumnSpec]):
+        self.obs_names = [s.name for s in obs_specs]
+        self.last: dict[int, int] = {}
+        self.ended: dict[int, bool] = {}
+        self._next_obs: dict[int, dict[str, np.ndarray]] = {}  # copy of each stream's last next obs
+
+    @staticmethod
+    def validate_ids(ids, n: int) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.shape != (n,) or ids.dtype.kind not in "iu":
+            raise ValueError(f"streams: expected {n} integer stream ids, got {ids.tolist() if ids.size < 20 else ids}")
+        if ids.size and (ids.min() < 0 or ids.max() > MAX_STREAM_ID):
+            raise ValueError(f"streams: ids must lie in [0, {MAX_STREAM_ID}], got {ids.tolist()[:8]}")
+        if n > 1 and np.unique(ids).size != n:
+            raise ValueError(f"streams: each stream can add one transition per call, got repeated ids {ids.tolist()}")
+        return ids.astype(np.int64)
+
+    def continuing(self, ids: np.ndarray, obs: dict[str, np.ndarray], ring, frames) -> tuple[np.ndarray, np.ndarray]:
+        """Mask of transitions that continue their stream's episode, and each one's predecessor id."""
+        n = ids.size
+        cont = np.zeros(n, dtype=bool)
+        prev = np.full(n, -1, dtype=np.int64)
+        for i, sid in enumerate(ids.tolist()):
+            last = self.last.get(sid, -1)
+            if last < ring.oldest or self.ended.get(sid, True):
+                continue
+            expected = self._last_next_obs(sid, last, ring, frames)
+            if expected is None:
+                continue
+            if all(np.array_equal(obs[k][i], expected[k]) for k in self.obs_names):
+                cont[i] = True
+                prev[i] = last
+        return cont, prev
+
+    def _last_next_obs(self, sid: int, last: int, ring, frames) -> dict[str, np.ndarray] | None:
+        cached = self._next_obs.get(sid)
+        if cached is None:  # after reopen: read it back from the frame ring
+            frame = int(ring.frame_globals(ring.read("next_frame", np.array([last])), frames.head)[0])
+            if frame < frames.oldest:
+                return None
+            cached = {k: frames.read_frame(k, frame) for k in self.obs_names}
+            self._next_obs[sid] = cached
+        return cached
+
+    def record(self, ids: np.ndarray, g: np.ndarray, done: np.ndarray, next_obs: dict[str, np.ndarray]) -> None:
+        for i, sid in enumerate(ids.tolist()):
+            self.last[sid] = int(g[i])
+            self.ended[sid] = bool(done[i])
+            if done[i]:
+                self._next_obs.pop(sid, None)
+            else:
+                slot = self._next_obs.get(sid)
+                if slot is None:
+                    self._next_obs[sid] = {k: next_obs[k][i].copy() for k in self.obs_names}
+                else:
+                    for k in self.obs_names:
+                        slot[k][...] = next_obs[k][i]
+
+    def to_json(self) -> list[list[int]]:
+        return [[sid, last, int(self.ended[sid])] for sid, last in sorted(self.last.items())]
+
+    def restore(self, entries: list[list[int]]) -> None:
+        for sid, last, ended in entries:
+            self.last[sid] = last
+            self.ended[sid] = bool(ended)

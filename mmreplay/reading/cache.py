@@ -1,0 +1,126 @@
+"""LRU cache of decoded chunks of one column, in one preallocated slab.
+
+Invariant: ``slot_of[chunk] == s >= 0`` iff ``slab[s]`` holds the decoded chunk ``chunk`` and
+``chunk_in[s] == chunk``; the slab never grows past its slot count except to fit a single batch.
+Lookups and LRU bookkeeping are vectorised (a chunk -> slot table and a last-used tick per slot),
+so a batch of hits costs a few numpy calls. Eviction is exact LRU at batch granularity: the slots
+with the oldest tick go first, and never a slot the current batch uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    bytes: int = 0  # decoded bytes currently held
+    capacity_bytes: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(hits=self.hits, misses=self.misses, evictions=self.evictions, bytes=self.bytes,
+                    capacity_bytes=self.capacity_bytes)
+
+
+class ChunkCache:
+    def __init__(self, n_chunks: int, chunk_shape: tuple[int, ...], dtype, budget_bytes: int, min_slots: int = 64):
+        self.chunk_shape = tuple(chunk_shape)
+        self.dtype = np.dtype(dtype)
+        self.chunk_nbytes = int(np.prod(chunk_shape, dtype=np.int64)) * self.dtype.itemsize
+        n_slots = max(min_slots, int(budget_bytes) // max(1, self.chunk_nbytes))
+        n_slots = min(n_slots, max(min_slots, n_chunks))  # no point holding more slots than chunks exist
+        self.slab = np.empty((n_slots, *chunk_shape), dtype=self.dtype)
+        self.slot_of = np.full(n_chunks, -1, dtype=np.int32)
+        self.chunk_in = np.full(n_slots, -1, dtype=np.int64)
+        self.last_used = np.zeros(n_slots, dtype=np.int64)
+        self.n_used = 0  # slots [0, n_used) have been handed out at least once
+        self._free = np.empty(0, dtype=np.int64)  # slots released since (eviction, invalidation)
+        self.tick = 0
+        self.stats = CacheStats(capacity_bytes=n_slots * self.chunk_nbytes)
+
+    @property
+    def n_slots(self) -> int:
+        return self.slab.shape[0]
+
+    def grow_address_space(self, n_chunks: int) -> None:
+        """Unbounded stores: more chunks exist now."""
+        if n_chunks > self.slot_of.size:
+            grown = np.full(n_chunks, -1, dtype=np.int32)
+            grown[: self.slot_of.size] = self.slot_of
+            self.slot_of = grown
+
+    def lookup(self, chunks: np.ndarray) -> np.ndarray:
+        """Slots for ``chunks`` (-1 where missing); the hits are marked used."""
+        self.tick += 1
+        slots = self.slot_of[chunks]
+        hit = slots >= 0
+        self.last_used[slots[hit]] = self.tick
+        n_hit = int(np.count_nonzero(hit))
+        self.stats.hits += n_hit
+        self.stats.misses += slots.size - n_hit
+        return slots
+
+    def admit(self, chunks: np.ndarray) -> np.ndarray:
+        """Slots for ``chunks`` (unique, all missing), evicting the least recently used others."""
+        need = int(chunks.size)
+        fresh = min(need, self.n_slots - self.n_used)  # never-used slots first
+        slots = [np.arange(self.n_used, self.n_used + fresh)]
+        self.n_used += fresh
+        short = need - fresh
+        if short > self._free.size:
+            self._evict(short - self._free.size)
+        reuse = min(short, self._free.size)
+        slots.append(self._free[:reuse])
+        self._free = self._free[reuse:]
+        if short > reuse:  # one batch needs more chunks than the budget holds: grow just enough
+            slots.append(self._grow(short - reuse))
+        slots = np.concatenate(slots)
+        self.slot_of[chunks] = slots
+        self.chunk_in[slots] = chunks
+        self.last_used[slots] = self.tick
+        self.stats.bytes += need * self.chunk_nbytes
+        return slots.astype(np.int32)
+
+    def invalidate(self, chunk_lo: int, chunk_hi: int) -> None:
+        """Forget chunks in [chunk_lo, chunk_hi) (their data is being overwritten)."""
+        chunk_hi = min(chunk_hi, self.slot_of.size)
+        slots = self.slot_of[chunk_lo:chunk_hi]
+        held = slots[slots >= 0].astype(np.int64)
+        if held.size:
+            self._release(held)
+
+    def clear(self) -> None:
+        self._release(np.flatnonzero(self.chunk_in >= 0))
+
+    def _release(self, slots: np.ndarray) -> None:
+        self.slot_of[self.chunk_in[slots]] = -1
+        self.chunk_in[slots] = -1
+        self.last_used[slots] = -1
+        self._free = np.concatenate([self._free, slots])
+        self.stats.bytes -= int(slots.size) * self.chunk_nbytes
+
+    def _evict(self, count: int) -> None:
+        # Evict a few more than needed so the O(slots) partition runs once per many misses.
+        never = np.iinfo(np.int64).max
+        ticks = np.where(self.chunk_in >= 0, self.last_used, never)
+        ticks[self.last_used == self.tick] = never  # in use by the current batch
+        count = min(int(np.count_nonzero(ticks < never)), max(count, self.n_slots // 64))
+        if count <= 0:
+            return
+        victims = np.argpartition(ticks, count - 1)[:count]
+        self._release(victims)
+        self.stats.evictions += int(victims.size)
+
+    def _grow(self, extra: int) -> np.ndarray:
+        old = self.n_slots
+        self.slab = np.concatenate([self.slab, np.empty((extra, *self.chunk_shape), self.dtype)])
+        self.chunk_in = np.concatenate([self.chunk_in, np.full(extra, -1, np.int64)])
+        self.last_used = np.concatenate([self.last_used, np.full(extra, -1, np.int64)])
+        self.stats.capacity_bytes = self.n_slots * self.chunk_nbytes
+        self.n_used = self.n_slots
+        return np.arange(old, old + extra)

@@ -1,0 +1,109 @@
+"""A sampled batch and how it is assembled from the index ring and the frame ring.
+
+Invariant: ``assemble`` writes transition ``indices[i]`` into row ``i`` of every output buffer —
+observation stacks and next-observation stacks rebuilt from frames stored once, packed columns decoded
+to their values — and touches nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mmreplay.store import Store
+
+
+@dataclass
+class Batch:
+    obs: Any  # torch.Tensor, or dict of them for Dict observation spaces
+    action: torch.Tensor
+    reward: torch.Tensor
+    next_obs: Any
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    indices: torch.Tensor  # global transition ids (stable across reopen)
+    extras: dict = field(default_factory=dict)
+    weights: torch.Tensor | None = None  # importance-sampling weights (prioritized sampling)
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        def move(x):
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
+            return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
+        return Batch(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
+
+    @property
+    def dones(self) -> torch.Tensor:
+        return self.terminated | self.truncated
+
+
+class BatchBuffers:
+    """Preallocated host tensors for one batch (pinned when asked), with numpy views onto them."""
+
+    def __init__(self, store: "Store", batch_size: int, pin_memory: bool = False):
+        k = store.frame_stack
+        self.batch_size = batch_size
+
+        def alloc(shape, dtype):
+            t = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+            return t, t.numpy()
+
+        self.obs, self.next_obs = {}, {}
+        for spec in store.schema.observations:
+            shape = (batch_size, k, *spec.shape) if k > 1 else (batch_size, *spec.shape)
+            self.obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
+            self.next_obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
+        self.columns = {}
+        for spec in store.schema.transition_columns:
+            self.columns[spec.name] = alloc((batch_size, *spec.shape), _torch_dtype(spec.np_dtype))
+        self.terminated = alloc((batch_size,), torch.bool)
+        self.truncated = alloc((batch_size,), torch.bool)
+        self.indices = alloc((batch_size,), torch.int64)
+
+    def batch(self, store: "Store") -> Batch:
+        obs = {k: t for k, (t, _) in self.obs.items()}
+        next_obs = {k: t for k, (t, _) in self.next_obs.items()}
+        if not store.schema.dict_obs:
+            obs, next_obs = obs["obs"], next_obs["obs"]
+        extras = {c.name: self.columns[c.name][0] for c in store.schema.extras}
+        return Batch(obs, self.columns["action"][0], self.columns["reward"][0], next_obs, self.terminated[0],
+                     self.truncated[0], self.indices[0], extras)
+
+
+def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray, buf: BatchBuffers) -> None:
+    """Fill ``buf`` with transitions ``g`` whose frame stacks are ``obs_ids`` / ``next_ids`` (n, k)."""
+    k = store.frame_stack
+    frames = store._frames
+    for name, (_, obs_np) in buf.obs.items():
+        next_np = buf.next_obs[name][1]
+        if k == 1:
+            frames.gather(name, obs_ids[:, 0], obs_np)
+            frames.gather(name, next_ids[:, 0], next_np)
+        else:
+            frames.gather(name, obs_ids, obs_np)
+            # The next stack shares k-1 frames with the obs stack: copy them, fetch only the newest.
+            next_np[:, : k - 1] = obs_np[:, 1:]
+            frames.gather(name, next_ids[:, k - 1], next_np[:, k - 1])
+    ring = store._ring
+    for name, (_, out) in buf.columns.items():
+        out[...] = store._encoders[name].decode(ring.read(name, g))
+    buf.terminated[1][...] = ring.read("terminated", g).view(np.bool_)
+    buf.truncated[1][...] = ring.read("truncated", g).view(np.bool_)
+    buf.indices[1][...] = g
+
+
+_TORCH_DTYPES = {np.dtype(k): v for k, v in {
+    "bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "int64": torch.int64, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
+    "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64}.items()}
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    try:
+        return _TORCH_DTYPES[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"dtype {dtype} has no torch equivalent") from None

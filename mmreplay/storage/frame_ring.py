@@ -1,0 +1,215 @@
+"""The frame ring: every distinct observation stored once, on disk, shard by shard.
+
+Invariants:
+- Frames have global ids ``0, 1, 2, ...``; frame ``f`` lives in row ``f % rows`` (``rows`` fixed for a
+  ring, grown by doubling when unbounded). Frames ``[oldest, head)`` are readable; ``head - oldest <= rows``.
+- The shard holding row ``head`` is the *staging shard*: its rows live in RAM (``staging``) and reads of
+  them are served from there; every other shard is read from its file through the chunk cache.
+- Entering a shard that holds frames of the previous lap first gives those frames up (``oldest`` moves
+  past the shard, ``on_invalidate`` tells the store) and drops them from the cache; the file itself is
+  replaced only after ``before_overwrite`` returned (the store commits the new ``oldest`` first, so a
+  crash never leaves a commit pointing at overwritten frames).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from mmreplay.columns.spec import ColumnSpec
+from mmreplay.reading.cache import ChunkCache
+from mmreplay.storage.layout import frame_layout
+from mmreplay.storage.sharded import ShardedArray
+
+PARALLEL_MIN_CHUNKS = 16
+_POOL: ThreadPoolExecutor | None = None
+
+
+def decode_pool() -> ThreadPoolExecutor:
+    """One process-wide pool: numcodecs releases the GIL, so decoding scales across cores."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="mmreplay-codec")
+    return _POOL
+
+
+class FrameColumn:
+    """One observation key: its on-disk array, staging block and decoded-chunk cache."""
+
+    def __init__(self, root: str, spec: ColumnSpec, rows: int, shard_rows: int, cache_bytes: int):
+        self.spec = spec
+        self.layout = frame_layout(spec, rows, shard_rows)
+        self.array = ShardedArray(root, self.layout)
+        self.staging = np.zeros((shard_rows, *spec.shape), dtype=spec.np_dtype)
+        self.cache = ChunkCache(rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape), spec.np_dtype, cache_bytes)
+
+    def fill_missing(self, chunks: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Decode the chunks the cache lacks; returns the slots for all ``chunks``."""
+        missing = np.unique(chunks[slots < 0])
+        new_slots = self.cache.admit(missing)
+        read = self.array.read_chunk
+        slab = self.cache.slab
+        if missing.size >= PARALLEL_MIN_CHUNKS:
+            list(decode_pool().map(lambda cs: read(cs[0], slab[cs[1]]), zip(missing.tolist(), new_slots.tolist())))
+        else:
+            for chunk, slot in zip(missing.tolist(), new_slots.tolist()):
+                read(chunk, slab[slot])
+        return self.cache.slot_of[chunks]
+
+
+class FrameRing:
+    def __init__(self, root: str, specs: Sequence[ColumnSpec], rows: int, shard_rows: int, *, unbounded: bool,
+                 cache_bytes: int, head: int = 0, oldest: int = 0):
+        if rows % shard_rows:
+            raise ValueError(f"frame rows {rows} must be a multiple of shard rows {shard_rows}")
+        self.root = root
+        self.rows = rows
+        self.shard_rows = shard_rows
+        self.unbounded = unbounded
+        total_row_bytes = sum(max(1, s.row_nbytes) for s in specs)
+        self.columns = {s.name: FrameColumn(root, s, rows, shard_rows, cache_bytes * max(1, s.row_nbytes)
+                                            // total_row_bytes) for s in specs}
+        self.head = head
+        self.oldest = oldest
+        self.staging_shard = head // shard_rows  # global shard number (not modulo the ring)
+        self.dirty = False  # staging holds rows not yet in its file
+        self.before_overwrite: Callable[[], None] = lambda: None
+        self.on_invalidate: Callable[[int], None] = lambda oldest: None
+        self.on_grow: Callable[[int], None] = lambda rows: None
+        self.written: list[str] = []  # files written since the last commit (to fsync)
+
+    # -- geometry ---------------------------------------------------------------------------------
+    def row_of(self, frame_ids: np.ndarray) -> np.ndarray:
+        return frame_ids if self.unbounded else frame_ids % self.rows
+
+    def shard_start(self, global_shard: int) -> int:
+        return global_shard * self.shard_rows
+
+    # -- writing ----------------------------------------------------------------------------------
+    def append(self, values: Mapping[str, np.ndarray]) -> int:
+        """Store ``n`` frames per key (arrays of shape (n, *shape)); returns the first new frame id."""
+        n = len(next(iter(values.values())))
+        first = self.head
+        done = 0
+        while done < n:
+            offset = self.head - self.shard_start(self.staging_shard)
+            take = min(n - done, self.shard_rows - offset)
+            for name, col in self.columns.items():
+                col.staging[offset:offset + take] = values[name][done:done + take]
+            self.head += take
+            done += take
+            self.dirty = True
+            if offset + take == self.shard_rows:
+                self._finish_staging_shard()
+        return first
+
+    def flush(self) -> None:
+        """Write the staging shard (partial) so a commit can cover every frame up to ``head``."""
+        if self.dirty:
+            self._write_staging(self.head - self.shard_start(self.staging_shard))
+            self.dirty = False
+
+    def _finish_staging_shard(self) -> None:
+        self._write_staging(self.shard_rows)
+        self.dirty = False
+        self.staging_shard += 1
+        self._enter_shard(self.staging_shard)
+
+    def _write_staging(self, n_rows: int) -> None:
+        shard_in_ring = self._file_shard(self.staging_shard)
+        if not self.unbounded and self.staging_shard * self.shard_rows >= self.rows:
+            self.before_overwrite()  # this file still holds the previous lap's frames
+        for col in self.columns.values():
+            self.written.append(col.array.write_shard(shard_in_ring, col.staging, n_rows))
+
+    def _enter_shard(self, global_shard: int) -> None:
+        start = self.shard_start(global_shard)
+        if self.unbounded:
+            if start + self.shard_rows > self.rows:
+                self._grow(max(2 * self.rows, start + self.shard_rows))
+        elif start >= self.rows:  # this shard's rows held frames of the previous lap: give them up
+            self.oldest = max(self.oldest, start + self.shard_rows - self.rows)
+            self.on_invalidate(self.oldest)
+            file_shard = self._file_shard(global_shard)
+            for col in self.columns.values():
+                c = col.spec.chunk_rows
+                col.cache.invalidate(file_shard * self.shard_rows // c, (file_shard + 1) * self.shard_rows // c)
+        for col in self.columns.values():
+            col.staging[...] = 0
+
+    def _file_shard(self, global_shard: int) -> int:
+        return global_shard if self.unbounded else global_shard % (self.rows // self.shard_rows)
+
+    def _grow(self, rows: int) -> None:
+        rows = -(-rows // self.shard_rows) * self.shard_rows
+        self.rows = rows
+        for col in self.columns.values():
+            col.cache.grow_address_space(rows // col.spec.chunk_rows)
+        self.on_grow(rows)
+
+    def load_staging(self) -> None:
+        """After open: bring the committed rows of the staging shard back into RAM."""
+        offset = self.head - self.shard_start(self.staging_shard)
+        if offset == 0:
+            return
+        row0 = self._file_shard(self.staging_shard) * self.shard_rows
+        for col in self.columns.values():
+            col.staging[:offset] = col.array.read_rows(row0, row0 + offset)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def gather(self, name: str, frame_ids: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = frame[frame_ids[i]]`` for every i (``out`` shaped ``frame_ids.shape + frame shape``).
+
+        The caller guarantees ``oldest <= frame_ids < head``.
+        """
+        col = self.columns[name]
+        flat_ids = frame_ids.reshape(-1)
+        flat_shape = (flat_ids.size, *col.spec.shape)
+        if out.shape == flat_shape or out.flags.c_contiguous:
+            flat_out = out.reshape(flat_shape)  # a view, so writes land in ``out``
+        else:
+            tmp = np.empty(flat_shape, dtype=out.dtype)
+            self.gather(name, flat_ids, tmp)
+            out[...] = tmp.reshape(out.shape)
+            return
+        staged = flat_ids >= self.shard_start(self.staging_shard)
+        if staged.any():
+            if staged.all():
+                flat_out[...] = col.staging[flat_ids - self.shard_start(self.staging_shard)]
+                return
+            rest = ~staged
+            tmp = np.empty((int(rest.sum()), *col.spec.shape), dtype=col.spec.np_dtype)
+            self._gather_cached(col, flat_ids[rest], tmp)
+            flat_out[rest] = tmp
+            flat_out[staged] = col.staging[flat_ids[staged] - self.shard_start(self.staging_shard)]
+            return
+        self._gather_cached(col, flat_ids, flat_out)
+
+    def _gather_cached(self, col: FrameColumn, ids: np.ndarray, out: np.ndarray) -> None:
+        rows = self.row_of(ids)
+        c = col.spec.chunk_rows
+        if c == 1:
+            slots = col.cache.lookup(rows)
+            if slots.min(initial=0) < 0:
+                slots = col.fill_missing(rows, slots)
+            np.take(col.cache.slab.reshape(col.cache.n_slots, *col.spec.shape), slots, axis=0, out=out, mode="clip")
+            return
+        chunks = rows // c
+        slots = col.cache.lookup(chunks)
+        if slots.min(initial=0) < 0:
+            slots = col.fill_missing(chunks, slots)
+        flat = col.cache.slab.reshape(col.cache.n_slots * c, *col.spec.shape)
+        np.take(flat, slots.astype(np.int64) * c + rows % c, axis=0, out=out, mode="clip")
+
+    def read_frame(self, name: str, frame_id: int) -> np.ndarray:
+        col = self.columns[name]
+        out = np.empty((1, *col.spec.shape), dtype=col.spec.np_dtype)
+        self.gather(name, np.array([frame_id], dtype=np.int64), out)
+        return out[0]
+
+    def close(self) -> None:
+        for col in self.columns.values():
+            col.array.close()

@@ -1,0 +1,126 @@
+"""Whole-shard writes and chunk-granular reads of one sharded zarr array, without zarr's per-call cost.
+
+Invariant: ``write_shard`` replaces a shard file atomically (readers see the old or the new file) and
+keeps this object's cached index for that shard equal to the file's; ``read_chunks`` returns exactly
+what ``zarr.open_array(...)`` returns for those chunks (the fill value 0 for empty chunks) or raises
+``CorruptDataError`` naming the array, shard and chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from mmreplay.errors import CorruptDataError
+from mmreplay.storage.codecs import numcodecs_compressor
+from mmreplay.storage.files import atomic_write
+from mmreplay.storage.layout import ArrayLayout
+from mmreplay.storage.shardfile import EMPTY, build_shard, decode_chunk, encode_chunk, read_index
+
+MAX_OPEN_FILES = 128
+
+
+class ShardedArray:
+    def __init__(self, root: str, layout: ArrayLayout):
+        self.root = root
+        self.layout = layout
+        self.compressor = numcodecs_compressor(layout.codec, layout.np_dtype)
+        self.chunk_shape = (layout.chunk_rows, *layout.row_shape)
+        self._indexes: dict[int, np.ndarray | None] = {}  # shard -> index; None = no file (all empty)
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- writing ---------------------------------------------------------------------------------
+    def encode_shard(self, data: np.ndarray, n_rows: int) -> bytes:
+        """Shard bytes for ``data`` (shard_rows rows) whose first ``n_rows`` rows are meaningful."""
+        c = self.layout.chunk_rows
+        n_used = -(-n_rows // c)
+        encoded = [encode_chunk(self.compressor, data[i * c:(i + 1) * c]) for i in range(n_used)]
+        return build_shard(encoded + [None] * (self.layout.chunks_per_shard - n_used))
+
+    def install_shard(self, shard: int, raw: bytes) -> str:
+        """Write encoded shard bytes atomically; returns the file path (for a later fsync)."""
+        path = self.layout.shard_file(self.root, shard)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, raw)
+        n = self.layout.chunks_per_shard
+        index = np.frombuffer(raw[len(raw) - n * 16 - 4: len(raw) - 4], dtype="<u8").reshape(n, 2)
+        with self._lock:
+            self._close_fd(shard)
+            self._indexes[shard] = index
+        return path
+
+    def write_shard(self, shard: int, data: np.ndarray, n_rows: int) -> str:
+        return self.install_shard(shard, self.encode_shard(data, n_rows))
+
+    def forget(self, shards=None) -> None:
+        """Drop cached indexes and file handles (all, or some shards) after files changed elsewhere."""
+        with self._lock:
+            for shard in list(self._indexes) if shards is None else shards:
+                self._indexes.pop(shard, None)
+                self._close_fd(shard)
+
+    def close(self) -> None:
+        self.forget()
+
+    # -- reading ---------------------------------------------------------------------------------
+    def read_chunk(self, chunk: int, out: np.ndarray) -> None:
+        """Decode inner chunk ``chunk`` (global chunk number along axis 0) into ``out``."""
+        shard, inner = divmod(int(chunk), self.layout.chunks_per_shard)
+        where = f"array {self.layout.path!r}, shard {shard}, chunk {inner}"
+        with self._lock:  # the read happens under the lock so no other thread can close the fd meanwhile
+            fd, index = self._open(shard, where)
+            if index is None or index[inner, 0] == EMPTY:
+                raw = None
+            else:
+                nbytes = int(index[inner, 1])
+                raw = os.pread(fd, nbytes, int(index[inner, 0]))
+                if len(raw) != nbytes:
+                    raise CorruptDataError(f"{where}: read {len(raw)} of {nbytes} bytes (truncated shard file?)")
+        if raw is None:
+            out[...] = 0
+        else:
+            decode_chunk(self.compressor, raw, out, where)  # outside the lock: decoders release the GIL
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as a new array (used to load resident columns at open)."""
+        c = self.layout.chunk_rows
+        first, last = start // c, -(-stop // c)
+        buf = np.empty(((last - first) * c, *self.layout.row_shape), dtype=self.layout.np_dtype)
+        for i, chunk in enumerate(range(first, last)):
+            self.read_chunk(chunk, buf[i * c:(i + 1) * c])
+        return buf[start - first * c: stop - first * c]
+
+    def _open(self, shard: int, where: str) -> tuple[int, np.ndarray | None]:
+        """The shard's file descriptor and index (caller holds the lock); (-1, None) if no file."""
+        fd = self._fds.get(shard)
+        if fd is not None:
+            self._fds.move_to_end(shard)
+            return fd, self._indexes.get(shard)
+        path = self.layout.shard_file(self.root, shard)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._indexes[shard] = None
+            return -1, None
+        try:
+            index = self._indexes.get(shard)
+            if index is None:
+                index = read_index(fd, os.fstat(fd).st_size, self.layout.chunks_per_shard, where)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._indexes[shard] = index
+        self._fds[shard] = fd
+        while len(self._fds) > MAX_OPEN_FILES:
+            _, old = self._fds.popitem(last=False)
+            os.close(old)
+        return fd, index
+
+    def _close_fd(self, shard: int) -> None:
+        fd = self._fds.pop(shard, None)
+        if fd is not None:
+            os.close(fd)

@@ -1,0 +1,498 @@
+"""``Store``: RL transitions on disk in a standard zarr v3 group, sampled in place.
+
+The store composes four pieces, each with its own invariant: the *schema* (what the columns are), the
+*frame ring* (observations, each frame stored once, compressed, on disk), the *index ring* (which
+transition points at which frames, resident in RAM with every small per-transition column) and the
+*commit record* (what survives a crash). Why this shape: an Atari DQN buffer is ~99% frames, and a
+frame belongs to up to ``2 * frame_stack`` observations; storing it once, compressed, and keeping only
+~12 bytes of index per transition in RAM is what turns a 28-56 GB buffer into one that fits anywhere.
+
+Crash contract: ``flush()`` (also run automatically every ``commit_every`` transitions or
+``commit_seconds`` seconds, and by ``close()``) makes every transition added so far durable; a crash
+loses at most what was added since the last commit. Reopening restores exactly the last commit.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from mmreplay.columns.encode import ColumnEncoder, cast_exact, encode_flags
+from mmreplay.columns.spec import ColumnSpec, Schema, schema_from_spaces
+from mmreplay.errors import FormatError, NotAStoreError, ReadOnlyError, StoreClosedError
+from mmreplay.index.ring import TransitionRing
+from mmreplay.index.streams import Streams
+from mmreplay.storage.commit import FORMAT_VERSION, check_version, read_commit, write_commit
+from mmreplay.storage.files import fsync_dir, fsync_files
+from mmreplay.storage.frame_ring import FrameRing
+
+MIB = 1 << 20
+DEFAULT_CACHE_BYTES = 512 * MIB
+DEFAULT_COMMIT_EVERY = 25_000
+DEFAULT_COMMIT_SECONDS = 30.0
+FRAME_SHARD_TARGET_BYTES = 8 * MIB
+UNBOUNDED_TRANSITION_SHARD = 16384
+
+
+class Store:
+    """A replay store on disk. Create with ``Store.create``, reopen with ``Store.open``."""
+
+    # -- construction -----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | os.PathLike, observation_space, action_space, capacity: int | None = 1_000_000, *,
+               frame_stack: int = 1, reward_values: Sequence[float] | None = None, frame_codec: Any = "lz4",
+               extras: Sequence[ColumnSpec] = (), columns: Mapping[str, ColumnSpec] | None = None,
+               frame_capacity: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+               commit_every: int = DEFAULT_COMMIT_EVERY, commit_seconds: float = DEFAULT_COMMIT_SECONDS,
+               durable: bool = True) -> "Store":
+        """Make a new store at ``path`` (which must not exist or be an empty directory).
+
+        ``capacity`` transitions are kept (the oldest are overwritten); ``None`` grows without bound.
+        ``frame_capacity`` (default ``capacity * 9/8``) bounds the distinct observations kept: each
+        episode needs one frame more than it has transitions, so very short episodes may make the
+        frame ring, not ``capacity``, the limit on ``len(store)``.
+        """
+        path = os.fspath(path)
+        validate_capacity(capacity, "capacity")
+        schema = schema_from_spaces(observation_space, action_space, reward_values=reward_values,
+                                    frame_stack=frame_stack, frame_codec=frame_codec, extras=extras, columns=columns)
+        if frame_capacity is not None:
+            validate_capacity(frame_capacity, "frame_capacity")
+        geometry = plan_geometry(schema, capacity, frame_capacity)
+        if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+            raise FileExistsError(f"cannot create a store at {path!r}: it exists and is not an empty directory "
+                                  "(use Store.open to continue an existing store)")
+        os.makedirs(path, exist_ok=True)
+        meta = {"format_version": FORMAT_VERSION, "schema": schema.to_json(), **geometry}
+        import zarr
+
+        root = zarr.open_group(path, mode="w", zarr_format=3, attributes={"mmreplay": meta})
+        root.create_group("frames")
+        root.create_group("transitions")
+        # The commit group is written by us (atomically), never by zarr: see storage/commit.py.
+        store = cls(path, meta, record=None, mode="a", cache_bytes=cache_bytes, commit_every=commit_every,
+                    commit_seconds=commit_seconds, durable=durable)
+        for layout in store._ring.layouts() + [c.layout for c in store._frames.columns.values()]:
+            layout.create(root)
+        store._commit_record(store._state_record())
+        return store
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, mode: str = "a", *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+             commit_every: int = DEFAULT_COMMIT_EVERY, commit_seconds: float = DEFAULT_COMMIT_SECONDS,
+             durable: bool = True) -> "Store":
+        """Open an existing store; ``mode="a"`` continues writing exactly where it was, ``"r"`` reads."""
+        path = os.fspath(path)
+        if mode not in ("a", "r"):
+            raise ValueError(f"mode must be 'a' (read and append) or 'r' (read only), got {mode!r}")
+        meta = read_meta(path)
+        record = read_commit(path)
+        return cls(path, meta, record=record, mode=mode, cache_bytes=cache_bytes, commit_every=commit_every,
+                   commit_seconds=commit_seconds, durable=durable)
+
+    def __init__(self, path: str, meta: dict, *, record: dict | None, mode: str, cache_bytes: int,
+                 commit_every: int, commit_seconds: float, durable: bool):
+        self.path = path
+        self.mode = mode
+        self._meta = meta
+        self.schema = Schema.from_json(meta["schema"])
+        self.capacity: int | None = meta["capacity"]
+        self.frame_stack = self.schema.frame_stack
+        self.commit_every = validate_capacity(commit_every, "commit_every")
+        self.commit_seconds = float(commit_seconds)
+        self.durable = durable
+        self._closed = False
+        self._lock = threading.RLock()  # adds, flushes and batch assembly never interleave
+        self._lock_fd = self._acquire_writer_lock() if mode == "a" else None
+        unbounded = self.capacity is None
+        rec = record or {}
+        self._ring = TransitionRing(path, self.schema.transition_columns,
+                                    rec.get("transition_rows", meta["transition_rows"]),
+                                    meta["transition_shard_rows"], capacity=self.capacity,
+                                    head=rec.get("head", 0), oldest=rec.get("oldest", 0))
+        self._frames = FrameRing(path, self.schema.observations, rec.get("frame_rows", meta["frame_rows"]),
+                                 meta["frame_shard_rows"], unbounded=unbounded, cache_bytes=cache_bytes,
+                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0))
+        self._encoders = {c.name: ColumnEncoder(c) for c in self.schema.transition_columns}
+        self._streams = Streams(self.schema.observations)
+        self._sequence = rec.get("sequence", 0)
+        if record is not None:
+            self._restore(record)
+        self._durable_state = self._state_record()
+        self._frames.before_overwrite = self._before_overwrite
+        self._ring.before_overwrite = self._before_overwrite
+        self._frames.on_invalidate = self._ring.advance_past_frames
+        self._frames.on_grow = lambda rows: self._resize_arrays([c.layout for c in self._frames.columns.values()],
+                                                                rows)
+        self._ring.on_grow = lambda rows: self._resize_arrays(self._ring.layouts(), rows)
+        self._pending = 0
+        self._last_commit = time.monotonic()
+        self._rng = np.random.default_rng()
+
+    def _restore(self, record: dict) -> None:
+        self._ring.max_prev_delta = record["max_prev_delta"]
+        self._ring.load(record["head"])
+        self._ring.rebuild_shard_min_frame(record["frame_head"])
+        self._frames.load_staging()
+        self._streams.restore(record["streams"])
+
+    # -- writing ----------------------------------------------------------------------------------
+    def add(self, obs, action, reward, next_obs, terminated, truncated, *, stream: int = 0,
+            extras: Mapping[str, Any] | None = None) -> None:
+        """Add one transition of stream ``stream`` (one env of a vector env, or the only env)."""
+        if self.schema.dict_obs:
+            obs = {k: np.asarray(v)[None] for k, v in _as_mapping(obs, "obs").items()}
+            next_obs = {k: np.asarray(v)[None] for k, v in _as_mapping(next_obs, "next_obs").items()}
+        else:
+            obs, next_obs = np.asarray(obs)[None], np.asarray(next_obs)[None]
+        extras = {k: np.asarray(v)[None] for k, v in (extras or {}).items()}
+        self._extend(obs, np.asarray(action)[None], np.asarray(reward)[None], next_obs,
+                     np.asarray(terminated)[None], np.asarray(truncated)[None], np.array([stream]), extras)
+
+    def extend(self, obs, action, reward, next_obs, terminated, truncated, *, streams: Sequence[int] | None = None,
+               extras: Mapping[str, Any] | None = None) -> None:
+        """Add a batch: row ``i`` of each argument is one transition of stream ``streams[i]``
+        (default ``range(n)``: a vector env's ``n`` sub-envs, each its own sequence of episodes)."""
+        action = np.asarray(action)
+        n = action.shape[0] if action.ndim else _fail(f"extend: action must have a leading batch axis, "
+                                                      f"got shape {action.shape}")
+        ids = np.arange(n) if streams is None else np.asarray(streams)
+        self._extend(obs, action, reward, next_obs, terminated, truncated, ids, extras or {})
+
+    def _extend(self, obs, action, reward, next_obs, terminated, truncated, stream_ids, extras) -> None:
+        self._check_writable()
+        n = int(np.asarray(action).shape[0])
+        stream_ids = self._streams.validate_ids(stream_ids, n)
+        obs = self._encode_obs(obs, n, "obs")
+        next_obs = self._encode_obs(next_obs, n, "next_obs")
+        codes = {"action": self._encoders["action"].encode(action, n),
+                 "reward": self._encoders["reward"].encode(reward, n)}
+        extras = dict(extras)
+        for spec in self.schema.extras:
+            if spec.name not in extras:
+                raise ValueError(f"extras: missing value for extra column {spec.name!r}")
+            codes[spec.name] = self._encoders[spec.name].encode(extras.pop(spec.name), n)
+        if extras:
+            raise ValueError(f"extras: unknown column(s) {sorted(extras)}; known extra columns: "
+                             f"{[c.name for c in self.schema.extras]}")
+        term = encode_flags(terminated, n, "terminated")
+        trunc = encode_flags(truncated, n, "truncated")
+        with self._lock:
+            self._append(stream_ids, obs, next_obs, codes, term, trunc, n)
+
+    def _append(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
+        ring, frames, streams = self._ring, self._frames, self._streams
+        g = ring.head + np.arange(n, dtype=np.int64)
+        cont, prev_g = streams.continuing(stream_ids, obs, ring, frames)
+        new_obs = ~cont
+        n_new = int(np.count_nonzero(new_obs))
+        # New frames: first the observations that start an episode, then every next observation.
+        to_store = {k: (np.concatenate([obs[k][new_obs], next_obs[k]]) if n_new else next_obs[k]) for k in obs}
+        first = frames.append(to_store)
+        next_frame = first + n_new + np.arange(n, dtype=np.int64)
+        obs_frame = np.empty(n, dtype=np.int64)
+        obs_frame[new_obs] = first + np.arange(n_new, dtype=np.int64)
+        if n_new < n:
+            obs_frame[cont] = TransitionRing.frame_globals(ring.read("next_frame", prev_g[cont]), frames.head)
+        prev_delta = np.where(cont, g - prev_g, 0)
+        index = {"obs_frame": (obs_frame & 0xFFFFFFFF).astype(np.uint32),
+                 "next_frame": (next_frame & 0xFFFFFFFF).astype(np.uint32),
+                 "prev_delta": prev_delta.astype(np.uint32), "terminated": term, "truncated": trunc}
+        if prev_delta.max(initial=0) >= 1 << 32:
+            raise OverflowError("a stream was idle for more than 2**32 transitions; start a new episode")
+        ring.append(n, index, codes, obs_frame)
+        streams.record(stream_ids, g, (term | trunc).astype(bool), next_obs)
+        self._pending += n
+        if self._pending >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
+            self.flush()
+
+    def _encode_obs(self, obs, n: int, what: str) -> dict[str, np.ndarray]:
+        specs = self.schema.observations
+        if self.schema.dict_obs:
+            obs = _as_mapping(obs, what)
+            if set(obs) != {s.name for s in specs}:
+                raise ValueError(f"{what}: expected keys {sorted(s.name for s in specs)}, got {sorted(obs)}")
+        else:
+            obs = {"obs": obs}
+        out = {}
+        for spec in specs:
+            arr = np.asarray(obs[spec.name])
+            if arr.shape != (n, *spec.shape):
+                key = f"[{spec.name!r}]" if self.schema.dict_obs else ""
+                raise ValueError(f"{what}{key}: expected shape {(n, *spec.shape)} for {n} transition(s), "
+                                 f"got {arr.shape}")
+            out[spec.name] = cast_exact(arr, spec.np_dtype, f"{what}[{spec.name}]" if self.schema.dict_obs else what)
+        return out
+
+    # -- commits ----------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Make every transition added so far durable (atomic commit); cheap when nothing changed."""
+        with self._lock:
+            self._check_open()
+            if self.mode == "r":
+                return
+            if self._pending == 0 and not self._frames.dirty and not self._ring.dirty:
+                return
+            self._frames.flush()
+            self._ring.flush()
+            self._sync_written()
+            self._commit_record(self._state_record())
+            self._pending = 0
+            self._last_commit = time.monotonic()
+
+    def _before_overwrite(self) -> None:
+        """A shard file of the previous lap is about to be replaced: the durable commit must already
+        have given up what it held, or a crash now would leave a commit pointing at new data."""
+        durable = self._durable_state
+        oldest = min(self._ring.oldest, durable["head"])
+        frame_oldest = min(self._frames.oldest, durable["frame_head"])
+        if durable["oldest"] >= oldest and durable["frame_oldest"] >= frame_oldest:
+            return
+        self._sync_written()  # files written so far are part of neither commit, but flush them anyway
+        self._commit_record({**durable, "oldest": max(durable["oldest"], oldest),
+                             "frame_oldest": max(durable["frame_oldest"], frame_oldest)})
+
+    def _sync_written(self) -> None:
+        written = self._frames.written + self._ring.written
+        if self.durable and written:
+            fsync_files(written)
+            dirs = {os.path.dirname(p) for p in written}
+            for d in sorted(dirs | {os.path.dirname(d) for d in dirs}):
+                fsync_dir(d)
+        self._frames.written.clear()
+        self._ring.written.clear()
+
+    def _commit_record(self, record: dict) -> None:
+        self._sequence += 1
+        record = {**record, "sequence": self._sequence}
+        write_commit(self.path, record, durable=self.durable)
+        self._durable_state = record
+
+    def _state_record(self) -> dict:
+        return {"format_version": FORMAT_VERSION, "sequence": self._sequence, "head": self._ring.head,
+                "oldest": self._ring.oldest, "frame_head": self._frames.head, "frame_oldest": self._frames.oldest,
+                "transition_rows": self._ring.rows, "frame_rows": self._frames.rows,
+                "max_prev_delta": self._ring.max_prev_delta, "streams": self._streams.to_json()}
+
+    def _resize_arrays(self, layouts, rows: int) -> None:
+        """Unbounded stores: make the zarr metadata cover ``rows`` (amortised: rows double)."""
+        import zarr
+
+        for layout in layouts:
+            arr = zarr.open_array(store=self.path, path=layout.path, mode="r+")
+            bits = (layout.attributes or {}).get("mmreplay", {}).get("packed_bits")
+            new_len = rows * bits // 8 if bits else rows
+            if new_len > arr.shape[0]:
+                arr.resize((new_len, *arr.shape[1:]))
+
+    # -- reading ----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Number of valid transitions (those a sampler can return)."""
+        with self._lock:
+            return self._ring.count_valid(self.frame_stack, self._frames.head)
+
+    @property
+    def num_added(self) -> int:
+        """Transitions ever added (including those since overwritten)."""
+        return self._ring.head
+
+    def sample_indices(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``batch_size`` valid transition ids drawn uniformly, with their obs / next-obs frame stacks.
+        Caller holds the lock."""
+        ring = self._ring
+        n_valid = ring.count_valid(self.frame_stack, self._frames.head)
+        if n_valid == 0:
+            raise ValueError("cannot sample from an empty store (no valid transitions yet)")
+        span = ring.head - ring.oldest
+        g = ring.oldest + rng.integers(0, span, size=batch_size)
+        obs_ids, next_ids, valid = ring.stack_frames(g, self.frame_stack, self._frames.head)
+        for _ in range(1000):  # rejection keeps the draw uniform over valid transitions
+            if valid.all():
+                return g, obs_ids, next_ids
+            bad = np.flatnonzero(~valid)
+            g[bad] = ring.oldest + rng.integers(0, span, size=bad.size)
+            o, nx, v = ring.stack_frames(g[bad], self.frame_stack, self._frames.head)
+            obs_ids[bad], next_ids[bad], valid[bad] = o, nx, v
+        raise RuntimeError("could not draw valid transitions (index inconsistent?)")
+
+    def sample(self, batch_size: int, seed: int | None = None):
+        """One uniform batch of fresh torch tensors (for training loops use ``sampler``)."""
+        from mmreplay.sampling.batch import BatchBuffers, assemble
+
+        validate_capacity(batch_size, "batch_size")
+        rng = self._rng if seed is None else np.random.default_rng(seed)
+        buf = BatchBuffers(self, batch_size)
+        with self._lock:
+            self._check_open()
+            g, obs_ids, next_ids = self.sample_indices(batch_size, rng)
+            assemble(self, g, obs_ids, next_ids, buf)
+        return buf.batch(self)
+
+    def sampler(self, batch_size: int, *, device=None, prefetch: int = 2, seed: int | None = None, **kwargs):
+        """An iterator of uniform batches in reused (pinned, with CUDA) buffers, prefetched in the background."""
+        from mmreplay.sampling.sampler import Sampler
+
+        return Sampler(self, batch_size, device=device, prefetch=prefetch, seed=seed, **kwargs)
+
+    def get(self, indices) -> "Any":
+        """The transitions with these global ids (must be valid), as a Batch."""
+        from mmreplay.sampling.batch import BatchBuffers, assemble
+
+        g = np.asarray(indices, dtype=np.int64).reshape(-1)
+        buf = BatchBuffers(self, g.size)
+        with self._lock:
+            self._check_open()
+            obs_ids, next_ids, valid = self._ring.stack_frames(g, self.frame_stack, self._frames.head)
+            if not valid.all():
+                raise IndexError(f"transition ids {g[~valid][:8].tolist()} are not valid (valid ids lie in "
+                                 f"[{self._ring.oldest}, {self._ring.head}) and need their frame stack)")
+            assemble(self, g, obs_ids, next_ids, buf)
+        return buf.batch(self)
+
+    def valid_range(self) -> tuple[int, int]:
+        """``(oldest, head)``: valid global ids lie in this range (a few near ``oldest`` may not be)."""
+        return self._ring.oldest, self._ring.head
+
+    @property
+    def observation_space(self):
+        return self.schema.spaces()[0]
+
+    @property
+    def action_space(self):
+        return self.schema.spaces()[1]
+
+    def cache_stats(self) -> dict[str, dict]:
+        return {name: col.cache.stats.as_dict() for name, col in self._frames.columns.items()}
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self.mode == "a":
+                self.flush()
+        finally:
+            self._closed = True
+            self._frames.close()
+            for disk in self._ring.disk.values():
+                disk.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} transitions"
+        cap = "unbounded" if self.capacity is None else f"capacity={self.capacity}"
+        return f"<mmreplay.Store {self.path!r} {cap} frame_stack={self.frame_stack} {state}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.path!r} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.mode != "a":
+            raise ReadOnlyError(f"store {self.path!r} was opened read-only (mode='r')")
+
+    def _acquire_writer_lock(self) -> int:
+        # flock on the directory itself: no extra file in the zarr hierarchy, released if the process dies.
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(f"store {self.path!r} is already open for writing by another process or Store "
+                               "object; open it with mode='r' to read, or close the writer first") from None
+        return fd
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def validate_capacity(value, name: str) -> int | None:
+    if value is None and name in ("capacity", "frame_capacity"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if name == 'capacity' else ''}, "
+                         f"got {value!r}")
+    return int(value)
+
+
+def plan_geometry(schema: Schema, capacity: int | None, frame_capacity: int | None) -> dict:
+    """Shard and ring sizes. Each ring has one shard more than it needs so that giving up the shard being
+    overwritten never drops a transition within ``capacity``."""
+    row_bytes = sum(max(1, s.row_nbytes) for s in schema.observations)
+    if capacity is None:
+        t_shard = UNBOUNDED_TRANSITION_SHARD
+        f_shard = _pow2_clamp(FRAME_SHARD_TARGET_BYTES // row_bytes, 64, 65536)
+        return {"capacity": None, "transition_rows": t_shard, "transition_shard_rows": t_shard,
+                "frame_rows": f_shard, "frame_shard_rows": f_shard}
+    t_shard = _pow2_clamp(capacity // 16, 64, 65536)
+    frames = frame_capacity or capacity + capacity // 8 + 64
+    f_shard = _pow2_clamp(min(FRAME_SHARD_TARGET_BYTES // row_bytes, frames // 8), 8, 65536)
+    f_shard = max(f_shard, max(s.chunk_rows for s in schema.observations))
+    return {"capacity": capacity, "transition_rows": _round_up(capacity, t_shard) + t_shard,
+            "transition_shard_rows": t_shard, "frame_rows": _round_up(frames, f_shard) + f_shard,
+            "frame_shard_rows": f_shard}
+
+
+def read_meta(path: str) -> dict:
+    zarr_json = os.path.join(path, "zarr.json")
+    if not os.path.isdir(path):
+        raise NotAStoreError(f"no store at {path!r}: not a directory")
+    try:
+        with open(zarr_json, "rb") as f:
+            group = json.loads(f.read(1 << 24))
+    except FileNotFoundError:
+        raise NotAStoreError(f"{path!r} is not an mmreplay store (no zarr.json)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{zarr_json}: not valid JSON ({exc})") from None
+    meta = group.get("attributes", {}).get("mmreplay") if isinstance(group, dict) else None
+    if not isinstance(meta, dict):
+        raise NotAStoreError(f"{path!r} is a zarr group but not an mmreplay store (no 'mmreplay' attributes)")
+    check_version(meta.get("format_version"), zarr_json)
+    try:
+        Schema.from_json(meta.get("schema"))
+    except (ValueError, TypeError) as exc:
+        raise FormatError(f"{zarr_json}: invalid schema: {exc}") from None
+    cap = meta.get("capacity")
+    if cap is not None and (not isinstance(cap, int) or cap < 1):
+        raise FormatError(f"{zarr_json}: capacity must be a positive integer or null, got {cap!r}")
+    for name in ("transition_rows", "transition_shard_rows", "frame_rows", "frame_shard_rows"):
+        v = meta.get(name)
+        if not isinstance(v, int) or isinstance(v, bool) or not 8 <= v <= 1 << 40:
+            raise FormatError(f"{zarr_json}: {name} must be an integer in [8, 2**40], got {v!r}")
+    if meta["transition_shard_rows"] % 8 or meta["transition_rows"] % meta["transition_shard_rows"] \
+            or meta["frame_rows"] % meta["frame_shard_rows"]:
+        raise FormatError(f"{zarr_json}: ring rows must be multiples of their shard rows (and of 8)")
+    return meta
+
+
+def _pow2_clamp(value: int, lo: int, hi: int) -> int:
+    value = max(lo, min(hi, int(value)))
+    return 1 << (value.bit_length() - 1)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _as_mapping(obs, what: str) -> Mapping:
+    if not isinstance(obs, Mapping):
+        raise ValueError(f"{what}: this store has Dict observations; expected a dict, got {type(obs).__name__}")
+    return obs
+
+
+def _fail(message: str):
+    raise ValueError(message)
