@@ -51,7 +51,7 @@ class ColumnEncoder:
         return self._order[pos].astype(np.uint8)
 
     def _raise_bad(self, bad: np.ndarray) -> None:
-        raise ValueError(f"column {self.spec.name!r}: value {bad[0]!r} is not one of the allowed values "
+        raise ValueError(f"column {self.spec.name!r}: value {bad[0].item()!r} is not one of the allowed values "
                          f"{list(self.spec.values)} (stored as {self.spec.bits}-bit codes)")
 
     def decode(self, stored: np.ndarray) -> np.ndarray:
@@ -79,7 +79,7 @@ def cast_exact(arr: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
             raise ValueError(f"column {name!r}: non-finite value in data for integer dtype {dtype}")
         cast = arr.astype(dtype)
         if not np.array_equal(cast, arr):
-            bad = arr.ravel()[(cast != arr).ravel()][0]
+            bad = arr.ravel()[(cast != arr).ravel()][0].item()
             info = np.iinfo(dtype) if dtype.kind != "b" else None
             expected = f"[{info.min}, {info.max}]" if info else "0/1 or True/False"
             raise ValueError(f"column {name!r}: value {bad!r} does not fit dtype {dtype} (expected integers in "
