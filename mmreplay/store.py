@@ -31,6 +31,7 @@ from mmreplay.index.streams import Streams
 from mmreplay.storage.commit import FORMAT_VERSION, check_version, read_commit, write_commit
 from mmreplay.storage.files import fsync_dir, fsync_files
 from mmreplay.storage.frame_ring import FrameRing
+from mmreplay.storage.pending import PendingBlock
 
 MIB = 1 << 20
 DEFAULT_CACHE_BYTES = 512 * MIB
@@ -38,6 +39,8 @@ DEFAULT_COMMIT_EVERY = 25_000
 DEFAULT_COMMIT_SECONDS = 30.0
 FRAME_SHARD_TARGET_BYTES = 8 * MIB
 UNBOUNDED_TRANSITION_SHARD = 16384
+_FLAG_VALUES = (True, False)  # `x in` this also accepts 0, 1 and numpy bools
+_SCALAR_TYPES = (int, float, bool, np.int64, np.int32, np.float32, np.float64, np.uint8, np.int8, np.bool_)
 
 
 class Store:
@@ -134,6 +137,13 @@ class Store:
         self._pending = 0
         self._last_commit = time.monotonic()
         self._rng = np.random.default_rng()
+        # A block must not write more frames (at most 2 per transition) than half a frame shard, and stays
+        # within one transition shard: then it can never overwrite frames that it references itself.
+        self._max_block = max(1, min(self._ring.shard_rows, self._frames.shard_rows // 4))
+        self._block = PendingBlock(self.schema, self._max_block) if mode == "a" else None
+        self._obs_spec = self.schema.observations[0]
+        self._fast_add = mode == "a" and not self.schema.dict_obs and not self.schema.extras and all(
+            c.shape == () for c in (self.schema.action, self.schema.reward))
 
     def _restore(self, record: dict) -> None:
         self._ring.max_prev_delta = record["max_prev_delta"]
@@ -146,6 +156,51 @@ class Store:
     def add(self, obs, action, reward, next_obs, terminated, truncated, *, stream: int = 0,
             extras: Mapping[str, Any] | None = None) -> None:
         """Add one transition of stream ``stream`` (one env of a vector env, or the only env)."""
+        if not (self._fast_add and extras is None and self._add_fast(obs, action, reward, next_obs, terminated,
+                                                                     truncated, stream)):
+            self._add_checked(obs, action, reward, next_obs, terminated, truncated, stream, extras)
+
+    def _add_fast(self, obs, action, reward, next_obs, terminated, truncated, stream) -> bool:
+        """The common case (one array observation, scalar values already right): validate and copy into the
+        pending block in a few microseconds. Returns False, having stored nothing, for anything else."""
+        spec = self._obs_spec
+        if type(obs) is not np.ndarray or type(next_obs) is not np.ndarray or obs.shape != spec.shape \
+                or next_obs.shape != spec.shape or obs.dtype != spec.np_dtype or next_obs.dtype != spec.np_dtype:
+            return False
+        action_code = self._scalar_code("action", action)
+        reward_code = self._scalar_code("reward", reward)
+        if action_code is None or reward_code is None or type(stream) is not int or not 0 <= stream < 1 << 31 \
+                or terminated not in _FLAG_VALUES or truncated not in _FLAG_VALUES or self._closed \
+                or self.mode != "a":
+            return False
+        with self._lock:
+            block = self._block
+            row = block.n
+            block.obs["obs"][row] = obs
+            block.next_obs["obs"][row] = next_obs
+            block.codes["action"][row] = action_code
+            block.codes["reward"][row] = reward_code
+            block.terminated[row] = terminated
+            block.truncated[row] = truncated
+            block.streams[row] = stream
+            block.n = row + 1
+            if block.full:
+                self._drain()
+        return True
+
+    def _scalar_code(self, name: str, value):
+        """What column ``name`` stores for a scalar ``value``, or None if the slow path must decide."""
+        if type(value) not in _SCALAR_TYPES:
+            return None
+        encoder = self._encoders[name]
+        if encoder.spec.kind == "packed":
+            return encoder.code_of.get(value)
+        if encoder.dtype.kind == "f":
+            return value if value == value else None  # NaN: let the checked path decide
+        lo, hi = encoder.int_range
+        return value if type(value) is not float and lo <= value <= hi else None
+
+    def _add_checked(self, obs, action, reward, next_obs, terminated, truncated, stream, extras) -> None:
         if self.schema.dict_obs:
             obs = {k: np.asarray(v)[None] for k, v in _as_mapping(obs, "obs").items()}
             next_obs = {k: np.asarray(v)[None] for k, v in _as_mapping(next_obs, "next_obs").items()}
@@ -154,6 +209,14 @@ class Store:
         extras = {k: np.asarray(v)[None] for k, v in (extras or {}).items()}
         self._extend(obs, np.asarray(action)[None], np.asarray(reward)[None], next_obs,
                      np.asarray(terminated)[None], np.asarray(truncated)[None], np.array([stream]), extras)
+
+    def _drain(self) -> None:
+        """Append the pending single adds (caller holds the lock)."""
+        block = self._block
+        if block is not None and block.n:
+            rows = block.rows()
+            block.n = 0
+            self._append(*rows)
 
     def extend(self, obs, action, reward, next_obs, terminated, truncated, *, streams: Sequence[int] | None = None,
                extras: Mapping[str, Any] | None = None) -> None:
@@ -184,30 +247,56 @@ class Store:
         term = encode_flags(terminated, n, "terminated")
         trunc = encode_flags(truncated, n, "truncated")
         with self._lock:
-            self._append(stream_ids, obs, next_obs, codes, term, trunc, n)
+            block = self._block
+            if n >= block.capacity // 2:  # big batches are blocks of their own
+                self._drain()
+                self._append(stream_ids, obs, next_obs, codes, term, trunc, n)
+                return
+            if block.n + n > block.capacity:
+                self._drain()
+            block.put(stream_ids, obs, next_obs, codes, term, trunc)
+            if block.full:
+                self._drain()
 
     def _append(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
-        ring, frames, streams = self._ring, self._frames, self._streams
+        """Store ``n`` validated transitions (a stream may appear several times, in order), in sub-blocks
+        small enough that no sub-block can overwrite frames it references itself."""
+        limit = self._max_block
+        for lo in range(0, n, limit):
+            part = slice(lo, min(n, lo + limit))
+            self._append_block(stream_ids[part], {k: v[part] for k, v in obs.items()},
+                               {k: v[part] for k, v in next_obs.items()}, {k: v[part] for k, v in codes.items()},
+                               term[part], trunc[part], part.stop - part.start)
+
+    def _append_block(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
+        ring, frames = self._ring, self._frames
         g = ring.head + np.arange(n, dtype=np.int64)
-        cont, prev_g = streams.continuing(stream_ids, obs, ring, frames)
-        new_obs = ~cont
-        n_new = int(np.count_nonzero(new_obs))
-        # New frames: first the observations that start an episode, then every next observation.
-        to_store = {k: (np.concatenate([obs[k][new_obs], next_obs[k]]) if n_new else next_obs[k]) for k in obs}
-        first = frames.append(to_store)
-        next_frame = first + n_new + np.arange(n, dtype=np.int64)
-        obs_frame = np.empty(n, dtype=np.int64)
-        obs_frame[new_obs] = first + np.arange(n_new, dtype=np.int64)
-        if n_new < n:
-            obs_frame[cont] = TransitionRing.frame_globals(ring.read("next_frame", prev_g[cont]), frames.head)
-        prev_delta = np.where(cont, g - prev_g, 0)
+        done = (term | trunc).astype(bool)
+        cont, pred_row, pred_g = self._streams.resolve(stream_ids, obs, next_obs, done, ring, frames)
+        in_block = pred_row >= 0
+        pred_frame = np.zeros(n, dtype=np.int64)  # global id of the frame the observation continues
+        earlier = cont & ~in_block
+        if earlier.any():
+            pred_frame[earlier] = TransitionRing.frame_globals(ring.read("next_frame", pred_g[earlier]), frames.head)
+        # A continued observation whose frame is old (a stream idle for half a frame ring) is stored again,
+        # so the ring never has to give up new transitions for one old frame; the stack link is kept.
+        stale = earlier & (pred_frame < frames.head - frames.rows // 2) if not frames.unbounded else \
+            np.zeros(n, dtype=bool)
+        store_obs = ~cont | stale
+        n_obs = int(np.count_nonzero(store_obs))
+        first_obs = frames.append({k: v[store_obs] for k, v in obs.items()}) if n_obs else frames.head
+        next_frame = frames.append(next_obs) + np.arange(n, dtype=np.int64)
+        obs_frame = np.where(in_block, next_frame[pred_row], pred_frame)
+        obs_frame[store_obs] = first_obs + np.arange(n_obs, dtype=np.int64)
+        prev_delta = np.where(cont, g - np.where(in_block, g[pred_row], pred_g), 0)
+        if prev_delta.max(initial=0) >= 1 << 32:
+            raise OverflowError("a stream was idle for more than 2**32 transitions; start a new episode")
         index = {"obs_frame": (obs_frame & 0xFFFFFFFF).astype(np.uint32),
                  "next_frame": (next_frame & 0xFFFFFFFF).astype(np.uint32),
                  "prev_delta": prev_delta.astype(np.uint32), "terminated": term, "truncated": trunc}
-        if prev_delta.max(initial=0) >= 1 << 32:
-            raise OverflowError("a stream was idle for more than 2**32 transitions; start a new episode")
         ring.append(n, index, codes, obs_frame)
-        streams.record(stream_ids, g, (term | trunc).astype(bool), next_obs)
+        ring.advance_past_frames(frames.oldest)  # no-op unless this block's frames wrapped the frame ring
+        self._streams.record(stream_ids, g, done, next_obs)
         self._pending += n
         if self._pending >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
             self.flush()
@@ -237,6 +326,7 @@ class Store:
             self._check_open()
             if self.mode == "r":
                 return
+            self._drain()
             if self._pending == 0 and not self._frames.dirty and not self._ring.dirty:
                 return
             self._frames.flush()
@@ -295,16 +385,27 @@ class Store:
     def __len__(self) -> int:
         """Number of valid transitions (those a sampler can return)."""
         with self._lock:
+            self._drain()
             return self._ring.count_valid(self.frame_stack, self._frames.head)
 
     @property
     def num_added(self) -> int:
         """Transitions ever added (including those since overwritten)."""
-        return self._ring.head
+        with self._lock:
+            self._drain()
+            return self._ring.head
+
+    @property
+    def num_frames(self) -> int:
+        """Distinct observations ever stored (each frame once, however many stacks it belongs to)."""
+        with self._lock:
+            self._drain()
+            return self._frames.head
 
     def sample_indices(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``batch_size`` valid transition ids drawn uniformly, with their obs / next-obs frame stacks.
         Caller holds the lock."""
+        self._drain()
         ring = self._ring
         n_valid = ring.count_valid(self.frame_stack, self._frames.head)
         if n_valid == 0:
@@ -348,6 +449,7 @@ class Store:
         buf = BatchBuffers(self, g.size)
         with self._lock:
             self._check_open()
+            self._drain()
             obs_ids, next_ids, valid = self._ring.stack_frames(g, self.frame_stack, self._frames.head)
             if not valid.all():
                 raise IndexError(f"transition ids {g[~valid][:8].tolist()} are not valid (valid ids lie in "
@@ -357,7 +459,9 @@ class Store:
 
     def valid_range(self) -> tuple[int, int]:
         """``(oldest, head)``: valid global ids lie in this range (a few near ``oldest`` may not be)."""
-        return self._ring.oldest, self._ring.head
+        with self._lock:
+            self._drain()
+            return self._ring.oldest, self._ring.head
 
     @property
     def observation_space(self):

@@ -7,8 +7,10 @@ frame_skip=4, noop_max=30, no life-loss terminals; v5's default sticky actions).
 
 Cost and the pool cache
 -----------------------
-Emulating is the slow part (~2.4k agent steps/s per core on the 2-core dev box,
-so 1M steps would take ~4 min on both cores, and far more on one), so the
+Emulating is the slow part (on the 2-core dev box a 100k pool of Pong +
+Breakout + Seaquest takes ~45 s with 2 worker processes, ~2.2k agent steps/s in
+all; Pong alone runs ~2.4k steps/s on one core; so 1M real steps would take
+~7-8 min), so the
 frames come from a *pool* of ``pool_size`` (default 100k) real transitions that
 is generated once and cached on disk as one raw ``.npy`` per array (loaded with
 ``mmap_mode="r"``) in ``cache_dir`` (default ``/tmp/mmreplay_atari_pool``; a

@@ -77,9 +77,6 @@ def test_bad_extras(filled):
 def test_bad_extend_batches(filled):
     before = snapshot(filled)
     two = np.stack([frame(1), frame(2)])
-    with pytest.raises(ValueError, match="repeated ids"):
-        filled.extend(two, [0, 1], [0, 0], two, [False, False], [False, False], streams=[3, 3],
-                      extras={"lives": [1, 1]})
     with pytest.raises(ValueError, match=r"obs: expected shape \(3, 6, 5\)"):
         filled.extend(two, [0, 1, 2], [0, 0, 0], two, [False] * 3, [False] * 3, extras={"lives": [1, 1, 1]})
     with pytest.raises(ValueError, match=r"ids must lie in \[0, 2147483647\], got \[-1, 0\]"):

@@ -177,7 +177,7 @@ def test_frames_are_stored_once(make_store):
     f = frames(101)
     for i in range(100):
         s.add(f[i], 0, 0, f[i + 1], i == 99, False)
-    assert s._frames.head == 101  # 100 next observations + the first observation
+    assert s.num_frames == 101  # 100 next observations + the first observation
 
 
 def test_dict_observations_and_extras(store_path):
@@ -217,3 +217,28 @@ def test_low_dim_float_observations(store_path):
         assert_batch_matches(s.get(ids), ref, ids)
     with mmreplay.Store.open(store_path) as s:
         assert_batch_matches(s.get(ids), ref, ids)
+
+
+def test_many_single_adds_without_reads_wrap_rings_correctly(store_path):
+    # Regression: pending single adds are appended in blocks; a block longer than the ring once
+    # overwrote frames it referenced itself.
+    rng = np.random.default_rng(9)
+    ref = ReferenceReplay(4, 16)
+    with mmreplay.Store.create(store_path, IMG, spaces.Discrete(3), capacity=16, frame_stack=4,
+                               reward_values=(-1, 0, 1), durable=False) as s:
+        obs = random_frame(rng)
+        for i in range(500):
+            nxt = random_frame(rng)
+            done = bool(rng.random() < 0.1)
+            s.add(obs, i % 3, 0, nxt, done, False)
+            ref.add(0, obs, i % 3, 0, nxt, done, False)
+            obs = random_frame(rng) if done else nxt
+        check_against_reference(s, ref)
+
+
+def test_repeated_streams_in_one_extend_are_sequential(make_store):
+    s = make_store(frame_stack=3)
+    f = frames(10)
+    s.extend(np.stack(f[0:3]), [0, 1, 2], [0, 0, 0], np.stack(f[1:4]), [False] * 3, [False] * 3, streams=[5, 5, 5])
+    assert s.num_frames == 4
+    assert s.get([2]).obs[0, :, 0, 0].tolist() == [0, 1, 2]

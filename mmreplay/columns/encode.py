@@ -21,8 +21,13 @@ class ColumnEncoder:
             self.table = np.asarray(spec.values, dtype=np.float64)
             self._order = np.argsort(self.table, kind="stable")
             self._sorted = self.table[self._order]
-            self._code_of = {float(v): c for c, v in enumerate(self.table.tolist())}
+            self.code_of = {v: c for c, v in enumerate(self.table.tolist())}  # 1 == 1.0 == np.int64(1)
             self.decode_table = np.asarray(spec.values, dtype=self.dtype)
+
+    @property
+    def int_range(self) -> tuple[int, int]:
+        info = np.iinfo(self.dtype) if self.dtype.kind in "iu" else None
+        return (int(info.min), int(info.max)) if info else (0, 1)
 
     def encode(self, values: Any, n: int) -> np.ndarray:
         """``n`` rows of this column as stored (uint8 codes when packed)."""
@@ -40,7 +45,7 @@ class ColumnEncoder:
             raise ValueError(f"column {self.spec.name!r}: expected numbers, got dtype {arr.dtype}")
         flat = arr.astype(np.float64, copy=False).ravel()
         if flat.size == 1:
-            code = self._code_of.get(float(flat[0]))
+            code = self.code_of.get(float(flat[0]))
             if code is None:
                 self._raise_bad(flat)
             return np.array([code], dtype=np.uint8)

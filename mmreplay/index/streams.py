@@ -31,26 +31,43 @@ class Streams:
             raise ValueError(f"streams: expected {n} integer stream ids, got {ids.tolist() if ids.size < 20 else ids}")
         if ids.size and (ids.min() < 0 or ids.max() > MAX_STREAM_ID):
             raise ValueError(f"streams: ids must lie in [0, {MAX_STREAM_ID}], got {ids.tolist()[:8]}")
-        if n > 1 and np.unique(ids).size != n:
-            raise ValueError(f"streams: each stream can add one transition per call, got repeated ids {ids.tolist()}")
         return ids.astype(np.int64)
 
-    def continuing(self, ids: np.ndarray, obs: dict[str, np.ndarray], ring, frames) -> tuple[np.ndarray, np.ndarray]:
-        """Mask of transitions that continue their stream's episode, and each one's predecessor id."""
+    def resolve(self, ids: np.ndarray, obs: dict[str, np.ndarray], next_obs: dict[str, np.ndarray], done: np.ndarray,
+                ring, frames) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each row of a block (a stream may repeat): does it continue its stream's episode, the row of
+        its predecessor in this block (-1 if none) and the global id of an earlier predecessor (-1)."""
         n = ids.size
         cont = np.zeros(n, dtype=bool)
-        prev = np.full(n, -1, dtype=np.int64)
+        pred_row = np.full(n, -1, dtype=np.int64)
+        pred_g = np.full(n, -1, dtype=np.int64)
+        last_row: dict[int, int] = {}
         for i, sid in enumerate(ids.tolist()):
-            last = self.last.get(sid, -1)
-            if last < ring.oldest or self.ended.get(sid, True):
-                continue
-            expected = self._last_next_obs(sid, last, ring, frames)
-            if expected is None:
-                continue
-            if all(np.array_equal(obs[k][i], expected[k]) for k in self.obs_names):
-                cont[i] = True
-                prev[i] = last
-        return cont, prev
+            j = last_row.get(sid)
+            if j is not None:
+                pred_row[i] = j
+            else:
+                pred_g[i] = self._continued(sid, i, obs, ring, frames)
+            last_row[sid] = i
+        cont[pred_g >= 0] = True
+        rows = np.flatnonzero(pred_row >= 0)
+        if rows.size:
+            preds = pred_row[rows]
+            same = ~done[preds]
+            for k in self.obs_names:
+                same &= (obs[k][rows] == next_obs[k][preds]).reshape(rows.size, -1).all(axis=1)
+            cont[rows] = same
+        return cont, pred_row, pred_g
+
+    def _continued(self, sid: int, row: int, obs: dict[str, np.ndarray], ring, frames) -> int:
+        """Global id of the transition that row ``row`` (first of stream ``sid`` in its block) continues, or -1."""
+        last = self.last.get(sid, -1)
+        if last < ring.oldest or self.ended.get(sid, True):
+            return -1
+        expected = self._last_next_obs(sid, last, ring, frames)
+        if expected is None or not all(np.array_equal(obs[k][row], expected[k]) for k in self.obs_names):
+            return -1
+        return last
 
     def _last_next_obs(self, sid: int, last: int, ring, frames) -> dict[str, np.ndarray] | None:
         cached = self._next_obs.get(sid)
@@ -63,18 +80,19 @@ class Streams:
         return cached
 
     def record(self, ids: np.ndarray, g: np.ndarray, done: np.ndarray, next_obs: dict[str, np.ndarray]) -> None:
-        for i, sid in enumerate(ids.tolist()):
+        last_row = {sid: i for i, sid in enumerate(ids.tolist())}  # the newest row of each stream wins
+        for sid, i in last_row.items():
             self.last[sid] = int(g[i])
             self.ended[sid] = bool(done[i])
             if done[i]:
                 self._next_obs.pop(sid, None)
             else:
-                slot = self._next_obs.get(sid)
-                if slot is None:
+                kept = self._next_obs.get(sid)
+                if kept is None:
                     self._next_obs[sid] = {k: next_obs[k][i].copy() for k in self.obs_names}
                 else:
                     for k in self.obs_names:
-                        slot[k][...] = next_obs[k][i]
+                        kept[k][...] = next_obs[k][i]
 
     def to_json(self) -> list[list[int]]:
         return [[sid, last, int(self.ended[sid])] for sid, last in sorted(self.last.items())]
