@@ -23,6 +23,9 @@ class ColumnEncoder:
             self._sorted = self.table[self._order]
             self.code_of = {v: c for c, v in enumerate(self.table.tolist())}  # 1 == 1.0 == np.int64(1)
             self.decode_table = np.asarray(spec.values, dtype=self.dtype)
+            start = self.table[0]
+            # Discrete actions: codes are value - start, no search needed
+            self._offset = start if np.array_equal(self.table, start + np.arange(self.table.size)) else None
 
     @property
     def int_range(self) -> tuple[int, int]:
@@ -49,7 +52,13 @@ class ColumnEncoder:
             if code is None:
                 self._raise_bad(flat)
             return np.array([code], dtype=np.uint8)
-        pos = np.clip(np.searchsorted(self._sorted, flat), 0, self._sorted.size - 1)
+        if self._offset is not None:
+            codes = flat - self._offset
+            ok = (codes >= 0) & (codes < self.table.size) & (codes == np.floor(codes))
+            if not ok.all():
+                self._raise_bad(flat[~ok])
+            return codes.astype(np.uint8)
+        pos = np.minimum(np.searchsorted(self._sorted, flat), self._sorted.size - 1)
         ok = self._sorted[pos] == flat
         if not ok.all():
             self._raise_bad(flat[~ok])

@@ -4,7 +4,9 @@ Invariants:
 - Frames have global ids ``0, 1, 2, ...``; frame ``f`` lives in row ``f % rows`` (``rows`` fixed for a
   ring, grown by doubling when unbounded). Frames ``[oldest, head)`` are readable; ``head - oldest <= rows``.
 - The shard holding row ``head`` is the *staging shard*: its rows live in RAM (``staging``) and reads of
-  them are served from there; every other shard is read from its file through the chunk cache.
+  them are served from there. The shard before it may be *sealed*: full, being encoded and written by a
+  background thread (at most one at a time), and read from its RAM copy until that write finished.
+  Every other shard is read from its file through the chunk cache.
 - Entering a shard that holds frames of the previous lap first gives those frames up (``oldest`` moves
   past the shard, ``on_invalidate`` tells the store) and drops them from the cache; the file itself is
   replaced only after ``before_overwrite`` returned (the store commits the new ``oldest`` first, so a
@@ -80,6 +82,9 @@ class FrameRing:
         self.on_invalidate: Callable[[int], None] = lambda oldest: None
         self.on_grow: Callable[[int], None] = lambda rows: None
         self.written: list[str] = []  # files written since the last commit (to fsync)
+        self._sealed: tuple | None = None  # (global shard, buffers, future) being written in the background
+        self._spare: dict[str, np.ndarray] = {}
+        self._executor: ThreadPoolExecutor | None = None
 
     # -- geometry ---------------------------------------------------------------------------------
     def row_of(self, frame_ids: np.ndarray) -> np.ndarray:
@@ -108,22 +113,53 @@ class FrameRing:
 
     def flush(self) -> None:
         """Write the staging shard (partial) so a commit can cover every frame up to ``head``."""
+        self.wait_sealed()
         if self.dirty:
-            self._write_staging(self.head - self.shard_start(self.staging_shard))
+            self._check_overwrite(self.staging_shard)
+            shard = self._file_shard(self.staging_shard)
+            n_rows = self.head - self.shard_start(self.staging_shard)
+            for col in self.columns.values():
+                self.written.append(col.array.write_shard(shard, col.staging, n_rows))
             self.dirty = False
 
     def _finish_staging_shard(self) -> None:
-        self._write_staging(self.shard_rows)
+        """Seal the full staging shard: a background thread encodes and writes it while adds go on."""
+        self.wait_sealed()
+        self._check_overwrite(self.staging_shard)
+        buffers = {name: col.staging for name, col in self.columns.items()}
+        shard = self._file_shard(self.staging_shard)
+        future = self._writer().submit(self._write_buffers, shard, buffers)
+        self._sealed = (self.staging_shard, buffers, future)
+        for name, col in self.columns.items():
+            col.staging = self._spare.pop(name, None)
+            if col.staging is None:
+                col.staging = np.empty_like(buffers[name])
         self.dirty = False
         self.staging_shard += 1
         self._enter_shard(self.staging_shard)
 
-    def _write_staging(self, n_rows: int) -> None:
-        shard_in_ring = self._file_shard(self.staging_shard)
-        if not self.unbounded and self.staging_shard * self.shard_rows >= self.rows:
+    def _write_buffers(self, shard: int, buffers: Mapping[str, np.ndarray]) -> list[str]:
+        return [col.array.write_shard(shard, buffers[name], self.shard_rows) for name, col in self.columns.items()]
+
+    def wait_sealed(self) -> None:
+        """Block until the sealed shard is on disk (raising what its write raised)."""
+        if self._sealed is None:
+            return
+        _, buffers, future = self._sealed
+        try:
+            self.written.extend(future.result())
+        finally:
+            self._sealed = None
+            self._spare = dict(buffers)
+
+    def _check_overwrite(self, global_shard: int) -> None:
+        if not self.unbounded and global_shard * self.shard_rows >= self.rows:
             self.before_overwrite()  # this file still holds the previous lap's frames
-        for col in self.columns.values():
-            self.written.append(col.array.write_shard(shard_in_ring, col.staging, n_rows))
+
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmreplay-writer")
+        return self._executor
 
     def _enter_shard(self, global_shard: int) -> None:
         start = self.shard_start(global_shard)
@@ -175,8 +211,13 @@ class FrameRing:
             self.gather(name, flat_ids, tmp)
             out[...] = tmp.reshape(out.shape)
             return
-        staged = flat_ids >= self.shard_start(self.staging_shard)
+        sealed = self._sealed
+        low = self.shard_start(sealed[0] if sealed else self.staging_shard)
+        staged = flat_ids >= low
         if staged.any():
+            if sealed:  # rows of the sealed shard and the staging shard, both in RAM
+                self._gather_ram(name, flat_ids, flat_out, staged)
+                return
             if staged.all():
                 flat_out[...] = col.staging[flat_ids - self.shard_start(self.staging_shard)]
                 return
@@ -187,6 +228,17 @@ class FrameRing:
             flat_out[staged] = col.staging[flat_ids[staged] - self.shard_start(self.staging_shard)]
             return
         self._gather_cached(col, flat_ids, flat_out)
+
+    def _gather_ram(self, name: str, ids: np.ndarray, out: np.ndarray, in_ram: np.ndarray) -> None:
+        sealed_shard, buffers, _ = self._sealed
+        col = self.columns[name]
+        if not in_ram.all():
+            rest = ~in_ram
+            tmp = np.empty((int(rest.sum()), *col.spec.shape), dtype=col.spec.np_dtype)
+            self._gather_cached(col, ids[rest], tmp)
+            out[rest] = tmp
+        both = np.concatenate([buffers[name], col.staging])  # two shards, rarely sampled
+        out[in_ram] = both[ids[in_ram] - self.shard_start(sealed_shard)]
 
     def _gather_cached(self, col: FrameColumn, ids: np.ndarray, out: np.ndarray) -> None:
         rows = self.row_of(ids)
@@ -211,5 +263,10 @@ class FrameRing:
         return out[0]
 
     def close(self) -> None:
-        for col in self.columns.values():
-            col.array.close()
+        try:
+            self.wait_sealed()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            for col in self.columns.values():
+                col.array.close()
