@@ -19,6 +19,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -125,6 +126,8 @@ class Store:
         self._encoders = {c.name: ColumnEncoder(c) for c in self.schema.transition_columns}
         self._streams = Streams(self.schema.observations)
         self._sequence = rec.get("sequence", 0)
+        self._samplers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._sampler_states: dict[str, dict] = dict(rec.get("samplers", {}))
         if record is not None:
             self._restore(record)
         self._durable_state = self._state_record()
@@ -144,6 +147,16 @@ class Store:
         self._obs_spec = self.schema.observations[0]
         self._fast_add = mode == "a" and not self.schema.dict_obs and not self.schema.extras and all(
             c.shape == () for c in (self.schema.action, self.schema.reward))
+
+    def _register_sampler(self, sampler) -> None:
+        with self._lock:
+            old = self._samplers.get(sampler.name)
+            if old is not None and old is not sampler:
+                old.close()  # one live sampler per name: its state is what gets committed
+            self._samplers[sampler.name] = sampler
+
+    def _saved_sampler_state(self, name: str) -> dict | None:
+        return self._sampler_states.get(name)
 
     def _restore(self, record: dict) -> None:
         self._ring.max_prev_delta = record["max_prev_delta"]
@@ -327,7 +340,8 @@ class Store:
             if self.mode == "r":
                 return
             self._drain()
-            if self._pending == 0 and not self._frames.dirty and not self._ring.dirty:
+            if self._pending == 0 and not self._frames.dirty and not self._ring.dirty and \
+                    not self._sampler_state_changed():
                 return
             self._frames.flush()
             self._ring.flush()
@@ -335,6 +349,10 @@ class Store:
             self._commit_record(self._state_record())
             self._pending = 0
             self._last_commit = time.monotonic()
+
+    def _sampler_state_changed(self) -> bool:
+        committed = self._durable_state.get("samplers", {})
+        return any(committed.get(n) != smp.state for n, smp in list(self._samplers.items()))
 
     def _before_overwrite(self) -> None:
         """A shard file of the previous lap is about to be replaced: the durable commit must already
@@ -368,7 +386,8 @@ class Store:
         return {"format_version": FORMAT_VERSION, "sequence": self._sequence, "head": self._ring.head,
                 "oldest": self._ring.oldest, "frame_head": self._frames.head, "frame_oldest": self._frames.oldest,
                 "transition_rows": self._ring.rows, "frame_rows": self._frames.rows,
-                "max_prev_delta": self._ring.max_prev_delta, "streams": self._streams.to_json()}
+                "max_prev_delta": self._ring.max_prev_delta, "streams": self._streams.to_json(),
+                "samplers": {**self._sampler_states, **{n: smp.state for n, smp in list(self._samplers.items())}}}
 
     def _resize_arrays(self, layouts, rows: int) -> None:
         """Unbounded stores: make the zarr metadata cover ``rows`` (amortised: rows double)."""
@@ -478,6 +497,9 @@ class Store:
     def close(self) -> None:
         if self._closed:
             return
+        for sampler in list(self._samplers.values()):  # before taking the lock: they may be waiting on it
+            self._sampler_states[sampler.name] = sampler.state
+            sampler.close()
         try:
             if self.mode == "a":
                 self.flush()

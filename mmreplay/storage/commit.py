@@ -68,7 +68,20 @@ def read_commit(root: str) -> dict[str, Any]:
             isinstance(s, list) and len(s) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
             for s in streams):
         raise FormatError(f"{path}: 'streams' must be a list of [stream, last_transition, ended] integer triples")
+    samplers = record.setdefault("samplers", {})
+    if not isinstance(samplers, dict) or not all(valid_rng_state(v) for v in samplers.values()):
+        raise FormatError(f"{path}: 'samplers' must map names to PCG64 states "
+                          "({'bit_generator': 'PCG64', 'state': {'state': int, 'inc': int}, ...})")
     return record
+
+
+def valid_rng_state(state: Any) -> bool:
+    """A numpy PCG64 bit-generator state, as ``bit_generator.state`` returns it (plain JSON)."""
+    if not isinstance(state, dict) or state.get("bit_generator") != "PCG64":
+        return False
+    inner = state.get("state")
+    return isinstance(inner, dict) and all(isinstance(inner.get(k), int) and inner[k] >= 0 for k in ("state", "inc")) \
+        and isinstance(state.get("has_uint32", 0), int) and isinstance(state.get("uinteger", 0), int)
 
 
 def check_version(version: Any, where: str) -> None:

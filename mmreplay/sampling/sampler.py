@@ -1,0 +1,150 @@
+"""Uniform sampler: random valid transitions, decoded into reused (pinned) buffers, prefetched.
+
+Invariants:
+- Batches come out in the order the RNG drew them, so ``seed`` alone fixes the sequence (one producer
+  thread; the store's lock keeps adds out while a batch is assembled, so a batch never mixes states).
+- ``state`` is the RNG state after the last batch handed to the caller (not after the prefetched ones);
+  the store persists it at each commit, so a reopened store's sampler continues the same sequence.
+- Host buffers are reused: a CPU batch is valid until the next ``next()`` call (copy it to keep it);
+  with a CUDA ``device`` the batch lives on the device and the host buffer is reused only after the
+  asynchronous copy finished (a CUDA event guards it).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from mmreplay.sampling.batch import Batch, BatchBuffers, assemble
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mmreplay.store import Store
+
+
+class _Slot:
+    def __init__(self, buffers: BatchBuffers):
+        self.buffers = buffers
+        self.state_after: dict | None = None
+        self.copied: Any = None  # CUDA event recorded after the device copy
+
+
+class Sampler:
+    def __init__(self, store: "Store", batch_size: int, *, device=None, prefetch: int = 2, seed: int | None = None,
+                 name: str = "default", pin_memory: bool | None = None):
+        from mmreplay.store import validate_capacity
+
+        validate_capacity(batch_size, "batch_size")
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
+        self.store = store
+        self.batch_size = int(batch_size)
+        self.device = torch.device(device) if device is not None else None
+        self.prefetch = prefetch
+        self.name = name
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        saved = store._saved_sampler_state(name)
+        if seed is None and saved is not None:
+            self.rng.bit_generator.state = saved  # continue the sequence the store was committed with
+        self.state = self.rng.bit_generator.state
+        cuda = self.device is not None and self.device.type == "cuda"
+        pin = cuda if pin_memory is None else bool(pin_memory)
+        n_slots = prefetch + 2 if prefetch else 1
+        self._slots = [_Slot(BatchBuffers(store, self.batch_size, pin_memory=pin)) for _ in range(n_slots)]
+        self._cuda = cuda
+        self._free: queue.Queue = queue.Queue()
+        self._ready: queue.Queue = queue.Queue()
+        self._held: _Slot | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        for slot in self._slots:
+            self._free.put(slot)
+        store._register_sampler(self)
+
+    # -- iteration --------------------------------------------------------------------------------
+    def __iter__(self) -> "Sampler":
+        return self
+
+    def __next__(self) -> Batch:
+        return self.sample()
+
+    def sample(self) -> Batch:
+        """The next batch."""
+        if self._closed:
+            raise RuntimeError("sampler is closed")
+        if self._held is not None:
+            self._free.put(self._held)
+            self._held = None
+        if self.prefetch == 0:
+            slot = self._free.get()
+            self._fill(slot)
+        else:
+            self._ensure_thread()
+            slot = self._ready.get()
+            if isinstance(slot, BaseException):
+                self.close()
+                raise slot
+        self._held = slot
+        self.state = slot.state_after
+        batch = slot.buffers.batch(self.store)
+        if self.device is not None and self.device.type != "cpu":
+            batch = batch.to(self.device, non_blocking=self._cuda)
+            if self._cuda:
+                slot.copied = torch.cuda.Event()
+                slot.copied.record()
+        return batch
+
+    def _fill(self, slot: _Slot) -> None:
+        if slot.copied is not None:
+            slot.copied.synchronize()  # the previous device copy from these host buffers is done
+            slot.copied = None
+        store = self.store
+        with store._lock:
+            store._check_open()
+            g, obs_ids, next_ids = store.sample_indices(self.batch_size, self.rng)
+            assemble(store, g, obs_ids, next_ids, slot.buffers)
+        slot.state_after = self.rng.bit_generator.state
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._produce, name="mmreplay-prefetch", daemon=True)
+            self._thread.start()
+
+    def _produce(self) -> None:
+        torch.set_num_threads(1)
+        while not self._stop.is_set():
+            slot = self._free.get()
+            if slot is None:
+                return
+            try:
+                self._fill(slot)
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                self._ready.put(exc)
+                return
+            self._ready.put(slot)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._free.put(None)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> "Sampler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

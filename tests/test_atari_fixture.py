@@ -1,0 +1,50 @@
+"""Real Atari frames (a small fixture recorded by scripts/make_atari_fixture.py): round trip, stacks, size."""
+
+import os
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import mmreplay
+from reference import ReferenceReplay, assert_batch_matches
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "atari_fixture.npz")
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    with np.load(FIXTURE, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def replay(fixture, store, ref):
+    frames = fixture["frames"]
+    for t in range(len(fixture["action"])):
+        obs, nxt = frames[fixture["obs_index"][t]], frames[fixture["next_obs_index"][t]]
+        row = (obs, int(fixture["action"][t]), float(np.sign(fixture["reward"][t])), nxt,
+               bool(fixture["terminated"][t]), bool(fixture["truncated"][t]))
+        store.add(*row)
+        ref.add(0, *row)
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_real_frames_round_trip_with_stacks(store_path, fixture, codec):
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    ref = ReferenceReplay(4, 10_000)
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(4), capacity=10_000, frame_stack=4,
+                               reward_values=(-1, 0, 1), frame_codec=codec) as s:
+        replay(fixture, s, ref)
+        assert s.num_frames == len(fixture["frames"])  # every distinct frame stored exactly once
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        ids = ref.valid_ids()
+        assert len(s) == len(ids) == len(fixture["action"])
+        assert_batch_matches(s.get(ids), ref, ids)
+        frame_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in
+                          os.walk(os.path.join(store_path, "frames")) for f in fs)
+    assert frame_bytes / len(ids) < 7056 / 8  # compressed at least 8x
+
+
+def test_episode_ends_in_the_fixture(fixture):
+    # the fixture must exercise both kinds of episode end
+    assert fixture["terminated"].any() and fixture["truncated"].any()
