@@ -32,7 +32,7 @@ def replay(fixture, store, ref):
 def test_real_frames_round_trip_with_stacks(store_path, fixture, codec):
     space = spaces.Box(0, 255, (84, 84), np.uint8)
     ref = ReferenceReplay(4, 10_000)
-    with mmreplay.Store.create(store_path, space, spaces.Discrete(4), capacity=10_000, frame_stack=4,
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=10_000, frame_stack=4,
                                reward_values=(-1, 0, 1), frame_codec=codec) as s:
         replay(fixture, s, ref)
         assert s.num_frames == len(fixture["frames"])  # every distinct frame stored exactly once
