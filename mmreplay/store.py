@@ -454,8 +454,12 @@ class Store:
             assemble(self, g, obs_ids, next_ids, buf)
         return buf.batch(self)
 
-    def sampler(self, batch_size: int, *, device=None, prefetch: int = 2, seed: int | None = None, **kwargs):
-        """An iterator of uniform batches in reused (pinned, with CUDA) buffers, prefetched in the background."""
+    def sampler(self, batch_size: int, *, device=None, prefetch: int | None = None, seed: int | None = None,
+                **kwargs):
+        """An iterator of uniform batches in reused buffers (pinned, with ``non_blocking`` copies, for a CUDA
+        ``device``). ``prefetch`` batches are assembled ahead by a background thread (default: 2 for an
+        accelerator device, 0 on CPU, where the thread would compete with training). With ``seed=None`` a
+        reopened store's sampler of the same ``name`` continues its committed random sequence."""
         from mmreplay.sampling.sampler import Sampler
 
         return Sampler(self, batch_size, device=device, prefetch=prefetch, seed=seed, **kwargs)

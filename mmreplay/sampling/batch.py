@@ -59,7 +59,10 @@ class BatchBuffers:
             self.next_obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
         self.columns = {}
         for spec in store.schema.transition_columns:
-            self.columns[spec.name] = alloc((batch_size, *spec.shape), _torch_dtype(spec.np_dtype))
+            dtype = spec.np_dtype
+            if spec.name == "action" and spec.shape == () and dtype.kind in "iu":
+                dtype = np.dtype(np.int64)  # discrete actions index Q-values: torch wants int64
+            self.columns[spec.name] = alloc((batch_size, *spec.shape), _torch_dtype(dtype))
         self.terminated = alloc((batch_size,), torch.bool)
         self.truncated = alloc((batch_size,), torch.bool)
         self.indices = alloc((batch_size,), torch.int64)
@@ -76,18 +79,9 @@ class BatchBuffers:
 
 def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray, buf: BatchBuffers) -> None:
     """Fill ``buf`` with transitions ``g`` whose frame stacks are ``obs_ids`` / ``next_ids`` (n, k)."""
-    k = store.frame_stack
     frames = store._frames
-    for name, (_, obs_np) in buf.obs.items():
-        next_np = buf.next_obs[name][1]
-        if k == 1:
-            frames.gather(name, obs_ids[:, 0], obs_np)
-            frames.gather(name, next_ids[:, 0], next_np)
-        else:
-            frames.gather(name, obs_ids, obs_np)
-            # The next stack shares k-1 frames with the obs stack: copy them, fetch only the newest.
-            next_np[:, : k - 1] = obs_np[:, 1:]
-            frames.gather(name, next_ids[:, k - 1], next_np[:, k - 1])
+    for name, (obs_t, _) in buf.obs.items():
+        frames.gather_stacks(name, obs_ids, next_ids, obs_t, buf.next_obs[name][0])
     ring = store._ring
     for name, (_, out) in buf.columns.items():
         out[...] = store._encoders[name].decode(ring.read(name, g))

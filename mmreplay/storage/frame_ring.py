@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.reading.cache import ChunkCache
@@ -48,16 +49,24 @@ class FrameColumn:
         self.staging = np.zeros((shard_rows, *spec.shape), dtype=spec.np_dtype)
         self.cache = ChunkCache(rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape), spec.np_dtype, cache_bytes)
 
-    def fill_missing(self, chunks: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        """Decode the chunks the cache lacks; returns the slots for all ``chunks``."""
+    def fill_missing(self, chunks: np.ndarray, slots: np.ndarray, ram_chunk) -> np.ndarray:
+        """Bring the chunks the cache lacks into it — copied from RAM (``ram_chunk(name, chunk)``) when
+        they are in the staging or sealed shard, else decoded from their file. Returns all slots."""
         missing = np.unique(chunks[slots < 0])
         new_slots = self.cache.admit(missing)
-        read = self.array.read_chunk
         slab = self.cache.slab
-        if missing.size >= PARALLEL_MIN_CHUNKS:
-            list(decode_pool().map(lambda cs: read(cs[0], slab[cs[1]]), zip(missing.tolist(), new_slots.tolist())))
+        to_decode = []
+        for chunk, slot in zip(missing.tolist(), new_slots.tolist()):
+            in_ram = ram_chunk(self.spec.name, chunk)
+            if in_ram is None:
+                to_decode.append((chunk, slot))
+            else:
+                slab[slot] = in_ram
+        read = self.array.read_chunk
+        if len(to_decode) >= PARALLEL_MIN_CHUNKS:
+            list(decode_pool().map(lambda cs: read(cs[0], slab[cs[1]]), to_decode))
         else:
-            for chunk, slot in zip(missing.tolist(), new_slots.tolist()):
+            for chunk, slot in to_decode:
                 read(chunk, slab[slot])
         return self.cache.slot_of[chunks]
 
@@ -98,6 +107,7 @@ class FrameRing:
         """Store ``n`` frames per key (arrays of shape (n, *shape)); returns the first new frame id."""
         n = len(next(iter(values.values())))
         first = self.head
+        self._forget_open_chunks(first, first + n)
         done = 0
         while done < n:
             offset = self.head - self.shard_start(self.staging_shard)
@@ -110,6 +120,17 @@ class FrameRing:
             if offset + take == self.shard_rows:
                 self._finish_staging_shard()
         return first
+
+    def _forget_open_chunks(self, lo: int, hi: int) -> None:
+        """Cached copies of chunks that rows [lo, hi) are about to extend are stale (multi-row chunks only;
+        staging rows are cached straight from RAM, so a chunk may have been cached half filled)."""
+        if hi <= lo:
+            return
+        for col in self.columns.values():
+            c = col.spec.chunk_rows
+            if c > 1:
+                first_row = int(self.row_of(np.int64(lo)))
+                col.cache.invalidate(first_row // c, first_row // c + -(-(hi - lo) // c) + 1)
 
     def flush(self) -> None:
         """Write the staging shard (partial) so a commit can cover every frame up to ``head``."""
@@ -197,64 +218,49 @@ class FrameRing:
 
     # -- reading ----------------------------------------------------------------------------------
     def gather(self, name: str, frame_ids: np.ndarray, out: np.ndarray) -> None:
-        """``out[i] = frame[frame_ids[i]]`` for every i (``out`` shaped ``frame_ids.shape + frame shape``).
+        """``out[...] = frame[frame_ids]`` (``out`` shaped ``frame_ids.shape + frame shape``).
 
         The caller guarantees ``oldest <= frame_ids < head``.
         """
         col = self.columns[name]
-        flat_ids = frame_ids.reshape(-1)
-        flat_shape = (flat_ids.size, *col.spec.shape)
-        if out.shape == flat_shape or out.flags.c_contiguous:
-            flat_out = out.reshape(flat_shape)  # a view, so writes land in ``out``
-        else:
-            tmp = np.empty(flat_shape, dtype=out.dtype)
-            self.gather(name, flat_ids, tmp)
-            out[...] = tmp.reshape(out.shape)
-            return
-        sealed = self._sealed
-        low = self.shard_start(sealed[0] if sealed else self.staging_shard)
-        staged = flat_ids >= low
-        if staged.any():
-            if sealed:  # rows of the sealed shard and the staging shard, both in RAM
-                self._gather_ram(name, flat_ids, flat_out, staged)
-                return
-            if staged.all():
-                flat_out[...] = col.staging[flat_ids - self.shard_start(self.staging_shard)]
-                return
-            rest = ~staged
-            tmp = np.empty((int(rest.sum()), *col.spec.shape), dtype=col.spec.np_dtype)
-            self._gather_cached(col, flat_ids[rest], tmp)
-            flat_out[rest] = tmp
-            flat_out[staged] = col.staging[flat_ids[staged] - self.shard_start(self.staging_shard)]
-            return
-        self._gather_cached(col, flat_ids, flat_out)
+        flat = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
+        index = self._slab_index(col, frame_ids.reshape(-1))
+        out[...] = np.take(flat, index, axis=0, mode="clip").reshape(out.shape)
 
-    def _gather_ram(self, name: str, ids: np.ndarray, out: np.ndarray, in_ram: np.ndarray) -> None:
-        sealed_shard, buffers, _ = self._sealed
+    def gather_stacks(self, name: str, obs_ids: np.ndarray, next_ids: np.ndarray, out_obs: torch.Tensor,
+                      out_next: torch.Tensor) -> None:
+        """``out_obs[i, j] = frame[obs_ids[i, j]]`` and likewise for ``next_ids``, where (as frame stacks
+        are) ``next_ids[:, :-1] == obs_ids[:, 1:]``: each distinct frame is looked up once, and both
+        outputs are filled by one parallel ``index_select`` each straight from the cache slab."""
         col = self.columns[name]
-        if not in_ram.all():
-            rest = ~in_ram
-            tmp = np.empty((int(rest.sum()), *col.spec.shape), dtype=col.spec.np_dtype)
-            self._gather_cached(col, ids[rest], tmp)
-            out[rest] = tmp
-        both = np.concatenate([buffers[name], col.staging])  # two shards, rarely sampled
-        out[in_ram] = both[ids[in_ram] - self.shard_start(sealed_shard)]
+        n, k = obs_ids.shape
+        union = np.concatenate([obs_ids, next_ids[:, -1:]], axis=1)
+        index = self._slab_index(col, union.reshape(-1)).reshape(n, k + 1)
+        slab = col.cache.flat_tensor()
+        flat_shape = (n * k, *col.spec.shape)
+        for out, idx in ((out_obs, index[:, :k]), (out_next, index[:, 1:])):
+            torch.index_select(slab, 0, torch.from_numpy(idx.reshape(-1)), out=out.view(flat_shape))
 
-    def _gather_cached(self, col: FrameColumn, ids: np.ndarray, out: np.ndarray) -> None:
+    def _slab_index(self, col: FrameColumn, ids: np.ndarray) -> np.ndarray:
+        """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first)."""
         rows = self.row_of(ids)
         c = col.spec.chunk_rows
-        if c == 1:
-            slots = col.cache.lookup(rows)
-            if slots.min(initial=0) < 0:
-                slots = col.fill_missing(rows, slots)
-            np.take(col.cache.slab.reshape(col.cache.n_slots, *col.spec.shape), slots, axis=0, out=out, mode="clip")
-            return
-        chunks = rows // c
+        chunks = rows if c == 1 else rows // c
         slots = col.cache.lookup(chunks)
         if slots.min(initial=0) < 0:
-            slots = col.fill_missing(chunks, slots)
-        flat = col.cache.slab.reshape(col.cache.n_slots * c, *col.spec.shape)
-        np.take(flat, slots.astype(np.int64) * c + rows % c, axis=0, out=out, mode="clip")
+            slots = col.fill_missing(chunks, slots, self._ram_chunk)
+        slots = slots.astype(np.int64)
+        return slots if c == 1 else slots * c + rows % c
+
+    def _ram_chunk(self, name: str, chunk: int) -> np.ndarray | None:
+        """Chunk ``chunk`` (file rows) if it lies in the staging or the sealed shard, else None."""
+        c = self.columns[name].spec.chunk_rows
+        file_shard, offset = divmod(chunk * c, self.shard_rows)
+        if file_shard == self._file_shard(self.staging_shard):
+            return self.columns[name].staging[offset:offset + c]
+        if self._sealed is not None and file_shard == self._file_shard(self._sealed[0]):
+            return self._sealed[1][name][offset:offset + c]
+        return None
 
     def read_frame(self, name: str, frame_id: int) -> np.ndarray:
         col = self.columns[name]
