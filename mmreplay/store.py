@@ -486,6 +486,57 @@ class Store:
             self._drain()
             return self._ring.oldest, self._ring.head
 
+    def verify(self, progress=None) -> list[str]:
+        """Read back every committed shard: each index and chunk checksum, each decoded size. Returns the
+        problems found (empty: the store is intact); ``progress(done, total)`` is called per shard."""
+        with self._lock:
+            self._check_open()
+            record = self._durable_state
+            work = []
+            for arrays, lo, hi, rows, shard_rows, unbounded in (
+                    (self._ring.disk.values(), record["oldest"], record["head"], record["transition_rows"],
+                     self._ring.shard_rows, self.capacity is None),
+                    ([c.array for c in self._frames.columns.values()], record["frame_oldest"], record["frame_head"],
+                     record["frame_rows"], self._frames.shard_rows, self.capacity is None)):
+                shards = committed_shards(lo, hi, rows, shard_rows, unbounded)
+                work += [(array, shard) for array in arrays for shard in shards]
+        problems = []
+        for i, (array, shard) in enumerate(work):
+            problems += array.verify_shard(shard)
+            if progress:
+                progress(i + 1, len(work))
+        return problems
+
+    def info(self) -> dict:
+        """Schema, counts and disk use per column (what ``mmreplay info`` prints)."""
+        with self._lock:
+            self._drain()
+            oldest, head = self._ring.oldest, self._ring.head
+            g = np.arange(oldest, head, dtype=np.int64)
+            starts = int(np.count_nonzero(self._ring.read("prev_delta", g) == 0)) if g.size else 0
+            n_frames = self._frames.head - self._frames.oldest
+            columns = []
+            for spec in self.schema.observations:
+                columns.append(_column_info(self.path, f"frames/{spec.name}", spec, n_frames, spec.row_nbytes))
+            for spec in self.schema.transition_columns:
+                columns.append(_column_info(self.path, f"transitions/{spec.name}", spec, head - oldest,
+                                            spec.row_nbytes))
+            for name in TransitionRing.INDEX_COLUMNS + TransitionRing.FLAG_COLUMNS:
+                spec = ColumnSpec.numeric(name, (), "uint32") if name in TransitionRing.INDEX_COLUMNS else \
+                    ColumnSpec.packed(name, (False, True), dtype="bool")
+                columns.append(_column_info(self.path, f"transitions/{name}", spec, head - oldest, spec.row_nbytes))
+            disk = _dir_bytes(self.path)
+            return {
+                "path": self.path, "format_version": self._meta["format_version"], "capacity": self.capacity,
+                "frame_stack": self.frame_stack, "transitions": self._ring.count_valid(self.frame_stack,
+                                                                                     self._frames.head),
+                "added": head, "oldest": oldest, "episodes_started": starts, "frames": n_frames,
+                "disk_bytes": disk, "bytes_per_transition": disk / max(1, head - oldest),
+                "index_ram_bytes_per_transition": self._ring.index_nbytes_per_row(),
+                "observation_space": self.schema.observation_space, "action_space": self.schema.action_space,
+                "columns": columns,
+            }
+
     @property
     def observation_space(self):
         return self.schema.spaces()[0]
@@ -607,6 +658,29 @@ def read_meta(path: str) -> dict:
             or meta["frame_rows"] % meta["frame_shard_rows"]:
         raise FormatError(f"{zarr_json}: ring rows must be multiples of their shard rows (and of 8)")
     return meta
+
+
+def committed_shards(lo: int, hi: int, rows: int, shard_rows: int, unbounded: bool) -> list[int]:
+    """File shards holding rows of global ids [lo, hi)."""
+    if hi <= lo:
+        return []
+    first, last = lo // shard_rows, (hi - 1) // shard_rows
+    n_files = rows // shard_rows
+    shards = range(first, last + 1)
+    return sorted({s if unbounded else s % n_files for s in shards})
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def _column_info(root: str, rel: str, spec: ColumnSpec, n_rows: int, row_nbytes: int) -> dict:
+    disk = _dir_bytes(os.path.join(root, rel))
+    raw = n_rows * (spec.bits / 8 if spec.kind == "packed" else max(1, row_nbytes))
+    logical = n_rows * max(1, spec.np_dtype.itemsize * int(np.prod(spec.shape, dtype=np.int64)))
+    return {"array": rel, "kind": spec.kind, "dtype": spec.dtype, "shape": list(spec.shape),
+            "bits": spec.bits or None, "rows": n_rows, "disk_bytes": disk,
+            "compression_ratio": (logical / disk) if disk else None, "stored_bytes_uncompressed": int(raw)}
 
 
 def _pow2_clamp(value: int, lo: int, hi: int) -> int:

@@ -72,6 +72,10 @@ class TransitionRing:
         else:
             self.arrays[name] = np.zeros((self.rows, *shape), dtype=dtype)
 
+    def index_nbytes_per_row(self) -> float:
+        """RAM the index itself (frame pointers, episode links, flags) costs per transition."""
+        return sum(self.arrays[n].itemsize for n in self.INDEX_COLUMNS) + len(self.FLAG_COLUMNS) / 8
+
     def layouts(self):
         return [a.layout for a in self.disk.values()]
 

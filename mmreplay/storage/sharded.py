@@ -85,6 +85,24 @@ class ShardedArray:
         else:
             decode_chunk(self.compressor, raw, out, where)  # outside the lock: decoders release the GIL
 
+    def verify_shard(self, shard: int) -> list[str]:
+        """Check a shard file's index and every chunk (checksum and decoded size); the problems found."""
+        self.forget([shard])
+        path = self.layout.shard_file(self.root, shard)
+        if not os.path.exists(path):
+            return [f"array {self.layout.path!r}, shard {shard}: file {path} is missing"]
+        problems = []
+        out = np.empty(self.chunk_shape, dtype=self.layout.np_dtype)
+        for inner in range(self.layout.chunks_per_shard):
+            try:
+                self.read_chunk(shard * self.layout.chunks_per_shard + inner, out)
+            except CorruptDataError as exc:
+                problems.append(str(exc))
+                if "index" in str(exc) or "shard file" in str(exc):
+                    break  # the index itself is bad: every chunk would repeat it
+        self.forget([shard])
+        return problems
+
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) as a new array (used to load resident columns at open)."""
         c = self.layout.chunk_rows
