@@ -2,11 +2,11 @@
 
 from mmreplay.columns.spec import ColumnSpec, Schema
 from mmreplay.errors import (CorruptDataError, FormatError, MMReplayError, NotAStoreError, ReadOnlyError,
-                             StoreClosedError)
+                             StorageError, StoreClosedError)
 from mmreplay.sampling.batch import Batch
 from mmreplay.store import Store
 
 __version__ = "0.1.0"
 
 __all__ = ["Store", "ColumnSpec", "Schema", "Batch", "MMReplayError", "NotAStoreError", "FormatError",
-           "CorruptDataError", "StoreClosedError", "ReadOnlyError", "__version__"]
+           "CorruptDataError", "StoreClosedError", "ReadOnlyError", "StorageError", "__version__"]

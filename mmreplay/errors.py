@@ -27,3 +27,8 @@ class StoreClosedError(MMReplayError):
 
 class ReadOnlyError(MMReplayError):
     """A write was attempted on a store opened with mode='r'."""
+
+
+class StorageError(MMReplayError, OSError):
+    """Writing to disk failed (disk full, I/O error). What was committed before is intact on disk;
+    the store refuses further writes until it is closed and reopened."""

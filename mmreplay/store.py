@@ -14,6 +14,7 @@ loses at most what was added since the last commit. Reopening restores exactly t
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -26,10 +27,10 @@ import numpy as np
 
 from mmreplay.columns.encode import ColumnEncoder, cast_exact, encode_flags
 from mmreplay.columns.spec import ColumnSpec, Schema, schema_from_spaces
-from mmreplay.errors import FormatError, NotAStoreError, ReadOnlyError, StoreClosedError
+from mmreplay.errors import FormatError, NotAStoreError, ReadOnlyError, StorageError, StoreClosedError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
-from mmreplay.storage.commit import FORMAT_VERSION, check_version, read_commit, write_commit
+from mmreplay.storage.commit import COMMIT_FILE, FORMAT_VERSION, check_version, read_commit, write_commit
 from mmreplay.storage.files import fsync_dir, fsync_files
 from mmreplay.storage.frame_ring import FrameRing
 from mmreplay.storage.pending import PendingBlock
@@ -112,6 +113,7 @@ class Store:
         self.commit_seconds = float(commit_seconds)
         self.durable = durable
         self._closed = False
+        self._failed: OSError | None = None
         self._lock = threading.RLock()  # adds, flushes and batch assembly never interleave
         self._lock_fd = self._acquire_writer_lock() if mode == "a" else None
         unbounded = self.capacity is None
@@ -130,7 +132,8 @@ class Store:
         self._sampler_states: dict[str, dict] = dict(rec.get("samplers", {}))
         if record is not None:
             self._restore(record)
-        self._durable_state = self._state_record()
+        self._durable_state = {**self._state_record(), "sequence": self._sequence}
+        self._commit_stat = _stat_key(path) if mode == "r" else None
         self._frames.before_overwrite = self._before_overwrite
         self._ring.before_overwrite = self._before_overwrite
         self._frames.on_invalidate = self._ring.advance_past_frames
@@ -147,6 +150,45 @@ class Store:
         self._obs_spec = self.schema.observations[0]
         self._fast_add = mode == "a" and not self.schema.dict_obs and not self.schema.extras and all(
             c.shape == () for c in (self.schema.action, self.schema.reward))
+
+    # -- readers of a store that another process writes -----------------------------------------
+    def refresh(self) -> bool:
+        """Read-only stores: catch up with the writer's latest commit (True if there was a newer one).
+        Cached frames of shards written since are dropped; the rest of the cache stays warm."""
+        with self._lock:
+            self._check_open()
+            if self.mode != "r":
+                return False
+            record = read_commit(self.path)
+            self._commit_stat = _stat_key(self.path)
+            if record["sequence"] == self._durable_state["sequence"]:
+                return False
+            old = self._durable_state
+            for disk in self._ring.disk.values():
+                disk.close()
+            self._ring = TransitionRing(self.path, self.schema.transition_columns, record["transition_rows"],
+                                        self._meta["transition_shard_rows"], capacity=self.capacity,
+                                        head=record["head"], oldest=record["oldest"])
+            self._frames.catch_up(old["frame_head"], record["frame_head"], record["frame_oldest"],
+                                  record["frame_rows"])
+            self._streams = Streams(self.schema.observations)
+            self._restore(record)
+            self._sequence = record["sequence"]
+            self._durable_state = record
+            return True
+
+    def _batch_still_valid(self, g: np.ndarray, obs_ids: np.ndarray) -> bool:
+        """Read-only stores: did the writer give up (and maybe overwrite) anything this batch read?
+        The writer commits the new ``oldest`` before it replaces a shard, so checking the newest record
+        after reading catches every overwritten row. One ``stat`` when nothing was committed since."""
+        if self.mode != "r":
+            return True
+        key = _stat_key(self.path)
+        if key == self._commit_stat:
+            return True
+        record = read_commit(self.path)
+        self._commit_stat = key
+        return int(g.min()) >= record["oldest"] and int(obs_ids.min()) >= record["frame_oldest"]
 
     def _register_sampler(self, sampler) -> None:
         with self._lock:
@@ -183,7 +225,7 @@ class Store:
         action_code = self._scalar_code("action", action)
         reward_code = self._scalar_code("reward", reward)
         if action_code is None or reward_code is None or type(stream) is not int or not 0 <= stream < 1 << 31 \
-                or terminated not in _FLAG_VALUES or truncated not in _FLAG_VALUES or self._closed \
+                or terminated not in _FLAG_VALUES or truncated not in _FLAG_VALUES or self._closed or self._failed \
                 or self.mode != "a":
             return False
         with self._lock:
@@ -274,6 +316,23 @@ class Store:
     def _append(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
         """Store ``n`` validated transitions (a stream may appear several times, in order), in sub-blocks
         small enough that no sub-block can overwrite frames it references itself."""
+        with self._failing_writes():
+            self._append_blocks(stream_ids, obs, next_obs, codes, term, trunc, n)
+
+    @contextlib.contextmanager
+    def _failing_writes(self):
+        """An OSError while writing (disk full...) leaves RAM ahead of disk: refuse writes from then on;
+        the last commit on disk is intact, and reopening continues from it."""
+        try:
+            yield
+        except OSError as exc:
+            if isinstance(exc, StorageError):
+                raise
+            self._failed = exc
+            raise StorageError(f"store {self.path!r}: writing failed ({exc}); what was committed is intact on "
+                               "disk: close() and reopen the store to continue from its last commit") from exc
+
+    def _append_blocks(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
         limit = self._max_block
         for lo in range(0, n, limit):
             part = slice(lo, min(n, lo + limit))
@@ -339,14 +398,17 @@ class Store:
             self._check_open()
             if self.mode == "r":
                 return
+            if self._failed is not None:
+                self._check_writable()
             self._drain()
             if self._pending == 0 and not self._frames.dirty and not self._ring.dirty and \
                     not self._sampler_state_changed():
                 return
-            self._frames.flush()
-            self._ring.flush()
-            self._sync_written()
-            self._commit_record(self._state_record())
+            with self._failing_writes():
+                self._frames.flush()
+                self._ring.flush()
+                self._sync_written()
+                self._commit_record(self._state_record())
             self._pending = 0
             self._last_commit = time.monotonic()
 
@@ -448,11 +510,22 @@ class Store:
         validate_capacity(batch_size, "batch_size")
         rng = self._rng if seed is None else np.random.default_rng(seed)
         buf = BatchBuffers(self, batch_size)
+        self.fill_batch(buf, rng)
+        return buf.batch(self)
+
+    def fill_batch(self, buf, rng: np.random.Generator) -> None:
+        """Draw a uniform batch into ``buf``; in a reader, redo it if the writer overwrote what it read."""
+        from mmreplay.sampling.batch import assemble
+
         with self._lock:
             self._check_open()
-            g, obs_ids, next_ids = self.sample_indices(batch_size, rng)
-            assemble(self, g, obs_ids, next_ids, buf)
-        return buf.batch(self)
+            for _ in range(10):
+                g, obs_ids, next_ids = self.sample_indices(buf.batch_size, rng)
+                assemble(self, g, obs_ids, next_ids, buf)
+                if self._batch_still_valid(g, obs_ids):
+                    return
+                self.refresh()
+            raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled")
 
     def sampler(self, batch_size: int, *, device=None, prefetch: int | None = None, seed: int | None = None,
                 **kwargs):
@@ -473,11 +546,15 @@ class Store:
         with self._lock:
             self._check_open()
             self._drain()
-            obs_ids, next_ids, valid = self._ring.stack_frames(g, self.frame_stack, self._frames.head)
-            if not valid.all():
-                raise IndexError(f"transition ids {g[~valid][:8].tolist()} are not valid (valid ids lie in "
-                                 f"[{self._ring.oldest}, {self._ring.head}) and need their frame stack)")
-            assemble(self, g, obs_ids, next_ids, buf)
+            for _ in range(2):
+                obs_ids, next_ids, valid = self._ring.stack_frames(g, self.frame_stack, self._frames.head)
+                if not valid.all():
+                    raise IndexError(f"transition ids {g[~valid][:8].tolist()} are not valid (valid ids lie in "
+                                     f"[{self._ring.oldest}, {self._ring.head}) and need their frame stack)")
+                assemble(self, g, obs_ids, next_ids, buf)
+                if self._batch_still_valid(g, obs_ids):
+                    break
+                self.refresh()  # then re-check validity against the newer commit
         return buf.batch(self)
 
     def valid_range(self) -> tuple[int, int]:
@@ -556,7 +633,7 @@ class Store:
             self._sampler_states[sampler.name] = sampler.state
             sampler.close()
         try:
-            if self.mode == "a":
+            if self.mode == "a" and self._failed is None:
                 self.flush()
         finally:
             self._closed = True
@@ -584,6 +661,9 @@ class Store:
 
     def _check_writable(self) -> None:
         self._check_open()
+        if self._failed is not None:
+            raise StorageError(f"store {self.path!r}: an earlier write failed ({self._failed}); close() and "
+                               "reopen the store to continue from its last commit")
         if self.mode != "a":
             raise ReadOnlyError(f"store {self.path!r} was opened read-only (mode='r')")
 
@@ -668,6 +748,11 @@ def committed_shards(lo: int, hi: int, rows: int, shard_rows: int, unbounded: bo
     n_files = rows // shard_rows
     shards = range(first, last + 1)
     return sorted({s if unbounded else s % n_files for s in shards})
+
+
+def _stat_key(path: str) -> tuple:
+    st = os.stat(os.path.join(path, COMMIT_FILE))
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _dir_bytes(path: str) -> int:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mmreplay.sampling.batch import Batch, BatchBuffers, assemble
+from mmreplay.sampling.batch import Batch, BatchBuffers
 
 if TYPE_CHECKING:  # pragma: no cover
     from mmreplay.store import Store
@@ -112,11 +112,7 @@ class Sampler:
         if slot.copied is not None:
             slot.copied.synchronize()  # the previous device copy from these host buffers is done
             slot.copied = None
-        store = self.store
-        with store._lock:
-            store._check_open()
-            g, obs_ids, next_ids = store.sample_indices(self.batch_size, self.rng)
-            assemble(store, g, obs_ids, next_ids, slot.buffers)
+        self.store.fill_batch(slot.buffers, self.rng)
         slot.state_after = self.rng.bit_generator.state
 
     def _ensure_thread(self) -> None:

@@ -207,6 +207,27 @@ class FrameRing:
             col.cache.grow_address_space(rows // col.spec.chunk_rows)
         self.on_grow(rows)
 
+    def catch_up(self, old_head: int, head: int, oldest: int, rows: int) -> None:
+        """Readers: move to a newer commit. Shards written since ``old_head`` (including any the ring
+        overwrote) are re-read from their files; cached chunks of other shards stay valid."""
+        if rows > self.rows:
+            self._grow(rows)
+        first_shard = old_head // self.shard_rows
+        last_shard = -(-head // self.shard_rows)
+        n_files = self.rows // self.shard_rows
+        if not self.unbounded and last_shard - first_shard >= n_files:
+            changed = set(range(n_files))  # the writer went round the whole ring
+        else:
+            changed = {self._file_shard(s) for s in range(first_shard, last_shard)}
+        for col in self.columns.values():
+            col.array.forget(changed)
+            c = col.spec.chunk_rows
+            for fs in changed:
+                col.cache.invalidate(fs * self.shard_rows // c, (fs + 1) * self.shard_rows // c)
+        self.head, self.oldest = head, oldest
+        self.staging_shard = head // self.shard_rows
+        self.load_staging()
+
     def load_staging(self) -> None:
         """After open: bring the committed rows of the staging shard back into RAM."""
         offset = self.head - self.shard_start(self.staging_shard)
