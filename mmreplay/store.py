@@ -491,6 +491,9 @@ class Store:
         n_valid = ring.count_valid(self.frame_stack, self._frames.head)
         if n_valid == 0:
             raise ValueError("cannot sample from an empty store (no valid transitions yet)")
+        if batch_size > n_valid:
+            raise ValueError(f"batch_size {batch_size} is larger than the store ({n_valid} valid transitions); "
+                             "wait until it holds at least one batch")
         span = ring.head - ring.oldest
         g = ring.oldest + rng.integers(0, span, size=batch_size)
         obs_ids, next_ids, valid = ring.stack_frames(g, self.frame_stack, self._frames.head)

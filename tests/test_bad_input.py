@@ -126,3 +126,14 @@ def test_unsupported_spaces_named(store_path):
         mmreplay.Store.create(store_path, spaces.Text(5), spaces.Discrete(2))
     with pytest.raises(TypeError, match="unsupported action space"):
         mmreplay.Store.create(store_path, IMG, spaces.Text(5))
+
+
+def test_batch_larger_than_store(make_store):
+    s = make_store()
+    for i in range(5):
+        s.add(frame(i), 0, 0, frame(i + 1), False, False)
+    with pytest.raises(ValueError, match="batch_size 6 is larger than the store"):
+        s.sample(6)
+    with pytest.raises(ValueError, match="larger than the store"):
+        next(s.sampler(6))
+    assert s.sample(5).obs.shape[0] == 5

@@ -110,3 +110,24 @@ def test_corrupt_chunk_raises_naming_array_shard_and_chunk(store_path):
     with mmreplay.Store.open(store_path, mode="r") as s:
         with pytest.raises(mmreplay.CorruptDataError, match="shard 0"):
             s.get([0])
+
+
+def test_chunk_that_decodes_to_the_wrong_size_is_rejected(store_path):
+    from numcodecs import blosc
+
+    from mmreplay.storage.shardfile import build_shard, crc32c
+
+    with mmreplay.Store.create(store_path, spaces.Box(0, 255, (6, 5), np.uint8), spaces.Discrete(2),
+                               capacity=1000) as s:
+        for i in range(100):
+            s.add(np.full((6, 5), i, np.uint8), 0, 0.0, np.full((6, 5), i + 1, np.uint8), False, False)
+        layout = s._frames.columns["obs"].layout
+    short = blosc.compress(np.zeros(7, np.uint8), b"lz4", 5, 0, 0)  # valid data, checksum right, 7 bytes
+    chunk = bytes(short) + crc32c(short)
+    raw = build_shard([chunk] * layout.chunks_per_shard)
+    open(layout.shard_file(store_path, 0), "wb").write(raw)
+    # shard 0 is also the newest: its rows are loaded at open, which is where the error shows
+    with pytest.raises(mmreplay.CorruptDataError, match=r"'frames/obs', shard 0, chunk \d+: chunk does not decode "
+                                                        "to 30 bytes"):
+        with mmreplay.Store.open(store_path, mode="r") as s:
+            s.get([3])

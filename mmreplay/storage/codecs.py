@@ -8,6 +8,7 @@ across chunks instead, like zarr does).
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Mapping
 
 import numpy as np
@@ -53,7 +54,17 @@ class Compressor:
             self._decompress = zstd.decompress
 
     def decode(self, data, out: np.ndarray) -> np.ndarray:
-        self._decompress(data, out)
+        """Decode into ``out``; a payload of another decoded size is an error (neither library says so
+        when decoding into a buffer)."""
+        if self._decompress is blosc.decompress:
+            if len(data) < 16 or struct.unpack_from("<I", data, 4)[0] != out.nbytes:  # blosc header: nbytes
+                raise ValueError(f"blosc header announces {struct.unpack_from('<I', data, 4)[0] if len(data) >= 8 else '?'} bytes")
+            self._decompress(data, out)
+        else:
+            decoded = self._decompress(data)
+            if len(decoded) != out.nbytes:
+                raise ValueError(f"payload holds {len(decoded)} bytes")
+            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(decoded, dtype=np.uint8)
         return out
 
 
