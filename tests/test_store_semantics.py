@@ -83,11 +83,11 @@ def test_very_short_episodes_and_long_stacks(store_path, frame_capacity):
 def test_samples_are_valid_transitions(store_path):
     rng = np.random.default_rng(1)
     store, ref = drive(store_path, rng, capacity=100, frame_stack=4, steps=400)
-    batch = store.sample(256, seed=3)
+    batch = store.sample(64, seed=3)
     valid = set(ref.valid_ids())
     assert set(batch.indices.tolist()) <= valid
     assert_batch_matches(batch, ref, batch.indices.tolist())
-    again = store.sample(256, seed=3)
+    again = store.sample(64, seed=3)
     assert torch_equal(batch.obs, again.obs) and batch.indices.tolist() == again.indices.tolist()
     store.close()
 
