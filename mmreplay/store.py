@@ -124,7 +124,8 @@ class Store:
                                     head=rec.get("head", 0), oldest=rec.get("oldest", 0))
         self._frames = FrameRing(path, self.schema.observations, rec.get("frame_rows", meta["frame_rows"]),
                                  meta["frame_shard_rows"], unbounded=unbounded, cache_bytes=cache_bytes,
-                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0))
+                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0),
+                                 writable=mode == "a")
         self._encoders = {c.name: ColumnEncoder(c) for c in self.schema.transition_columns}
         self._streams = Streams(self.schema.observations)
         self._sequence = rec.get("sequence", 0)

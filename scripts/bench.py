@@ -64,6 +64,9 @@ for _p in (HERE, REPO):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+if os.environ.get("MMREPLAY_BENCH_SRC"):  # --mmreplay-rev: benchmark a snapshot, not the working tree
+    sys.path.insert(0, os.environ["MMREPLAY_BENCH_SRC"])
+
 PEERS = ("numpy", "sb3", "cpprb", "torchrl")
 SYSTEMS = ("mmreplay",) + PEERS
 WORKLOADS = ("atari", "atari_x8", "lowdim")
@@ -138,6 +141,40 @@ def rate_windows(fn, n_windows: int, window_s: float, warmup_s: float) -> list[f
                 break
         rates.append(k / dt)
     return rates
+
+
+class CpuMeter:
+    """How many cores OTHER processes kept busy while we ran (from /proc/stat minus our own CPU time):
+    the noise indicator printed next to each result (the machine is shared)."""
+
+    def __init__(self):
+        self.t0, self.busy0, self.own0 = time.perf_counter(), self._busy(), self._own()
+
+    @staticmethod
+    def _busy() -> int:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+            return v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)  # not idle, not iowait
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    @staticmethod
+    def _own() -> int:
+        try:
+            with open("/proc/self/stat") as f:
+                v = f.read().rsplit(")", 1)[1].split()
+            return int(v[11]) + int(v[12])  # utime + stime, all threads
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def result(self) -> dict:
+        wall = time.perf_counter() - self.t0
+        tck = os.sysconf("SC_CLK_TCK")
+        own = (self._own() - self.own0) / tck
+        others = max(0.0, (self._busy() - self.busy0) / tck - own)
+        return {"own_cpu_cores": own / wall if wall else 0.0, "other_cpu_cores": others / wall if wall else 0.0,
+                "loadavg_end": os.getloadavg()[0]}
 
 
 def log(msg: str) -> None:
@@ -540,7 +577,11 @@ TASKS = {"peer": task_peer, "mm_fill": task_mm_fill, "mm_sample": task_mm_sample
 def child_main(spec_json: str) -> int:
     spec = json.loads(spec_json)
     try:
+        meter = CpuMeter()
         res = TASKS[spec["task"]](spec)
+        res.update(meter.result())
+        import mmreplay
+        res["mmreplay_file"] = mmreplay.__file__
         rc = 0
     except Exception:
         res = {"error": traceback.format_exc()}
@@ -566,6 +607,7 @@ def _own_cgroup(controller: str | None) -> str:
 def make_memory_cgroup(limit_bytes: int, name: str) -> dict:
     """A memory cgroup below our own one: cgroup v1 (``/sys/fs/cgroup/memory``) or v2 (unified, with the
     memory controller).  Page cache is charged to the cgroup in both.  Returns {dir, procs, version}."""
+    limit_bytes = int(limit_bytes)
     v2_root = "/sys/fs/cgroup"
     ctl = os.path.join(v2_root, "cgroup.controllers")
     if os.path.exists(ctl) and "memory" in open(ctl).read().split():
@@ -746,7 +788,8 @@ class Runner:
                     "peak_rss_fill": fill.get("peak_rss"), "peak_rss_sample": max(
                         c.get("peak_rss", 0) for c in children[1:]),
                     "cache_bytes": cache, "stack_err": 0.0 if w.get("stack_overlap_ok", True) else 1.0,
-                    "verify_fraction_ok": w.get("verify_fraction_ok")})
+                    "verify_fraction_ok": w.get("verify_fraction_ok"),
+                    "other_cpu_cores": max((c.get("other_cpu_cores", 0) for c in children), default=None)})
         for B in Bs:
             res[f"b{B}_per_s"] = w.get(f"b{B}_per_s")
             res[f"b{B}_hit_rate"] = w.get(f"b{B}_hit_rate")
@@ -785,7 +828,7 @@ class Runner:
                 **self.rate_spec()}
         out = {"n": n, "limit_bytes": a.cgroup_limit, "cache_bytes": a.cgroup_cache_mib * MiB,
                "uncompressed_frame_bytes": n * FRAME_BYTES, "uncompressed_stacked_bytes": 2 * 4 * n * FRAME_BYTES}
-        if os.path.exists(marker) and not a.rebuild:
+        if os.path.exists(marker) and a.reuse_store:
             out["fill"] = json.load(open(marker))
             out["fill"]["reused"] = True
             log(f"[bench] cgroup: reusing the store at {path}")
@@ -872,7 +915,7 @@ def workload_tables(name: str, wl: dict, Bs, md=False) -> str:
     n = wl["n"]
     Bs = sorted(Bs)
     headers = ["system", "stored", "add/s"] + [f"b{B}/s" for B in Bs] + [f"b{B}/s cold" for B in Bs] + \
-        ["peak RSS MiB", "disk MiB", "store B/tr", "stack_err", "note"]
+        ["peak RSS MiB", "disk MiB", "store B/tr", "stack_err", "other CPU", "note"]
     rows = []
     for sname, r in sysd.items():
         if "skipped" in r:
@@ -895,8 +938,11 @@ def workload_tables(name: str, wl: dict, Bs, md=False) -> str:
                     + [_f(r.get(f"cold_b{B}_per_s")) for B in Bs]
                     + [_f(r.get("peak_rss"), "mib"), _f(r.get("disk_bytes"), "mib") if r.get("disk_bytes") else "-",
                        _f(r["store_bytes"] / max(1, stored or n), "bpt") if r.get("store_bytes") is not None else "-",
-                       f"{r.get('stack_err', 0):.3f}", note])
+                       f"{r.get('stack_err', 0):.3f}",
+                       f"{r['other_cpu_cores']:.2f}" if r.get("other_cpu_cores") is not None else "-", note])
     out = [T(headers, rows)]
+    out.append("(other CPU = cores kept busy by OTHER processes while the child ran: the noise level; "
+               f"this box has {os.cpu_count()} cores)")
     mm = sysd.get("mmreplay")
     if mm and mm.get("add_per_s") is not None:
         rh = ["mmreplay / peer", "add/s"] + [f"b{B}/s" for B in Bs] + [f"b{B}/s cold" for B in Bs] + \
@@ -983,7 +1029,7 @@ def cgroup_text(cg: dict, md=False) -> str:
     Bs = sorted((int(k[1:-6]) for k in cg.get("unconstrained", {}) if k.startswith("b") and k.endswith("_per_s")))
     headers = ["child", "cold b256/s (first pass)"] + [f"warm b{B}/s" for B in Bs] + \
         [f"hit b{B}" for B in Bs] + ["peak RSS MiB", "cgroup max usage MiB", "disk read cold MiB",
-                                     "disk read warm MiB"]
+                                     "disk read warm MiB", "other CPU"]
     rows = []
     for mode in ("unconstrained", "constrained"):
         r = cg.get(mode, {})
@@ -994,7 +1040,8 @@ def cgroup_text(cg: dict, md=False) -> str:
         rows.append([mode, _f(r.get("cold_b256_per_s"))] + [_f(r.get(f"b{B}_per_s")) for B in Bs]
                     + [_f(r.get(f"b{B}_hit_rate"), "pct") for B in Bs]
                     + [_f(r.get("peak_rss"), "mib"), _f(cs.get("max_usage"), "mib") if cs else "-",
-                       _f(r.get("cold_disk_read_bytes"), "mib"), _f(r.get("warm_disk_read_bytes"), "mib")])
+                       _f(r.get("cold_disk_read_bytes"), "mib"), _f(r.get("warm_disk_read_bytes"), "mib"),
+                       f"{r['other_cpu_cores']:.2f}" if r.get("other_cpu_cores") is not None else "-"])
     c, u = cg.get("constrained", {}), cg.get("unconstrained", {})
     ratio_row = ["constrained / unconstrained",
                  _f(c["cold_b256_per_s"] / u["cold_b256_per_s"], "x") if c.get("cold_b256_per_s") and
@@ -1012,6 +1059,10 @@ def report(results: dict, args) -> str:
     out.append(f"mmreplay benchmark  ({meta['host']}; {meta['cpus']} CPUs; torch {meta['torch']} "
                f"({meta['torch_threads']} threads, default); tune_malloc in every child; load avg at start "
                f"{meta['loadavg_start']})")
+    g = meta.get("git", {})
+    out.append(f"mmreplay: {meta.get('mmreplay_source')} ({meta.get('mmreplay')}); repo HEAD {g.get('head')}"
+               + (f", mmreplay/ has uncommitted changes" if g.get("dirty_mmreplay") and
+                  meta.get("mmreplay_source") == "working tree" else ""))
     out.append(f"rates: median of {args.windows} windows x {args.window_s}s after warm-up; the machine is shared "
                "and noisy, so compare ratios within this run rather than absolute numbers")
     titles = {"atari": "Atari (real frames, stack 4, n_envs=1: mmreplay add(), peers add_batch of stacks)",
@@ -1051,16 +1102,20 @@ def parse_args(argv=None):
     p.add_argument("--cold-max-s", type=float, default=None, help="mmreplay: cap on the cold first pass")
     p.add_argument("--cgroup", action="store_true", help="run the larger-than-RAM cgroup test")
     p.add_argument("--cgroup-n", type=int, default=None, help="transitions in the cgroup store (default 1000000)")
-    p.add_argument("--cgroup-limit", type=float, default=2e9, help="cgroup memory limit, bytes (default 2e9)")
+    p.add_argument("--cgroup-limit", type=lambda v: int(float(v)), default=2_000_000_000,
+                   help="cgroup memory limit, bytes (default 2e9 = 2 GB)")
     p.add_argument("--cgroup-cache-mib", type=int, default=1024)
     p.add_argument("--cgroup-repeats", type=int, default=1)
     p.add_argument("--cgroup-cold-max-s", type=float, default=120.0)
-    p.add_argument("--rebuild", action="store_true", help="rebuild the cgroup store even if one is there")
+    p.add_argument("--reuse-store", action="store_true", help="--cgroup: reuse the 1M store of an earlier run "
+                   "(kept with --keep-cgroup-store) instead of rebuilding it (same mmreplay version only!)")
     p.add_argument("--keep-stores", action="store_true")
     p.add_argument("--keep-cgroup-store", action="store_true", help="keep the 1M store for a later --cgroup run")
     p.add_argument("--no-drop-caches", action="store_true")
     p.add_argument("--profile-dir", default=None, help="pyinstrument the mmreplay warm windows into this folder")
     p.add_argument("--workdir", default=DEFAULT_WORKDIR)
+    p.add_argument("--mmreplay-rev", default=None, help="benchmark mmreplay/ as of this git revision (a "
+                   "snapshot via git archive) instead of the working tree, e.g. HEAD")
     p.add_argument("--child-timeout", type=float, default=1800)
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -1086,16 +1141,46 @@ def parse_args(argv=None):
     return a
 
 
+def git_info() -> dict:
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"head": git("rev-parse", "--short", "HEAD"), "dirty_mmreplay": git("status", "--short", "mmreplay")}
+
+
+def snapshot_rev(rev: str, workdir: str) -> str:
+    """``git archive <rev> mmreplay`` into the workdir (the repository itself is not touched)."""
+    sha = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", rev], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    dest = os.path.join(workdir, f"mmreplay_src_{sha}")
+    if not os.path.isdir(os.path.join(dest, "mmreplay")):
+        os.makedirs(dest, exist_ok=True)
+        arch = subprocess.run(["git", "-C", REPO, "archive", sha, "mmreplay"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", dest], input=arch, check=True)
+    return dest
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a.child:
         return child_main(a.child)
+    src_note = "working tree"
+    if a.mmreplay_rev:
+        os.makedirs(a.workdir, exist_ok=True)
+        src = snapshot_rev(a.mmreplay_rev, a.workdir)
+        os.environ["MMREPLAY_BENCH_SRC"] = src
+        sys.path.insert(0, src)
+        src_note = f"git {a.mmreplay_rev} snapshot at {src}"
+    import mmreplay
     import torch
     t_start = time.perf_counter()
     results = {"meta": {"host": platform.node() + " " + platform.platform(), "cpus": os.cpu_count(),
                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                         "python": platform.python_version(), "loadavg_start": os.getloadavg(),
-                        "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S")},
+                        "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "mmreplay": mmreplay.__file__, "mmreplay_source": src_note, "git": git_info()},
                "args": {k: v for k, v in vars(a).items() if k != "child"}, "workloads": {}}
     runner = Runner(a)
     for wl in a.workloads:

@@ -48,3 +48,31 @@ def test_real_frames_round_trip_with_stacks(store_path, fixture, codec):
 def test_episode_ends_in_the_fixture(fixture):
     # the fixture must exercise both kinds of episode end
     assert fixture["terminated"].any() and fixture["truncated"].any()
+
+
+@pytest.mark.parametrize("encoder", ["process", "thread"])
+def test_shards_sealed_in_the_background_read_back_identical(store_path, fixture, encoder, monkeypatch):
+    # capacity 2000 -> 256-frame shards: the fixture fills and seals two of them while adding
+    if encoder == "thread":
+        monkeypatch.setenv("MMREPLAY_ENCODER", "thread")
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    ref = ReferenceReplay(4, 2000)
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=2000, frame_stack=4,
+                               reward_values=(-1, 0, 1)) as s:
+        assert (s._frames._encoder is not None) == (encoder == "process")
+        replay(fixture, s, ref)
+        ids = ref.valid_ids()
+        assert_batch_matches(s.get(ids), ref, ids)  # sealed shards are read from RAM or the new file
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        assert_batch_matches(s.get(ids), ref, ids)
+        assert s.verify() == []
+
+
+def test_encoder_process_failure_is_a_storage_error(store_path, fixture):
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    s = mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=2000, frame_stack=4,
+                              reward_values=(-1, 0, 1))
+    os.makedirs(s._frames.columns["obs"].layout.shard_file(store_path, 0))  # the child cannot rename onto it
+    with pytest.raises(mmreplay.StorageError, match="writing failed"):
+        replay(fixture, s, ReferenceReplay(4, 2000))
+    s.close()

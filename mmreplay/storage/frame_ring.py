@@ -24,10 +24,11 @@ import torch
 
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.reading.cache import ChunkCache
+from mmreplay.storage.encoder import ShardEncoder
 from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
 
-PARALLEL_MIN_CHUNKS = 16
+PARALLEL_MIN_CHUNKS = 64  # below this, handing work to threads costs more than decoding inline
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -63,17 +64,23 @@ class FrameColumn:
             else:
                 slab[slot] = in_ram
         read = self.array.read_chunk
-        if len(to_decode) >= PARALLEL_MIN_CHUNKS:
-            list(decode_pool().map(lambda cs: read(cs[0], slab[cs[1]]), to_decode))
-        else:
-            for chunk, slot in to_decode:
+
+        def decode_all(pairs) -> None:
+            for chunk, slot in pairs:
                 read(chunk, slab[slot])
+
+        if len(to_decode) >= PARALLEL_MIN_CHUNKS:  # one task per worker: per-task overhead is ~20 us
+            workers = decode_pool()._max_workers
+            groups = [to_decode[i::workers] for i in range(workers)]
+            list(decode_pool().map(decode_all, groups))
+        else:
+            decode_all(to_decode)
         return self.cache.slot_of[chunks]
 
 
 class FrameRing:
     def __init__(self, root: str, specs: Sequence[ColumnSpec], rows: int, shard_rows: int, *, unbounded: bool,
-                 cache_bytes: int, head: int = 0, oldest: int = 0):
+                 cache_bytes: int, head: int = 0, oldest: int = 0, writable: bool = True):
         if rows % shard_rows:
             raise ValueError(f"frame rows {rows} must be a multiple of shard rows {shard_rows}")
         self.root = root
@@ -91,9 +98,18 @@ class FrameRing:
         self.on_invalidate: Callable[[int], None] = lambda oldest: None
         self.on_grow: Callable[[int], None] = lambda rows: None
         self.written: list[str] = []  # files written since the last commit (to fsync)
-        self._sealed: tuple | None = None  # (global shard, buffers, future) being written in the background
+        self._sealed: tuple | None = None  # (global shard, buffers, future, file shard) being written
         self._spare: dict[str, np.ndarray] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._encoder = ShardEncoder.for_rows(total_row_bytes) if writable else None
+        if self._encoder is not None:
+            try:
+                for col in self.columns.values():
+                    col.staging = self._new_buffer(col)
+                self._encoder.start()  # the child imports numpy & co. while the first shard fills
+            except OSError:  # no usable shared memory: encode in a thread instead
+                self._encoder.close()
+                self._encoder = None
 
     # -- geometry ---------------------------------------------------------------------------------
     def row_of(self, frame_ids: np.ndarray) -> np.ndarray:
@@ -144,20 +160,33 @@ class FrameRing:
             self.dirty = False
 
     def _finish_staging_shard(self) -> None:
-        """Seal the full staging shard: a background thread encodes and writes it while adds go on."""
+        """Seal the full staging shard: it is encoded and written in the background while adds go on
+        (by the encoder child process for image rows, else by a thread)."""
         self.wait_sealed()
         self._check_overwrite(self.staging_shard)
         buffers = {name: col.staging for name, col in self.columns.items()}
         shard = self._file_shard(self.staging_shard)
-        future = self._writer().submit(self._write_buffers, shard, buffers)
-        self._sealed = (self.staging_shard, buffers, future)
+        if self._encoder is not None:
+            jobs = [{"path": col.layout.shard_file(self.root, shard), "rows": self.shard_rows,
+                     "chunk_rows": col.spec.chunk_rows, "codec": dict(col.spec.codec)}
+                    for col in self.columns.values()]
+            future = self._encoder.submit(jobs, [buffers[name] for name in self.columns])
+        else:
+            future = self._writer().submit(self._write_buffers, shard, buffers)
+        self._sealed = (self.staging_shard, buffers, future, shard)
         for name, col in self.columns.items():
             col.staging = self._spare.pop(name, None)
             if col.staging is None:
-                col.staging = np.empty_like(buffers[name])
+                col.staging = self._new_buffer(col)
         self.dirty = False
         self.staging_shard += 1
         self._enter_shard(self.staging_shard)
+
+    def _new_buffer(self, col: FrameColumn) -> np.ndarray:
+        shape = (self.shard_rows, *col.spec.shape)
+        if self._encoder is not None:
+            return self._encoder.allocate(shape, col.spec.np_dtype)
+        return np.zeros(shape, dtype=col.spec.np_dtype)
 
     def _write_buffers(self, shard: int, buffers: Mapping[str, np.ndarray]) -> list[str]:
         return [col.array.write_shard(shard, buffers[name], self.shard_rows) for name, col in self.columns.items()]
@@ -166,12 +195,15 @@ class FrameRing:
         """Block until the sealed shard is on disk (raising what its write raised)."""
         if self._sealed is None:
             return
-        _, buffers, future = self._sealed
+        _, buffers, future, shard = self._sealed
         try:
             self.written.extend(future.result())
         finally:
             self._sealed = None
             self._spare = dict(buffers)
+            if self._encoder is not None:  # another process wrote the file: re-read its index when needed
+                for col in self.columns.values():
+                    col.array.forget([shard])
 
     def _check_overwrite(self, global_shard: int) -> None:
         if not self.unbounded and global_shard * self.shard_rows >= self.rows:
@@ -295,5 +327,10 @@ class FrameRing:
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+            if self._encoder is not None:
+                for col in self.columns.values():
+                    col.staging = None  # the shared buffers go with the encoder
+                self._spare = {}
+                self._encoder.close()
             for col in self.columns.values():
                 col.array.close()

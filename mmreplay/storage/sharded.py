@@ -20,6 +20,13 @@ from mmreplay.storage.files import atomic_write
 from mmreplay.storage.layout import ArrayLayout
 from mmreplay.storage.shardfile import EMPTY, build_shard, decode_chunk, encode_chunk, read_index
 
+EMPTY_INT = int(EMPTY)
+
+
+def _as_lists(index: np.ndarray) -> tuple[list, list]:
+    """(offsets, sizes) as Python lists: indexing them per chunk is several times cheaper than numpy."""
+    return index[:, 0].tolist(), index[:, 1].tolist()
+
 MAX_OPEN_FILES = 128
 
 
@@ -50,7 +57,7 @@ class ShardedArray:
         index = np.frombuffer(raw[len(raw) - n * 16 - 4: len(raw) - 4], dtype="<u8").reshape(n, 2)
         with self._lock:
             self._close_fd(shard)
-            self._indexes[shard] = index
+            self._indexes[shard] = _as_lists(index)
         return path
 
     def write_shard(self, shard: int, data: np.ndarray, n_rows: int) -> str:
@@ -67,23 +74,26 @@ class ShardedArray:
         self.forget()
 
     # -- reading ---------------------------------------------------------------------------------
+    def where(self, shard: int, inner: int) -> str:
+        return f"array {self.layout.path!r}, shard {shard}, chunk {inner}"
+
     def read_chunk(self, chunk: int, out: np.ndarray) -> None:
         """Decode inner chunk ``chunk`` (global chunk number along axis 0) into ``out``."""
         shard, inner = divmod(int(chunk), self.layout.chunks_per_shard)
-        where = f"array {self.layout.path!r}, shard {shard}, chunk {inner}"
         with self._lock:  # the read happens under the lock so no other thread can close the fd meanwhile
-            fd, index = self._open(shard, where)
-            if index is None or index[inner, 0] == EMPTY:
+            fd, index = self._open(shard)
+            if index is None or index[0][inner] == EMPTY_INT:
                 raw = None
             else:
-                nbytes = int(index[inner, 1])
-                raw = os.pread(fd, nbytes, int(index[inner, 0]))
+                nbytes = index[1][inner]
+                raw = os.pread(fd, nbytes, index[0][inner])
                 if len(raw) != nbytes:
-                    raise CorruptDataError(f"{where}: read {len(raw)} of {nbytes} bytes (truncated shard file?)")
+                    raise CorruptDataError(f"{self.where(shard, inner)}: read {len(raw)} of {nbytes} bytes "
+                                           "(truncated shard file?)")
         if raw is None:
             out[...] = 0
-        else:
-            decode_chunk(self.compressor, raw, out, where)  # outside the lock: decoders release the GIL
+        else:  # outside the lock: decoders release the GIL
+            decode_chunk(self.compressor, raw, out, lambda: self.where(shard, inner))
 
     def verify_shard(self, shard: int) -> list[str]:
         """Check a shard file's index and every chunk (checksum and decoded size); the problems found."""
@@ -112,8 +122,9 @@ class ShardedArray:
             self.read_chunk(chunk, buf[i * c:(i + 1) * c])
         return buf[start - first * c: stop - first * c]
 
-    def _open(self, shard: int, where: str) -> tuple[int, np.ndarray | None]:
-        """The shard's file descriptor and index (caller holds the lock); (-1, None) if no file."""
+    def _open(self, shard: int) -> tuple[int, tuple[list, list] | None]:
+        """The shard's file descriptor and index as (offsets, sizes) lists (caller holds the lock);
+        (-1, None) if there is no file."""
         fd = self._fds.get(shard)
         if fd is not None:
             self._fds.move_to_end(shard)
@@ -127,7 +138,8 @@ class ShardedArray:
         try:
             index = self._indexes.get(shard)
             if index is None:
-                index = read_index(fd, os.fstat(fd).st_size, self.layout.chunks_per_shard, where)
+                index = _as_lists(read_index(fd, os.fstat(fd).st_size, self.layout.chunks_per_shard,
+                                             f"array {self.layout.path!r}, shard {shard}"))
         except BaseException:
             os.close(fd)
             raise

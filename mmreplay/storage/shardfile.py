@@ -31,17 +31,18 @@ def encode_chunk(compressor, chunk: np.ndarray) -> bytes:
     return bytes(data) + crc32c(data)
 
 
-def decode_chunk(compressor, raw: bytes | memoryview, out: np.ndarray, where: str) -> None:
-    """Check the chunk's crc32c, then decode it straight into ``out`` (a C-contiguous array)."""
+def decode_chunk(compressor, raw: bytes, out: np.ndarray, where) -> None:
+    """Check the chunk's crc32c, then decode it straight into ``out`` (a C-contiguous array).
+    ``where()`` names the chunk in errors (built only when one happens)."""
     if len(raw) < CRC_BYTES:
-        raise CorruptDataError(f"{where}: chunk is {len(raw)} bytes, shorter than its checksum")
-    body = bytes(raw[:-CRC_BYTES])
-    if crc32c(body) != bytes(raw[-CRC_BYTES:]):
-        raise CorruptDataError(f"{where}: checksum mismatch (stored data is corrupt)")
+        raise CorruptDataError(f"{where()}: chunk is {len(raw)} bytes, shorter than its checksum")
+    body = raw[:-CRC_BYTES]
+    if google_crc32c.value(body) != int.from_bytes(raw[-CRC_BYTES:], "little"):
+        raise CorruptDataError(f"{where()}: checksum mismatch (stored data is corrupt)")
     try:
         compressor.decode(body, out)
     except Exception as exc:  # codec libraries raise a zoo of types, e.g. for a wrong decoded size
-        raise CorruptDataError(f"{where}: chunk does not decode to {out.nbytes} bytes ({exc})") from None
+        raise CorruptDataError(f"{where()}: chunk does not decode to {out.nbytes} bytes ({exc})") from None
 
 
 def build_shard(encoded_chunks: list[bytes | None]) -> bytes:
