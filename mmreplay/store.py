@@ -507,12 +507,12 @@ class Store:
             obs_ids[bad], next_ids[bad], valid[bad] = o, nx, v
         raise RuntimeError("could not draw valid transitions (index inconsistent?)")
 
-    def sample(self, batch_size: int, seed: int | None = None):
+    def sample(self, batch_size: int, seed: int | None = None, rng: np.random.Generator | None = None):
         """One uniform batch of fresh torch tensors (for training loops use ``sampler``)."""
-        from mmreplay.sampling.batch import BatchBuffers, assemble
+        from mmreplay.sampling.batch import BatchBuffers
 
         validate_capacity(batch_size, "batch_size")
-        rng = self._rng if seed is None else np.random.default_rng(seed)
+        rng = rng if rng is not None else self._rng if seed is None else np.random.default_rng(seed)
         buf = BatchBuffers(self, batch_size)
         self.fill_batch(buf, rng)
         return buf.batch(self)

@@ -36,6 +36,14 @@ class Batch:
             return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
         return Batch(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
 
+    def pin_memory(self) -> "Batch":
+        """For ``DataLoader(pin_memory=True)``."""
+        def pin(x):
+            if isinstance(x, dict):
+                return {k: pin(v) for k, v in x.items()}
+            return x.pin_memory() if isinstance(x, torch.Tensor) else x
+        return Batch(**{f.name: pin(getattr(self, f.name)) for f in fields(self)})
+
     @property
     def dones(self) -> torch.Tensor:
         return self.terminated | self.truncated
