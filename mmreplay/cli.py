@@ -2,6 +2,8 @@
 
     mmreplay info PATH [--json]
     mmreplay verify PATH
+    mmreplay plot PATH [--out FILE.png]
+    mmreplay bench [--n N]
     mmreplay demo [--out DIR]
 """
 
@@ -71,6 +73,24 @@ def cmd_verify(args) -> int:
     return 0 if not problems else 1
 
 
+def cmd_plot(args) -> int:
+    try:
+        from mmreplay.plot import plot_store
+        out = plot_store(args.path, args.out)
+    except ImportError as exc:
+        print(f"mmreplay plot: needs matplotlib ({exc}); pip install 'mmreplay[plot]'", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from mmreplay.quickbench import run
+
+    run(n=args.n, batch_sizes=(32, 256))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from mmreplay import demo
 
@@ -87,6 +107,13 @@ def main(argv=None) -> int:
     p = sub.add_parser("verify", help="check every committed chunk's checksum and size")
     p.add_argument("path")
     p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("plot", help="PNG histograms of observations, rewards, actions and episode lengths")
+    p.add_argument("path")
+    p.add_argument("--out", default="mmreplay_plot.png")
+    p.set_defaults(func=cmd_plot)
+    p = sub.add_parser("bench", help="quick add/sample rates of this machine (scripts/bench.py compares peers)")
+    p.add_argument("--n", type=int, default=20_000, help="transitions of synthetic 84x84 frames")
+    p.set_defaults(func=cmd_bench)
     p = sub.add_parser("demo", help="train a DQN on CartPole into a store, stop, resume, report")
     p.add_argument("--out", default="demo_out")
     p.set_defaults(func=cmd_demo)

@@ -55,10 +55,13 @@ class Store:
                extras: Sequence[ColumnSpec] = (), columns: Mapping[str, ColumnSpec] | None = None,
                frame_capacity: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                commit_every: int = DEFAULT_COMMIT_EVERY, commit_seconds: float = DEFAULT_COMMIT_SECONDS,
-               durable: bool = True) -> "Store":
+               durable: bool = True, stack_padding: str = "first") -> "Store":
         """Make a new store at ``path`` (which must not exist or be an empty directory).
 
         ``capacity`` transitions are kept (the oldest are overwritten); ``None`` grows without bound.
+        With ``frame_stack=k`` observations come back as stacks of the last ``k`` frames of the episode;
+        before the episode's first frame a stack repeats it (``stack_padding="first"``, gymnasium's
+        FrameStackObservation) or holds zeros (``"zeros"``, SB3's VecFrameStack).
         ``frame_capacity`` (default ``capacity * 9/8``) bounds the distinct observations kept: each
         episode needs one frame more than it has transitions, so very short episodes may make the
         frame ring, not ``capacity``, the limit on ``len(store)``.
@@ -66,7 +69,8 @@ class Store:
         path = os.fspath(path)
         validate_capacity(capacity, "capacity")
         schema = schema_from_spaces(observation_space, action_space, reward_values=reward_values,
-                                    frame_stack=frame_stack, frame_codec=frame_codec, extras=extras, columns=columns)
+                                    frame_stack=frame_stack, frame_codec=frame_codec, extras=extras, columns=columns,
+                                    stack_padding=stack_padding)
         if frame_capacity is not None:
             validate_capacity(frame_capacity, "frame_capacity")
         geometry = plan_geometry(schema, capacity, frame_capacity)

@@ -54,3 +54,23 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
     os.makedirs(tmp_path / "empty")
     assert main(["verify", str(tmp_path / "empty")]) == 2
+
+
+def test_plot_writes_a_png(small_store, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = str(tmp_path / "plot.png")
+    assert main(["plot", small_store, "--out", out]) == 0
+    assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_episode_lengths(small_store):
+    from mmreplay.plot import episode_lengths
+
+    with mmreplay.Store.open(small_store, mode="r") as s:
+        assert episode_lengths(s).tolist() == [50] * 6
+
+
+def test_bench_runs(capsys):
+    assert main(["bench", "--n", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "transitions/s" in out and "batch 256" in out

@@ -242,3 +242,16 @@ def test_repeated_streams_in_one_extend_are_sequential(make_store):
     s.extend(np.stack(f[0:3]), [0, 1, 2], [0, 0, 0], np.stack(f[1:4]), [False] * 3, [False] * 3, streams=[5, 5, 5])
     assert s.num_frames == 4
     assert s.get([2]).obs[0, :, 0, 0].tolist() == [0, 1, 2]
+
+
+def test_zero_padding_like_vecframestack(make_store):
+    s = make_store(frame_stack=4, stack_padding="zeros")
+    f = frames(8, 1)
+    s.add(f[0], 0, 0, f[1], False, False)
+    s.add(f[1], 0, 0, f[2], False, False)
+    b = s.get([0, 1])
+    assert b.obs[0, :, 0, 0].tolist() == [0, 0, 0, 1]
+    assert b.next_obs[0, :, 0, 0].tolist() == [0, 0, 1, 2]
+    assert b.obs[1, :, 0, 0].tolist() == [0, 0, 1, 2]
+    with pytest.raises(ValueError, match="stack_padding must be"):
+        mmreplay.Store.create(str(s.path) + "2", IMG, spaces.Discrete(3), stack_padding="ones")

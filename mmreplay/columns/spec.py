@@ -146,8 +146,12 @@ class Schema:
     frame_stack: int = 1
     observation_space: Mapping[str, Any] | None = None  # JSON form
     action_space: Mapping[str, Any] | None = None
+    stack_padding: str = "first"  # before an episode's first frame: repeat it ("first") or zeros ("zeros")
 
     def __post_init__(self) -> None:
+        if self.stack_padding not in ("first", "zeros"):
+            raise ValueError(f"stack_padding must be 'first' (repeat the episode's first frame, like gymnasium's "
+                             f"FrameStackObservation) or 'zeros' (like SB3's VecFrameStack), got {self.stack_padding!r}")
         names = [c.name for c in self.observations]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate observation keys {names}")
@@ -175,6 +179,7 @@ class Schema:
             "frame_stack": self.frame_stack,
             "observation_space": self.observation_space,
             "action_space": self.action_space,
+            "stack_padding": self.stack_padding,
         }
 
     @classmethod
@@ -191,6 +196,7 @@ class Schema:
                 frame_stack=int(data.get("frame_stack", 1)),
                 observation_space=data.get("observation_space"),
                 action_space=data.get("action_space"),
+                stack_padding=data.get("stack_padding", "first"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed schema: missing or wrong field {exc}") from None
@@ -212,6 +218,7 @@ def schema_from_spaces(
     frame_codec: str | Mapping[str, Any] = "lz4",
     extras: Sequence[ColumnSpec] = (),
     columns: Mapping[str, ColumnSpec] | None = None,
+    stack_padding: str = "first",
 ) -> Schema:
     """Derive every column from the spaces; ``columns`` overrides any derived column by name."""
     overrides = dict(columns or {})
@@ -234,7 +241,7 @@ def schema_from_spaces(
         raise ValueError(f"columns {sorted(overrides)} override nothing: known columns are "
                          f"{[c.name for c in obs_cols] + ['action', 'reward']}")
     return Schema(obs_cols, action, reward, tuple(extras), dict_obs, int(frame_stack),
-                  space_to_json(observation_space), space_to_json(action_space))
+                  space_to_json(observation_space), space_to_json(action_space), stack_padding)
 
 
 def action_column(space: spaces.Space) -> ColumnSpec:

@@ -88,8 +88,18 @@ class BatchBuffers:
 def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray, buf: BatchBuffers) -> None:
     """Fill ``buf`` with transitions ``g`` whose frame stacks are ``obs_ids`` / ``next_ids`` (n, k)."""
     frames = store._frames
+    zero_pad = store.schema.stack_padding == "zeros" and store.frame_stack > 1
     for name, (obs_t, _) in buf.obs.items():
-        frames.gather_stacks(name, obs_ids, next_ids, obs_t, buf.next_obs[name][0])
+        next_t = buf.next_obs[name][0]
+        frames.gather_stacks(name, obs_ids, next_ids, obs_t, next_t)
+        if zero_pad:
+            # Within an episode every position of a stack has its own frame; a frame id equal to the next
+            # position's is padding before the episode's first frame.
+            for out, ids in ((obs_t, obs_ids), (next_t, next_ids)):
+                pad = np.zeros(ids.shape, dtype=bool)
+                pad[:, :-1] = ids[:, :-1] == ids[:, 1:]
+                if pad.any():
+                    out[torch.from_numpy(pad)] = 0
     ring = store._ring
     for name, (_, out) in buf.columns.items():
         out[...] = store._encoders[name].decode(ring.read(name, g))
