@@ -14,9 +14,7 @@ loses at most what was added since the last commit. Reopening restores exactly t
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import json
 import os
 import threading
 import time
@@ -25,27 +23,25 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mmreplay.columns.encode import ColumnEncoder, cast_exact, encode_flags
+from mmreplay.columns.encode import ColumnEncoder
 from mmreplay.columns.spec import ColumnSpec, Schema, schema_from_spaces
-from mmreplay.errors import FormatError, NotAStoreError, ReadOnlyError, StorageError, StoreClosedError
+from mmreplay.errors import ReadOnlyError, StorageError, StoreClosedError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
-from mmreplay.storage.commit import COMMIT_FILE, FORMAT_VERSION, check_version, read_commit, write_commit
+from mmreplay.storage.commit import COMMIT_FILE, FORMAT_VERSION, read_commit, write_commit
 from mmreplay.storage.files import fsync_dir, fsync_files
 from mmreplay.storage.frame_ring import FrameRing
+from mmreplay.storage.meta import plan_geometry, read_meta, validate_capacity  # noqa: F401 (re-exported)
 from mmreplay.storage.pending import PendingBlock
+from mmreplay.writing import WritePath
 
 MIB = 1 << 20
 DEFAULT_CACHE_BYTES = 512 * MIB
 DEFAULT_COMMIT_EVERY = 25_000
 DEFAULT_COMMIT_SECONDS = 30.0
-FRAME_SHARD_TARGET_BYTES = 8 * MIB
-UNBOUNDED_TRANSITION_SHARD = 16384
-_FLAG_VALUES = (True, False)  # `x in` this also accepts 0, 1 and numpy bools
-_SCALAR_TYPES = (int, float, bool, np.int64, np.int32, np.float32, np.float64, np.uint8, np.int8, np.bool_)
 
 
-class Store:
+class Store(WritePath):
     """A replay store on disk. Create with ``Store.create``, reopen with ``Store.open``."""
 
     # -- construction -----------------------------------------------------------------------------
@@ -211,190 +207,6 @@ class Store:
         self._ring.rebuild_shard_min_frame(record["frame_head"])
         self._frames.load_staging()
         self._streams.restore(record["streams"])
-
-    # -- writing ----------------------------------------------------------------------------------
-    def add(self, obs, action, reward, next_obs, terminated, truncated, *, stream: int = 0,
-            extras: Mapping[str, Any] | None = None) -> None:
-        """Add one transition of stream ``stream`` (one env of a vector env, or the only env)."""
-        if not (self._fast_add and extras is None and self._add_fast(obs, action, reward, next_obs, terminated,
-                                                                     truncated, stream)):
-            self._add_checked(obs, action, reward, next_obs, terminated, truncated, stream, extras)
-
-    def _add_fast(self, obs, action, reward, next_obs, terminated, truncated, stream) -> bool:
-        """The common case (one array observation, scalar values already right): validate and copy into the
-        pending block in a few microseconds. Returns False, having stored nothing, for anything else."""
-        spec = self._obs_spec
-        if type(obs) is not np.ndarray or type(next_obs) is not np.ndarray or obs.shape != spec.shape \
-                or next_obs.shape != spec.shape or obs.dtype != spec.np_dtype or next_obs.dtype != spec.np_dtype:
-            return False
-        action_code = self._scalar_code("action", action)
-        reward_code = self._scalar_code("reward", reward)
-        if action_code is None or reward_code is None or type(stream) is not int or not 0 <= stream < 1 << 31 \
-                or terminated not in _FLAG_VALUES or truncated not in _FLAG_VALUES or self._closed or self._failed \
-                or self.mode != "a":
-            return False
-        with self._lock:
-            block = self._block
-            row = block.n
-            block.obs["obs"][row] = obs
-            block.next_obs["obs"][row] = next_obs
-            block.codes["action"][row] = action_code
-            block.codes["reward"][row] = reward_code
-            block.terminated[row] = terminated
-            block.truncated[row] = truncated
-            block.streams[row] = stream
-            block.n = row + 1
-            if block.full:
-                self._drain()
-        return True
-
-    def _scalar_code(self, name: str, value):
-        """What column ``name`` stores for a scalar ``value``, or None if the slow path must decide."""
-        if type(value) not in _SCALAR_TYPES:
-            return None
-        encoder = self._encoders[name]
-        if encoder.spec.kind == "packed":
-            return encoder.code_of.get(value)
-        if encoder.dtype.kind == "f":
-            return value if value == value else None  # NaN: let the checked path decide
-        lo, hi = encoder.int_range
-        return value if type(value) is not float and lo <= value <= hi else None
-
-    def _add_checked(self, obs, action, reward, next_obs, terminated, truncated, stream, extras) -> None:
-        if self.schema.dict_obs:
-            obs = {k: np.asarray(v)[None] for k, v in _as_mapping(obs, "obs").items()}
-            next_obs = {k: np.asarray(v)[None] for k, v in _as_mapping(next_obs, "next_obs").items()}
-        else:
-            obs, next_obs = np.asarray(obs)[None], np.asarray(next_obs)[None]
-        extras = {k: np.asarray(v)[None] for k, v in (extras or {}).items()}
-        self._extend(obs, np.asarray(action)[None], np.asarray(reward)[None], next_obs,
-                     np.asarray(terminated)[None], np.asarray(truncated)[None], np.array([stream]), extras)
-
-    def _drain(self) -> None:
-        """Append the pending single adds (caller holds the lock)."""
-        block = self._block
-        if block is not None and block.n:
-            rows = block.rows()
-            block.n = 0
-            self._append(*rows)
-
-    def extend(self, obs, action, reward, next_obs, terminated, truncated, *, streams: Sequence[int] | None = None,
-               extras: Mapping[str, Any] | None = None) -> None:
-        """Add a batch: row ``i`` of each argument is one transition of stream ``streams[i]``
-        (default ``range(n)``: a vector env's ``n`` sub-envs, each its own sequence of episodes)."""
-        action = np.asarray(action)
-        n = action.shape[0] if action.ndim else _fail(f"extend: action must have a leading batch axis, "
-                                                      f"got shape {action.shape}")
-        ids = np.arange(n) if streams is None else np.asarray(streams)
-        self._extend(obs, action, reward, next_obs, terminated, truncated, ids, extras or {})
-
-    def _extend(self, obs, action, reward, next_obs, terminated, truncated, stream_ids, extras) -> None:
-        self._check_writable()
-        n = int(np.asarray(action).shape[0])
-        stream_ids = self._streams.validate_ids(stream_ids, n)
-        obs = self._encode_obs(obs, n, "obs")
-        next_obs = self._encode_obs(next_obs, n, "next_obs")
-        codes = {"action": self._encoders["action"].encode(action, n),
-                 "reward": self._encoders["reward"].encode(reward, n)}
-        extras = dict(extras)
-        for spec in self.schema.extras:
-            if spec.name not in extras:
-                raise ValueError(f"extras: missing value for extra column {spec.name!r}")
-            codes[spec.name] = self._encoders[spec.name].encode(extras.pop(spec.name), n)
-        if extras:
-            raise ValueError(f"extras: unknown column(s) {sorted(extras)}; known extra columns: "
-                             f"{[c.name for c in self.schema.extras]}")
-        term = encode_flags(terminated, n, "terminated")
-        trunc = encode_flags(truncated, n, "truncated")
-        with self._lock:
-            block = self._block
-            if n >= block.capacity // 2:  # big batches are blocks of their own
-                self._drain()
-                self._append(stream_ids, obs, next_obs, codes, term, trunc, n)
-                return
-            if block.n + n > block.capacity:
-                self._drain()
-            block.put(stream_ids, obs, next_obs, codes, term, trunc)
-            if block.full:
-                self._drain()
-
-    def _append(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
-        """Store ``n`` validated transitions (a stream may appear several times, in order), in sub-blocks
-        small enough that no sub-block can overwrite frames it references itself."""
-        with self._failing_writes():
-            self._append_blocks(stream_ids, obs, next_obs, codes, term, trunc, n)
-
-    @contextlib.contextmanager
-    def _failing_writes(self):
-        """An OSError while writing (disk full...) leaves RAM ahead of disk: refuse writes from then on;
-        the last commit on disk is intact, and reopening continues from it."""
-        try:
-            yield
-        except OSError as exc:
-            if isinstance(exc, StorageError):
-                raise
-            self._failed = exc
-            raise StorageError(f"store {self.path!r}: writing failed ({exc}); what was committed is intact on "
-                               "disk: close() and reopen the store to continue from its last commit") from exc
-
-    def _append_blocks(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
-        limit = self._max_block
-        for lo in range(0, n, limit):
-            part = slice(lo, min(n, lo + limit))
-            self._append_block(stream_ids[part], {k: v[part] for k, v in obs.items()},
-                               {k: v[part] for k, v in next_obs.items()}, {k: v[part] for k, v in codes.items()},
-                               term[part], trunc[part], part.stop - part.start)
-
-    def _append_block(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
-        ring, frames = self._ring, self._frames
-        g = ring.head + np.arange(n, dtype=np.int64)
-        done = (term | trunc).astype(bool)
-        cont, pred_row, pred_g = self._streams.resolve(stream_ids, obs, next_obs, done, ring, frames)
-        in_block = pred_row >= 0
-        pred_frame = np.zeros(n, dtype=np.int64)  # global id of the frame the observation continues
-        earlier = cont & ~in_block
-        if earlier.any():
-            pred_frame[earlier] = TransitionRing.frame_globals(ring.read("next_frame", pred_g[earlier]), frames.head)
-        # A continued observation whose frame is old (a stream idle for half a frame ring) is stored again,
-        # so the ring never has to give up new transitions for one old frame; the stack link is kept.
-        stale = earlier & (pred_frame < frames.head - frames.rows // 2) if not frames.unbounded else \
-            np.zeros(n, dtype=bool)
-        store_obs = ~cont | stale
-        n_obs = int(np.count_nonzero(store_obs))
-        first_obs = frames.append({k: v[store_obs] for k, v in obs.items()}) if n_obs else frames.head
-        next_frame = frames.append(next_obs) + np.arange(n, dtype=np.int64)
-        obs_frame = np.where(in_block, next_frame[pred_row], pred_frame)
-        obs_frame[store_obs] = first_obs + np.arange(n_obs, dtype=np.int64)
-        prev_delta = np.where(cont, g - np.where(in_block, g[pred_row], pred_g), 0)
-        if prev_delta.max(initial=0) >= 1 << 32:
-            raise OverflowError("a stream was idle for more than 2**32 transitions; start a new episode")
-        index = {"obs_frame": (obs_frame & 0xFFFFFFFF).astype(np.uint32),
-                 "next_frame": (next_frame & 0xFFFFFFFF).astype(np.uint32),
-                 "prev_delta": prev_delta.astype(np.uint32), "terminated": term, "truncated": trunc}
-        ring.append(n, index, codes, obs_frame)
-        ring.advance_past_frames(frames.oldest)  # no-op unless this block's frames wrapped the frame ring
-        self._streams.record(stream_ids, g, done, next_obs)
-        self._pending += n
-        if self._pending >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
-            self.flush()
-
-    def _encode_obs(self, obs, n: int, what: str) -> dict[str, np.ndarray]:
-        specs = self.schema.observations
-        if self.schema.dict_obs:
-            obs = _as_mapping(obs, what)
-            if set(obs) != {s.name for s in specs}:
-                raise ValueError(f"{what}: expected keys {sorted(s.name for s in specs)}, got {sorted(obs)}")
-        else:
-            obs = {"obs": obs}
-        out = {}
-        for spec in specs:
-            arr = np.asarray(obs[spec.name])
-            if arr.shape != (n, *spec.shape):
-                key = f"[{spec.name!r}]" if self.schema.dict_obs else ""
-                raise ValueError(f"{what}{key}: expected shape {(n, *spec.shape)} for {n} transition(s), "
-                                 f"got {arr.shape}")
-            out[spec.name] = cast_exact(arr, spec.np_dtype, f"{what}[{spec.name}]" if self.schema.dict_obs else what)
-        return out
 
     # -- commits ----------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -574,53 +386,15 @@ class Store:
     def verify(self, progress=None) -> list[str]:
         """Read back every committed shard: each index and chunk checksum, each decoded size. Returns the
         problems found (empty: the store is intact); ``progress(done, total)`` is called per shard."""
-        with self._lock:
-            self._check_open()
-            record = self._durable_state
-            work = []
-            for arrays, lo, hi, rows, shard_rows, unbounded in (
-                    (self._ring.disk.values(), record["oldest"], record["head"], record["transition_rows"],
-                     self._ring.shard_rows, self.capacity is None),
-                    ([c.array for c in self._frames.columns.values()], record["frame_oldest"], record["frame_head"],
-                     record["frame_rows"], self._frames.shard_rows, self.capacity is None)):
-                shards = committed_shards(lo, hi, rows, shard_rows, unbounded)
-                work += [(array, shard) for array in arrays for shard in shards]
-        problems = []
-        for i, (array, shard) in enumerate(work):
-            problems += array.verify_shard(shard)
-            if progress:
-                progress(i + 1, len(work))
-        return problems
+        from mmreplay.inspection import verify_store
+
+        return verify_store(self, progress)
 
     def info(self) -> dict:
         """Schema, counts and disk use per column (what ``mmreplay info`` prints)."""
-        with self._lock:
-            self._drain()
-            oldest, head = self._ring.oldest, self._ring.head
-            g = np.arange(oldest, head, dtype=np.int64)
-            starts = int(np.count_nonzero(self._ring.read("prev_delta", g) == 0)) if g.size else 0
-            n_frames = self._frames.head - self._frames.oldest
-            columns = []
-            for spec in self.schema.observations:
-                columns.append(_column_info(self.path, f"frames/{spec.name}", spec, n_frames, spec.row_nbytes))
-            for spec in self.schema.transition_columns:
-                columns.append(_column_info(self.path, f"transitions/{spec.name}", spec, head - oldest,
-                                            spec.row_nbytes))
-            for name in TransitionRing.INDEX_COLUMNS + TransitionRing.FLAG_COLUMNS:
-                spec = ColumnSpec.numeric(name, (), "uint32") if name in TransitionRing.INDEX_COLUMNS else \
-                    ColumnSpec.packed(name, (False, True), dtype="bool")
-                columns.append(_column_info(self.path, f"transitions/{name}", spec, head - oldest, spec.row_nbytes))
-            disk = _dir_bytes(self.path)
-            return {
-                "path": self.path, "format_version": self._meta["format_version"], "capacity": self.capacity,
-                "frame_stack": self.frame_stack, "transitions": self._ring.count_valid(self.frame_stack,
-                                                                                     self._frames.head),
-                "added": head, "oldest": oldest, "episodes_started": starts, "frames": n_frames,
-                "disk_bytes": disk, "bytes_per_transition": disk / max(1, head - oldest),
-                "index_ram_bytes_per_transition": self._ring.index_nbytes_per_row(),
-                "observation_space": self.schema.observation_space, "action_space": self.schema.action_space,
-                "columns": columns,
-            }
+        from mmreplay.inspection import store_info
+
+        return store_info(self)
 
     @property
     def observation_space(self):
@@ -689,107 +463,6 @@ class Store:
 
 # -- helpers ---------------------------------------------------------------------------------------
 
-def validate_capacity(value, name: str) -> int | None:
-    if value is None and name in ("capacity", "frame_capacity"):
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if name == 'capacity' else ''}, "
-                         f"got {value!r}")
-    return int(value)
-
-
-def plan_geometry(schema: Schema, capacity: int | None, frame_capacity: int | None) -> dict:
-    """Shard and ring sizes. Each ring has one shard more than it needs so that giving up the shard being
-    overwritten never drops a transition within ``capacity``."""
-    row_bytes = sum(max(1, s.row_nbytes) for s in schema.observations)
-    if capacity is None:
-        t_shard = UNBOUNDED_TRANSITION_SHARD
-        f_shard = _pow2_clamp(FRAME_SHARD_TARGET_BYTES // row_bytes, 64, 65536)
-        return {"capacity": None, "transition_rows": t_shard, "transition_shard_rows": t_shard,
-                "frame_rows": f_shard, "frame_shard_rows": f_shard}
-    t_shard = _pow2_clamp(capacity // 16, 64, 65536)
-    frames = frame_capacity or capacity + capacity // 8 + 64
-    f_shard = _pow2_clamp(min(FRAME_SHARD_TARGET_BYTES // row_bytes, frames // 8), 8, 65536)
-    f_shard = max(f_shard, max(s.chunk_rows for s in schema.observations))
-    return {"capacity": capacity, "transition_rows": _round_up(capacity, t_shard) + t_shard,
-            "transition_shard_rows": t_shard, "frame_rows": _round_up(frames, f_shard) + f_shard,
-            "frame_shard_rows": f_shard}
-
-
-def read_meta(path: str) -> dict:
-    zarr_json = os.path.join(path, "zarr.json")
-    if not os.path.isdir(path):
-        raise NotAStoreError(f"no store at {path!r}: not a directory")
-    try:
-        with open(zarr_json, "rb") as f:
-            group = json.loads(f.read(1 << 24))
-    except FileNotFoundError:
-        raise NotAStoreError(f"{path!r} is not an mmreplay store (no zarr.json)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{zarr_json}: not valid JSON ({exc})") from None
-    meta = group.get("attributes", {}).get("mmreplay") if isinstance(group, dict) else None
-    if not isinstance(meta, dict):
-        raise NotAStoreError(f"{path!r} is a zarr group but not an mmreplay store (no 'mmreplay' attributes)")
-    check_version(meta.get("format_version"), zarr_json)
-    try:
-        Schema.from_json(meta.get("schema"))
-    except (ValueError, TypeError) as exc:
-        raise FormatError(f"{zarr_json}: invalid schema: {exc}") from None
-    cap = meta.get("capacity")
-    if cap is not None and (not isinstance(cap, int) or cap < 1):
-        raise FormatError(f"{zarr_json}: capacity must be a positive integer or null, got {cap!r}")
-    for name in ("transition_rows", "transition_shard_rows", "frame_rows", "frame_shard_rows"):
-        v = meta.get(name)
-        if not isinstance(v, int) or isinstance(v, bool) or not 8 <= v <= 1 << 40:
-            raise FormatError(f"{zarr_json}: {name} must be an integer in [8, 2**40], got {v!r}")
-    if meta["transition_shard_rows"] % 8 or meta["transition_rows"] % meta["transition_shard_rows"] \
-            or meta["frame_rows"] % meta["frame_shard_rows"]:
-        raise FormatError(f"{zarr_json}: ring rows must be multiples of their shard rows (and of 8)")
-    return meta
-
-
-def committed_shards(lo: int, hi: int, rows: int, shard_rows: int, unbounded: bool) -> list[int]:
-    """File shards holding rows of global ids [lo, hi)."""
-    if hi <= lo:
-        return []
-    first, last = lo // shard_rows, (hi - 1) // shard_rows
-    n_files = rows // shard_rows
-    shards = range(first, last + 1)
-    return sorted({s if unbounded else s % n_files for s in shards})
-
-
 def _stat_key(path: str) -> tuple:
     st = os.stat(os.path.join(path, COMMIT_FILE))
     return st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def _dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
-
-
-def _column_info(root: str, rel: str, spec: ColumnSpec, n_rows: int, row_nbytes: int) -> dict:
-    disk = _dir_bytes(os.path.join(root, rel))
-    raw = n_rows * (spec.bits / 8 if spec.kind == "packed" else max(1, row_nbytes))
-    logical = n_rows * max(1, spec.np_dtype.itemsize * int(np.prod(spec.shape, dtype=np.int64)))
-    return {"array": rel, "kind": spec.kind, "dtype": spec.dtype, "shape": list(spec.shape),
-            "bits": spec.bits or None, "rows": n_rows, "disk_bytes": disk,
-            "compression_ratio": (logical / disk) if disk else None, "stored_bytes_uncompressed": int(raw)}
-
-
-def _pow2_clamp(value: int, lo: int, hi: int) -> int:
-    value = max(lo, min(hi, int(value)))
-    return 1 << (value.bit_length() - 1)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _as_mapping(obs, what: str) -> Mapping:
-    if not isinstance(obs, Mapping):
-        raise ValueError(f"{what}: this store has Dict observations; expected a dict, got {type(obs).__name__}")
-    return obs
-
-
-def _fail(message: str):
-    raise ValueError(message)

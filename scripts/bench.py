@@ -311,7 +311,6 @@ def task_peer(spec: dict) -> dict:
     """Fill one peer buffer and sample from it (all in this process)."""
     tuned, threads = _child_setup()
     import logging
-    import torch
     import peers
     kind, n, E, wl = spec["system"], spec["n"], spec["n_envs"], spec["workload"]
     if kind == "torchrl":
@@ -447,7 +446,6 @@ def _hit_rate(h0, m0, h1, m1):
 
 def _verify_mm(store, spec) -> dict:
     """Check sampled transitions against the input data (catches wrong frames / stacks)."""
-    import torch
     b = store.sample(256, seed=12345)
     g = b.indices.numpy()
     ok_overlap = bool((b.next_obs[:, :-1] == b.obs[:, 1:]).all()) if b.obs.ndim > 2 else True
@@ -695,9 +693,16 @@ class Runner:
         spec = {**spec, "out": out, "workdir": self.workdir}
         if cgroup:
             spec["cgroup_dir"] = cgroup["dir"]
+            for fn in ("memory.max_usage_in_bytes", "memory.failcnt"):  # v1: per-child peak and failures
+                try:
+                    with open(os.path.join(cgroup["dir"], fn), "w") as f:
+                        f.write("0")
+                except OSError:
+                    pass
         cmd = (wrap or []) + [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
         if cgroup:  # the shell joins the cgroup, then execs the child: everything it maps is charged there
             cmd = ["sh", "-c", f'echo $$ > {cgroup["procs"]} && exec "$@"', "sh"] + cmd
+        quiet = self.wait_quiet(label)
         log(f"[bench] {label} ...")
         t0 = time.perf_counter()
         try:
@@ -715,9 +720,32 @@ class Runner:
         if rc != 0 and "error" not in res:
             res["error"] = f"child exited with {rc} (killed? OOM?)"
         res["child_wall_s"] = wall
+        res["other_cpu_before_start"] = quiet
         log(f"[bench] {label} done in {wall:.1f}s" + (f"  ERROR: {res['error'].strip().splitlines()[-1]}"
                                                        if "error" in res else ""))
         return res
+
+    def wait_quiet(self, label: str) -> float | None:
+        """Shared machine: before a child starts, wait (at most --quiet-max-wait s) until other processes
+        used < --quiet-cores cores over a 2 s probe.  Returns the last probe's figure."""
+        a = self.args
+        if a.quiet_max_wait <= 0:
+            return None
+        t_end = time.perf_counter() + a.quiet_max_wait
+        waited = False
+        while True:
+            m = CpuMeter()
+            time.sleep(2.0)
+            other = m.result()["other_cpu_cores"]
+            if other < a.quiet_cores or time.perf_counter() >= t_end:
+                if waited:
+                    log(f"[bench] {label}: other processes now use {other:.2f} cores"
+                        + ("" if other < a.quiet_cores else " (gave up waiting)"))
+                return other
+            if not waited:
+                log(f"[bench] {label}: other processes use {other:.2f} cores; waiting for quiet "
+                    f"(< {a.quiet_cores}, at most {a.quiet_max_wait:.0f}s)")
+                waited = True
 
     # -- workloads ---------------------------------------------------------------------------
     def rate_spec(self):
@@ -728,77 +756,98 @@ class Runner:
     def run_workload(self, wl: str) -> dict:
         a = self.args
         if wl == "lowdim":
-            n, E, cache = a.lowdim_n, 8, a.cache_mib * MiB
+            n, E = a.lowdim_n, 8
             data = make_lowdim_data(self.workdir, n, E)
+            caches = [a.cache_mib[0] * MiB]  # the decoded low-dim store is a few MiB: one budget is enough
         else:
-            n, E, cache = a.atari_n, (8 if wl == "atari_x8" else 1), a.cache_mib * MiB
+            n, E = a.atari_n, (8 if wl == "atari_x8" else 1)
             data = None
+            caches = [m * MiB for m in a.cache_mib]
         n = (n // E) * E
         Bs = list(a.batch_sizes)
         base = {"workload": wl, "n": n, "n_envs": E, "batch_sizes": Bs, "data": data, **self.rate_spec()}
-        out = {"n": n, "n_envs": E, "cache_bytes": cache, "systems": {}}
+        out = {"n": n, "n_envs": E, "cache_bytes": caches[0], "cache_budgets": caches, "rounds": a.repeats,
+               "systems": {}}
         systems = [s for s in a.systems if not (wl == "atari_x8" and s != "mmreplay" and not a.x8_peers)]
-        for system in systems:
-            if system == "mmreplay":
-                out["systems"]["mmreplay"] = self.run_mmreplay(wl, base, cache)
-                continue
-            skip = self.peer_skip_reason(system, wl, n)
-            if skip:
-                log(f"[bench] {wl}/{system}: skipped ({skip})")
-                out["systems"][system] = {"skipped": skip}
-                continue
-            out["systems"][system] = self.child({**base, "task": "peer", "system": system},
-                                                label=f"{wl}/{system} fill+sample", timeout=a.child_timeout)
+        runs: dict[str, list] = {}
+        for rnd in range(a.repeats):  # rounds interleave the systems, so a burst of load hits one run only
+            for system in systems:
+                if system == "mmreplay":
+                    for name, r in self.run_mmreplay(wl, base, caches, rnd).items():
+                        runs.setdefault(name, []).append(r)
+                    continue
+                skip = self.peer_skip_reason(system, wl, n)
+                if skip:
+                    if rnd == 0:
+                        log(f"[bench] {wl}/{system}: skipped ({skip})")
+                    runs[system] = [{"skipped": skip}]
+                    continue
+                runs.setdefault(system, []).append(self.child(
+                    {**base, "task": "peer", "system": system},
+                    label=f"{wl}/{system} fill+sample (round {rnd + 1}/{a.repeats})", timeout=a.child_timeout))
+        for name, rs in runs.items():
+            out["systems"][name] = aggregate_runs(rs)
         return out
 
-    def run_mmreplay(self, wl: str, base: dict, cache: int) -> dict:
+    def run_mmreplay(self, wl: str, base: dict, caches: list[int], rnd: int) -> dict:
+        """One fill child, then sampling children (each opens the store fresh): per cache budget a
+        'cold first pass of the largest batch + warm windows' child, and (first budget only, not in
+        --quick) a cold-first-pass child for each smaller batch size."""
         a = self.args
+        tag = f"(round {rnd + 1}/{a.repeats})"
         path = os.path.join(self.workdir, f"store_{wl}_{base['n']}")
-        fill = self.child({**base, "task": "mm_fill", "path": path}, label=f"{wl}/mmreplay fill",
+        fill = self.child({**base, "task": "mm_fill", "path": path}, label=f"{wl}/mmreplay fill {tag}",
                           timeout=a.child_timeout)
-        res = {"fill": fill}
-        if "error" in fill:
-            res["error"] = fill["error"]
-            return res
-        sample_base = {**base, "task": "mm_sample", "path": path, "cache_bytes": cache,
-                       "drop_caches": not a.no_drop_caches}
-        children = [fill]
         Bs = sorted(base["batch_sizes"])
         Bmax = Bs[-1]
-        if not a.quick:   # cold first pass of each smaller batch size in its own fresh child
-            for B in Bs[:-1]:
-                c = self.child({**sample_base, "cold_batch": B, "warm": False},
-                               label=f"{wl}/mmreplay cold b{B}", timeout=a.child_timeout)
-                res[f"cold_b{B}"] = c
-                children.append(c)
-        prof = os.path.join(a.profile_dir, f"{wl}_mmreplay") if a.profile_dir else None
-        if prof:
-            os.makedirs(a.profile_dir, exist_ok=True)
-        w = self.child({**sample_base, "cold_batch": Bmax, "warm": True, "verify": True, "profile": prof},
-                       label=f"{wl}/mmreplay cold b{Bmax} + warm", timeout=a.child_timeout)
-        res["sample"] = w
-        children.append(w)
-        errs = [c["error"] for c in children if "error" in c]
-        if errs:
-            res["error"] = errs[0]
-        # flat figures for the tables
-        res.update({"stored": w.get("stored", fill.get("stored")), "add_per_s": fill.get("add_per_s"),
-                    "disk_bytes": fill.get("disk_bytes"), "store_bytes": fill.get("store_bytes"),
-                    "peak_rss": max(c.get("peak_rss", 0) for c in children),
-                    "peak_rss_fill": fill.get("peak_rss"), "peak_rss_sample": max(
-                        c.get("peak_rss", 0) for c in children[1:]),
-                    "cache_bytes": cache, "stack_err": 0.0 if w.get("stack_overlap_ok", True) else 1.0,
-                    "verify_fraction_ok": w.get("verify_fraction_ok"),
-                    "other_cpu_cores": max((c.get("other_cpu_cores", 0) for c in children), default=None)})
-        for B in Bs:
-            res[f"b{B}_per_s"] = w.get(f"b{B}_per_s")
-            res[f"b{B}_hit_rate"] = w.get(f"b{B}_hit_rate")
-            src = w if B == Bmax else res.get(f"cold_b{B}", {})
-            res[f"cold_b{B}_per_s"] = src.get(f"cold_b{B}_per_s")
-            res[f"cold_b{B}_full_pass"] = src.get(f"cold_b{B}_full_pass")
+        out = {}
+        if "error" in fill:
+            return {"mmreplay": {"error": fill["error"], "fill": fill}}
+        for ci, cache in enumerate(caches):
+            name = "mmreplay" if ci == 0 else f"mmreplay@{cache // MiB}MiB"
+            sample_base = {**base, "task": "mm_sample", "path": path, "cache_bytes": cache,
+                           "drop_caches": not a.no_drop_caches}
+            res = {"fill": fill}
+            children = [fill]
+            if ci == 0 and not a.quick:   # cold first pass of each smaller batch size in its own fresh child
+                for B in Bs[:-1]:
+                    c = self.child({**sample_base, "cold_batch": B, "warm": False},
+                                   label=f"{wl}/mmreplay cold b{B}, cache {cache // MiB} MiB {tag}",
+                                   timeout=a.child_timeout)
+                    res[f"cold_b{B}"] = c
+                    children.append(c)
+            prof = None
+            if a.profile_dir:
+                os.makedirs(a.profile_dir, exist_ok=True)
+                prof = os.path.join(a.profile_dir, f"{wl}_{name.replace('@', '_')}_r{rnd + 1}")
+            w = self.child({**sample_base, "cold_batch": Bmax, "warm": True, "verify": True, "profile": prof},
+                           label=f"{wl}/mmreplay cold b{Bmax} + warm, cache {cache // MiB} MiB {tag}",
+                           timeout=a.child_timeout)
+            res["sample"] = w
+            children.append(w)
+            errs = [c["error"] for c in children if "error" in c]
+            if errs:
+                res["error"] = errs[0]
+            # flat figures for the tables
+            res.update({"stored": w.get("stored", fill.get("stored")), "add_per_s": fill.get("add_per_s"),
+                        "disk_bytes": fill.get("disk_bytes"), "store_bytes": fill.get("store_bytes"),
+                        "peak_rss": max(c.get("peak_rss", 0) for c in children),
+                        "peak_rss_fill": fill.get("peak_rss"),
+                        "peak_rss_sample": max(c.get("peak_rss", 0) for c in children[1:]),
+                        "cache_bytes": cache, "stack_err": 0.0 if w.get("stack_overlap_ok", True) else 1.0,
+                        "verify_fraction_ok": w.get("verify_fraction_ok"),
+                        "other_cpu_cores": max((c.get("other_cpu_cores", 0) for c in children), default=None)})
+            for B in Bs:
+                res[f"b{B}_per_s"] = w.get(f"b{B}_per_s")
+                res[f"b{B}_windows"] = w.get(f"b{B}_windows")
+                res[f"b{B}_hit_rate"] = w.get(f"b{B}_hit_rate")
+                src = w if B == Bmax else res.get(f"cold_b{B}", {})
+                res[f"cold_b{B}_per_s"] = src.get(f"cold_b{B}_per_s")
+                res[f"cold_b{B}_full_pass"] = src.get(f"cold_b{B}_full_pass")
+            out[name] = res
         if not a.keep_stores:
             shutil.rmtree(path, ignore_errors=True)
-        return res
+        return out
 
     def peer_skip_reason(self, system: str, wl: str, n: int) -> str | None:
         """Skip peers that cannot hold ``n`` Atari transitions on this box (e.g. --atari-n 1000000)."""
@@ -859,20 +908,46 @@ class Runner:
             remove_cgroup(cg)
         out["runs"] = runs
         for mode, rs in runs.items():
-            ok = [r for r in rs if "error" not in r]
-            if not ok:
-                out[mode] = {"error": rs[0].get("error") if rs else "not run"}
+            if not rs:
+                out[mode] = {"error": "not run"}
                 continue
-            agg = {}
-            for key in ok[0]:
-                vals = [r[key] for r in ok if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool)]
-                if vals and len(vals) == len(ok):
-                    agg[key] = float(np.median(vals))
-            agg["cgroup"] = ok[-1].get("cgroup")
+            agg = aggregate_runs(rs)
+            agg.pop("runs", None)
+            cgs = [r["cgroup"] for r in rs if isinstance(r.get("cgroup"), dict)]
+            if cgs:
+                agg["cgroup"] = {**cgs[-1], "max_usage": max(c.get("max_usage", 0) for c in cgs),
+                                 "failcnt": max(c.get("failcnt", 0) for c in cgs)}
             out[mode] = agg
         if not a.keep_stores and not a.keep_cgroup_store:
             shutil.rmtree(path, ignore_errors=True)
         return out
+
+
+def aggregate_runs(runs: list[dict]) -> dict:
+    """Combine one system's rounds: batch rates = median of ALL their timed windows, other rates and sizes =
+    median over rounds, peak RSS = max; the rounds themselves are kept under "runs"."""
+    ok = [r for r in runs if "error" not in r and "skipped" not in r]
+    if not ok:
+        return runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
+    if len(runs) == 1:
+        return runs[0]
+    out = {"runs": runs}
+    for k in [k for k, v in ok[0].items() if not isinstance(v, dict)]:
+        vals = [r.get(k) for r in ok]
+        if k.endswith("_windows"):
+            out[k] = [x for v in vals if v for x in v]
+        elif all(isinstance(v, bool) for v in vals):
+            out[k] = all(vals)
+        elif all(isinstance(v, (int, float)) for v in vals):
+            out[k] = max(vals) if k.startswith("peak_rss") or k == "other_cpu_cores" else float(np.median(vals))
+        else:
+            out[k] = vals[0]
+    for k in list(out):
+        if k.endswith("_windows") and out[k]:
+            out[k[: -len("_windows")] + "_per_s"] = float(np.median(out[k]))
+    if any("error" in r for r in runs):
+        out["error_rounds"] = [r["error"] for r in runs if "error" in r]
+    return out
 
 
 # ==========================================================================================
@@ -932,7 +1007,7 @@ def workload_tables(name: str, wl: dict, Bs, md=False) -> str:
             part = [f"b{B}" for B in Bs if r.get(f"cold_b{B}_full_pass") is False]
             if part:
                 note += f"; cold pass capped ({', '.join(part)})"
-        stored = r.get("stored")
+        stored = int(r["stored"]) if r.get("stored") is not None else None
         rows.append([sname, f"{stored:,}" if stored is not None else "-", _f(r.get("add_per_s"))]
                     + [_f(r.get(f"b{B}_per_s")) for B in Bs]
                     + [_f(r.get(f"cold_b{B}_per_s")) for B in Bs]
@@ -943,28 +1018,27 @@ def workload_tables(name: str, wl: dict, Bs, md=False) -> str:
     out = [T(headers, rows)]
     out.append("(other CPU = cores kept busy by OTHER processes while the child ran: the noise level; "
                f"this box has {os.cpu_count()} cores)")
-    mm = sysd.get("mmreplay")
-    if mm and mm.get("add_per_s") is not None:
-        rh = ["mmreplay / peer", "add/s"] + [f"b{B}/s" for B in Bs] + [f"b{B}/s cold" for B in Bs] + \
+    mms = [(k, r) for k, r in sysd.items() if k.startswith("mmreplay") and r.get("add_per_s") is not None]
+    peers_ = [(k, r) for k, r in sysd.items() if not k.startswith("mmreplay") and "skipped" not in r
+              and r.get("add_per_s") is not None]
+    if mms and peers_:
+        rh = ["ratio", "add/s"] + [f"b{B}/s" for B in Bs] + [f"b{B}/s cold" for B in Bs] + \
              ["peak RSS", "store B/tr"]
-        rr = []
-        for sname, r in sysd.items():
-            if sname == "mmreplay" or "skipped" in r or r.get("add_per_s") is None:
-                continue
 
-            def ratio(a, b, inv=False):
-                if a is None or b is None or not b or not a:
-                    return "-"
-                return _f(a / b, "x")
-            rr.append([sname, ratio(mm.get("add_per_s"), r.get("add_per_s"))]
-                      + [ratio(mm.get(f"b{B}_per_s"), r.get(f"b{B}_per_s")) for B in Bs]
-                      + [ratio(mm.get(f"cold_b{B}_per_s"), r.get(f"b{B}_per_s")) for B in Bs]
-                      + [ratio(mm.get("peak_rss"), r.get("peak_rss")),
-                         ratio(mm.get("store_bytes"), r.get("store_bytes"))])
-        if rr:
-            out.append(("\n" if md else "\n") + T(rh, rr))
-            out.append("(rates: > 1x = mmreplay faster; peak RSS and store B/tr: < 1x = mmreplay smaller; "
-                       "'cold' = mmreplay's first pass from a freshly opened store vs the peer's steady rate)")
+        def ratio(a, b):
+            return "-" if not a or not b else _f(a / b, "x")
+        rr = []
+        for mname, mm in mms:
+            for sname, r in peers_:
+                rr.append([f"{mname} / {sname}", ratio(mm.get("add_per_s"), r.get("add_per_s"))]
+                          + [ratio(mm.get(f"b{B}_per_s"), r.get(f"b{B}_per_s")) for B in Bs]
+                          + [ratio(mm.get(f"cold_b{B}_per_s"), r.get(f"b{B}_per_s")) for B in Bs]
+                          + [ratio(mm.get("peak_rss"), r.get("peak_rss")),
+                             ratio(mm.get("store_bytes"), r.get("store_bytes"))])
+        out.append("\n" + T(rh, rr))
+        out.append("(rates: > 1x = mmreplay faster; peak RSS and store B/tr: < 1x = mmreplay smaller; 'cold' = "
+                   "mmreplay's first pass from a freshly opened store vs the peer's steady rate; mmreplay@X = "
+                   "the same store sampled with an X cache budget)")
     return "\n".join(out)
 
 
@@ -978,15 +1052,19 @@ def evaluate_targets(results: dict, args) -> list[dict]:
 
     at = W.get("atari")
     if at:
-        mm, sb3 = at["systems"].get("mmreplay", {}), at["systems"].get("sb3", {})
-        for B in (32, 256):
-            a_, b_ = mm.get(f"b{B}_per_s"), sb3.get(f"b{B}_per_s")
-            add(f"Atari {at['n']:,}: batch-{B} rate >= 1.5x SB3 (warm)",
-                a_ / b_ if a_ and b_ else None, 1.5)
-        if mm.get("peak_rss"):
-            lim = 400e6 + mm["cache_bytes"]
-            add(f"Atari {at['n']:,}: mmreplay peak RSS <= 400 MB + cache budget ({mm['cache_bytes'] / MiB:.0f} MiB)"
-                f" = {lim / MiB:,.0f} MiB", mm["peak_rss"] / MiB, lim / MiB, "MiB", le=True)
+        sb3 = at["systems"].get("sb3", {})
+        for name, mm in at["systems"].items():
+            if not name.startswith("mmreplay"):
+                continue
+            cb = f"cache {mm.get('cache_bytes', 0) / MiB:.0f} MiB"
+            for B in (32, 256):
+                a_, b_ = mm.get(f"b{B}_per_s"), sb3.get(f"b{B}_per_s")
+                add(f"Atari {at['n']:,}, {cb}: batch-{B} rate >= 1.5x SB3 (warm)",
+                    a_ / b_ if a_ and b_ else None, 1.5)
+            if mm.get("peak_rss"):
+                lim = 400e6 + mm["cache_bytes"]
+                add(f"Atari {at['n']:,}, {cb}: peak RSS <= 400 MB + cache = {lim / MiB:,.0f} MiB",
+                    mm["peak_rss"] / MiB, lim / MiB, "MiB", le=True)
     ld = W.get("lowdim")
     if ld:
         mm, sb3 = ld["systems"].get("mmreplay", {}), ld["systems"].get("sb3", {})
@@ -1061,10 +1139,11 @@ def report(results: dict, args) -> str:
                f"{meta['loadavg_start']})")
     g = meta.get("git", {})
     out.append(f"mmreplay: {meta.get('mmreplay_source')} ({meta.get('mmreplay')}); repo HEAD {g.get('head')}"
-               + (f", mmreplay/ has uncommitted changes" if g.get("dirty_mmreplay") and
+               + (", mmreplay/ has uncommitted changes" if g.get("dirty_mmreplay") and
                   meta.get("mmreplay_source") == "working tree" else ""))
-    out.append(f"rates: median of {args.windows} windows x {args.window_s}s after warm-up; the machine is shared "
-               "and noisy, so compare ratios within this run rather than absolute numbers")
+    out.append(f"rates: median of {args.windows} windows x {args.window_s}s after warm-up per child, pooled over "
+               f"{args.repeats} interleaved round(s) of fresh children; the machine is shared and noisy, so compare "
+               "ratios within this run rather than absolute numbers")
     titles = {"atari": "Atari (real frames, stack 4, n_envs=1: mmreplay add(), peers add_batch of stacks)",
               "atari_x8": "Atari, 8 streams (mmreplay extend(8 rows), peers n_envs=8)",
               "lowdim": "Low-dim CartPole (4 float32 obs, 2 actions, 8 envs per add)"}
@@ -1093,8 +1172,13 @@ def parse_args(argv=None):
     p.add_argument("--no-x8-peers", dest="x8_peers", action="store_false",
                    help="atari_x8: run mmreplay only (default: peers too, except with --quick)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
-    p.add_argument("--cache-mib", type=int, default=512, help="mmreplay decoded-frame cache budget (default 512, "
-                   "the library default)")
+    p.add_argument("--cache-mib", type=int, nargs="+", default=None,
+                   help="mmreplay decoded-frame cache budget(s) in MiB for the Atari workloads; the first is the "
+                   "main one (default: 512 = the library default, and 1024, which holds a whole 100k store; "
+                   "quick: 512)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="rounds of every child, interleaved (default 2; quick 1); batch rates are the median "
+                   "of all rounds' windows")
     p.add_argument("--windows", type=int, default=None, help="timed windows per rate (default 7; quick 5)")
     p.add_argument("--window-s", type=float, default=None, help="seconds per window (default 1.0; quick 0.2)")
     p.add_argument("--warmup-s", type=float, default=None, help="warm-up seconds before the windows")
@@ -1105,7 +1189,8 @@ def parse_args(argv=None):
     p.add_argument("--cgroup-limit", type=lambda v: int(float(v)), default=2_000_000_000,
                    help="cgroup memory limit, bytes (default 2e9 = 2 GB)")
     p.add_argument("--cgroup-cache-mib", type=int, default=1024)
-    p.add_argument("--cgroup-repeats", type=int, default=1)
+    p.add_argument("--cgroup-repeats", type=int, default=None, help="runs of each cgroup child, interleaved "
+                   "(default 2; quick 1)")
     p.add_argument("--cgroup-cold-max-s", type=float, default=120.0)
     p.add_argument("--reuse-store", action="store_true", help="--cgroup: reuse the 1M store of an earlier run "
                    "(kept with --keep-cgroup-store) instead of rebuilding it (same mmreplay version only!)")
@@ -1117,6 +1202,10 @@ def parse_args(argv=None):
     p.add_argument("--mmreplay-rev", default=None, help="benchmark mmreplay/ as of this git revision (a "
                    "snapshot via git archive) instead of the working tree, e.g. HEAD")
     p.add_argument("--child-timeout", type=float, default=1800)
+    p.add_argument("--quiet-cores", type=float, default=0.3, help="before each child, wait until other processes "
+                   "use fewer cores than this (2 s probe) ...")
+    p.add_argument("--quiet-max-wait", type=float, default=None, help="... for at most this many seconds "
+                   "(default 60; quick 0 = no waiting)")
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -1126,6 +1215,10 @@ def parse_args(argv=None):
     a.lowdim_n = dflt(a.lowdim_n, 1_000_000, 50_000)
     a.cgroup_n = dflt(a.cgroup_n, 1_000_000, 20_000)
     a.windows = dflt(a.windows, 7, 5)
+    a.cache_mib = dflt(a.cache_mib, [512, 1024], [512])
+    a.repeats = dflt(a.repeats, 2, 1)
+    a.quiet_max_wait = dflt(a.quiet_max_wait, 60.0, 0.0)
+    a.cgroup_repeats = dflt(a.cgroup_repeats, 2, 1)
     a.window_s = dflt(a.window_s, 1.0, 0.2)
     a.warmup_s = dflt(a.warmup_s, 1.0, 0.2)
     a.warm_max_s = dflt(a.warm_max_s, 30.0, 3.0)

@@ -548,7 +548,7 @@ def main(argv=None):
                 with ProcessPoolExecutor(1, mp_context=ctx) as ex:
                     rows.append(ex.submit(_bench_one, k, a.n, E, atari,
                                           not a.no_malloc_tune, a.threads).result())
-            _print_table(rows, (f"Atari-shaped: 4x84x84 uint8 stacks" if atari
+            _print_table(rows, ("Atari-shaped: 4x84x84 uint8 stacks" if atari
                                 else "Low-dim: obs (4,) float32") + f", n_envs={E}")
     print("\nfill/s = transitions/s while first filling the empty buffer; add/s = "
           "transitions/s overwriting a full one (median of 5 chunks); b32/s, b256/s "

@@ -3,7 +3,6 @@ transition; a write that meets a full disk fails clearly and the store reopens a
 
 import errno
 
-import numpy as np
 import pytest
 
 import mmreplay

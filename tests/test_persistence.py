@@ -11,7 +11,6 @@ import pytest
 from gymnasium import spaces
 
 import mmreplay
-from reference import ReferenceReplay, assert_batch_matches
 from test_store_semantics import check_against_reference, drive
 
 IMG = spaces.Box(0, 255, (6, 5), np.uint8)

@@ -15,7 +15,6 @@ from stable_baselines3 import DQN  # noqa: E402
 from stable_baselines3.common.evaluation import evaluate_policy  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack  # noqa: E402
 
-import mmreplay  # noqa: E402
 from mmreplay.integrations.sb3 import MMReplayBuffer  # noqa: E402
 
 DQN_KW = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,

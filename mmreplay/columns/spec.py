@@ -150,8 +150,9 @@ class Schema:
 
     def __post_init__(self) -> None:
         if self.stack_padding not in ("first", "zeros"):
-            raise ValueError(f"stack_padding must be 'first' (repeat the episode's first frame, like gymnasium's "
-                             f"FrameStackObservation) or 'zeros' (like SB3's VecFrameStack), got {self.stack_padding!r}")
+            raise ValueError("stack_padding must be 'first' (repeat the episode's first frame, like gymnasium's "
+                             "FrameStackObservation) or 'zeros' (like SB3's VecFrameStack), "
+                             f"got {self.stack_padding!r}")
         names = [c.name for c in self.observations]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate observation keys {names}")

@@ -168,7 +168,6 @@ class TransitionRing:
             if self.capacity is not None and shard * self.shard_rows >= self.rows:
                 self.before_overwrite()  # the file still holds the previous lap
             fs = self.file_shard(shard)
-            n_rows = min(self.shard_rows, self.head - shard * self.shard_rows)
             for name, disk in self.disk.items():
                 lo, hi = fs * self.shard_rows, (fs + 1) * self.shard_rows
                 bits = self.bits.get(name)

@@ -63,7 +63,10 @@ class MMReplayBuffer(ReplayBuffer):
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
         if self._sampler is None or self._sampler.batch_size != batch_size:
-            self._sampler = self.store.sampler(batch_size, prefetch=0, name="sb3")
+            # Continue a reopened store's sequence; else seed from numpy's global RNG, which SB3's `seed=`
+            # sets, so runs with the same seed sample the same batches.
+            seed = None if self.store._saved_sampler_state("sb3") else int(np.random.randint(2**31 - 1))
+            self._sampler = self.store.sampler(batch_size, prefetch=0, seed=seed, name="sb3")
         b = next(self._sampler)
         obs, next_obs = self._layout(b.obs), self._layout(b.next_obs)
         if env is not None:  # VecNormalize

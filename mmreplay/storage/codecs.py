@@ -57,8 +57,9 @@ class Compressor:
         """Decode into ``out``; a payload of another decoded size is an error (neither library says so
         when decoding into a buffer)."""
         if self._decompress is blosc.decompress:
-            if len(data) < 16 or struct.unpack_from("<I", data, 4)[0] != out.nbytes:  # blosc header: nbytes
-                raise ValueError(f"blosc header announces {struct.unpack_from('<I', data, 4)[0] if len(data) >= 8 else '?'} bytes")
+            announced = struct.unpack_from("<I", data, 4)[0] if len(data) >= 16 else None  # header: nbytes
+            if announced != out.nbytes:
+                raise ValueError(f"blosc header announces {announced} bytes")
             self._decompress(data, out)
         else:
             decoded = self._decompress(data)

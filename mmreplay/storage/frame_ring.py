@@ -28,8 +28,15 @@ from mmreplay.storage.encoder import ShardEncoder
 from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
 
+# np.take, not torch.index_select: torch's OpenMP threads spin while idle and, measured here, made the
+# gather 5-10x slower whenever the codec threads or other processes also wanted the cores.
+PARALLEL_GATHER_ROWS = 512
 PARALLEL_MIN_CHUNKS = 64  # below this, handing work to threads costs more than decoding inline
 _POOL: ThreadPoolExecutor | None = None
+
+
+def _take(slab: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
+    np.take(slab, index, axis=0, out=out, mode="clip")  # releases the GIL while it copies
 
 
 def decode_pool() -> ThreadPoolExecutor:
@@ -284,15 +291,23 @@ class FrameRing:
                       out_next: torch.Tensor) -> None:
         """``out_obs[i, j] = frame[obs_ids[i, j]]`` and likewise for ``next_ids``, where (as frame stacks
         are) ``next_ids[:, :-1] == obs_ids[:, 1:]``: each distinct frame is looked up once, and both
-        outputs are filled by one parallel ``index_select`` each straight from the cache slab."""
+        outputs are filled straight from the cache slab."""
         col = self.columns[name]
         n, k = obs_ids.shape
         union = np.concatenate([obs_ids, next_ids[:, -1:]], axis=1)
         index = self._slab_index(col, union.reshape(-1)).reshape(n, k + 1)
-        slab = col.cache.flat_tensor()
+        slab = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
         flat_shape = (n * k, *col.spec.shape)
-        for out, idx in ((out_obs, index[:, :k]), (out_next, index[:, 1:])):
-            torch.index_select(slab, 0, torch.from_numpy(idx.reshape(-1)), out=out.view(flat_shape))
+        jobs = [(slab, np.ascontiguousarray(idx).reshape(-1), out.numpy().reshape(flat_shape))
+                for out, idx in ((out_obs, index[:, :k]), (out_next, index[:, 1:]))]
+        if n * k >= PARALLEL_GATHER_ROWS:  # big copies: both halves at once on the codec threads
+            half = n * k // 2
+            jobs = [(src, idx[part], dst[part]) for src, idx, dst in jobs
+                    for part in (slice(0, half), slice(half, None))]
+            list(decode_pool().map(lambda job: _take(*job), jobs))
+        else:
+            for job in jobs:
+                _take(*job)
 
     def _slab_index(self, col: FrameColumn, ids: np.ndarray) -> np.ndarray:
         """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first)."""

@@ -35,7 +35,8 @@ class ArrayLayout:
 
     def __post_init__(self) -> None:
         if self.shard_rows % self.chunk_rows:
-            raise ValueError(f"{self.path}: shard_rows {self.shard_rows} not a multiple of chunk_rows {self.chunk_rows}")
+            raise ValueError(f"{self.path}: shard_rows {self.shard_rows} is not a multiple of chunk_rows "
+                             f"{self.chunk_rows}")
 
     @property
     def chunks_per_shard(self) -> int:

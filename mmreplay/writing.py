@@ -1,0 +1,226 @@
+"""The write path: validate env steps, gather single adds into blocks, turn blocks into stored rows.
+
+Invariants (see ``Store`` for the whole picture):
+- Validation happens before anything is stored: bad input raises ``ValueError`` and changes nothing.
+- A transition continues its stream's episode (its observation is not stored again and its frame stack
+  reaches back) iff the stream's episode has not ended and the observation equals, bit for bit, the
+  stream's previous next observation; otherwise it starts an episode.
+- A block never writes more frames than a quarter frame shard, so it cannot overwrite frames it
+  references itself; new frames of a block are: observations that start an episode, then every next
+  observation.
+- An ``OSError`` while writing leaves the store refusing writes (``StorageError``); the last commit on
+  disk is intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from mmreplay.columns.encode import cast_exact, encode_flags
+from mmreplay.errors import StorageError
+from mmreplay.index.ring import TransitionRing
+
+_FLAG_VALUES = (True, False)  # `x in` this also accepts 0, 1 and numpy bools
+_SCALAR_TYPES = (int, float, bool, np.int64, np.int32, np.float32, np.float64, np.uint8, np.int8, np.bool_)
+
+
+class WritePath:
+    """Mixed into ``Store``: ``add`` and ``extend`` and what they need."""
+
+    def add(self, obs, action, reward, next_obs, terminated, truncated, *, stream: int = 0,
+            extras: Mapping[str, Any] | None = None) -> None:
+        """Add one transition of stream ``stream`` (one env of a vector env, or the only env)."""
+        if not (self._fast_add and extras is None and self._add_fast(obs, action, reward, next_obs, terminated,
+                                                                     truncated, stream)):
+            self._add_checked(obs, action, reward, next_obs, terminated, truncated, stream, extras)
+
+    def _add_fast(self, obs, action, reward, next_obs, terminated, truncated, stream) -> bool:
+        """The common case (one array observation, scalar values already right): validate and copy into the
+        pending block in a few microseconds. Returns False, having stored nothing, for anything else."""
+        spec = self._obs_spec
+        if type(obs) is not np.ndarray or type(next_obs) is not np.ndarray or obs.shape != spec.shape \
+                or next_obs.shape != spec.shape or obs.dtype != spec.np_dtype or next_obs.dtype != spec.np_dtype:
+            return False
+        action_code = self._scalar_code("action", action)
+        reward_code = self._scalar_code("reward", reward)
+        if action_code is None or reward_code is None or type(stream) is not int or not 0 <= stream < 1 << 31 \
+                or terminated not in _FLAG_VALUES or truncated not in _FLAG_VALUES or self._closed or self._failed \
+                or self.mode != "a":
+            return False
+        with self._lock:
+            block = self._block
+            row = block.n
+            block.obs["obs"][row] = obs
+            block.next_obs["obs"][row] = next_obs
+            block.codes["action"][row] = action_code
+            block.codes["reward"][row] = reward_code
+            block.terminated[row] = terminated
+            block.truncated[row] = truncated
+            block.streams[row] = stream
+            block.n = row + 1
+            if block.full:
+                self._drain()
+        return True
+
+    def _scalar_code(self, name: str, value):
+        """What column ``name`` stores for a scalar ``value``, or None if the slow path must decide."""
+        if type(value) not in _SCALAR_TYPES:
+            return None
+        encoder = self._encoders[name]
+        if encoder.spec.kind == "packed":
+            return encoder.code_of.get(value)
+        if encoder.dtype.kind == "f":
+            return value if value == value else None  # NaN: let the checked path decide
+        lo, hi = encoder.int_range
+        return value if type(value) is not float and lo <= value <= hi else None
+
+    def _add_checked(self, obs, action, reward, next_obs, terminated, truncated, stream, extras) -> None:
+        if self.schema.dict_obs:
+            obs = {k: np.asarray(v)[None] for k, v in _as_mapping(obs, "obs").items()}
+            next_obs = {k: np.asarray(v)[None] for k, v in _as_mapping(next_obs, "next_obs").items()}
+        else:
+            obs, next_obs = np.asarray(obs)[None], np.asarray(next_obs)[None]
+        extras = {k: np.asarray(v)[None] for k, v in (extras or {}).items()}
+        self._extend(obs, np.asarray(action)[None], np.asarray(reward)[None], next_obs,
+                     np.asarray(terminated)[None], np.asarray(truncated)[None], np.array([stream]), extras)
+
+    def _drain(self) -> None:
+        """Append the pending single adds (caller holds the lock)."""
+        block = self._block
+        if block is not None and block.n:
+            rows = block.rows()
+            block.n = 0
+            self._append(*rows)
+
+    def extend(self, obs, action, reward, next_obs, terminated, truncated, *, streams: Sequence[int] | None = None,
+               extras: Mapping[str, Any] | None = None) -> None:
+        """Add a batch: row ``i`` of each argument is one transition of stream ``streams[i]``
+        (default ``range(n)``: a vector env's ``n`` sub-envs, each its own sequence of episodes)."""
+        action = np.asarray(action)
+        n = action.shape[0] if action.ndim else _fail(f"extend: action must have a leading batch axis, "
+                                                      f"got shape {action.shape}")
+        ids = np.arange(n) if streams is None else np.asarray(streams)
+        self._extend(obs, action, reward, next_obs, terminated, truncated, ids, extras or {})
+
+    def _extend(self, obs, action, reward, next_obs, terminated, truncated, stream_ids, extras) -> None:
+        self._check_writable()
+        n = int(np.asarray(action).shape[0])
+        stream_ids = self._streams.validate_ids(stream_ids, n)
+        obs = self._encode_obs(obs, n, "obs")
+        next_obs = self._encode_obs(next_obs, n, "next_obs")
+        codes = {"action": self._encoders["action"].encode(action, n),
+                 "reward": self._encoders["reward"].encode(reward, n)}
+        extras = dict(extras)
+        for spec in self.schema.extras:
+            if spec.name not in extras:
+                raise ValueError(f"extras: missing value for extra column {spec.name!r}")
+            codes[spec.name] = self._encoders[spec.name].encode(extras.pop(spec.name), n)
+        if extras:
+            raise ValueError(f"extras: unknown column(s) {sorted(extras)}; known extra columns: "
+                             f"{[c.name for c in self.schema.extras]}")
+        term = encode_flags(terminated, n, "terminated")
+        trunc = encode_flags(truncated, n, "truncated")
+        with self._lock:
+            block = self._block
+            if n >= block.capacity // 2:  # big batches are blocks of their own
+                self._drain()
+                self._append(stream_ids, obs, next_obs, codes, term, trunc, n)
+                return
+            if block.n + n > block.capacity:
+                self._drain()
+            block.put(stream_ids, obs, next_obs, codes, term, trunc)
+            if block.full:
+                self._drain()
+
+    def _append(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
+        """Store ``n`` validated transitions (a stream may appear several times, in order), in sub-blocks
+        small enough that no sub-block can overwrite frames it references itself."""
+        with self._failing_writes():
+            self._append_blocks(stream_ids, obs, next_obs, codes, term, trunc, n)
+
+    @contextlib.contextmanager
+    def _failing_writes(self):
+        """An OSError while writing (disk full...) leaves RAM ahead of disk: refuse writes from then on;
+        the last commit on disk is intact, and reopening continues from it."""
+        try:
+            yield
+        except OSError as exc:
+            if isinstance(exc, StorageError):
+                raise
+            self._failed = exc
+            raise StorageError(f"store {self.path!r}: writing failed ({exc}); what was committed is intact on "
+                               "disk: close() and reopen the store to continue from its last commit") from exc
+
+    def _append_blocks(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
+        limit = self._max_block
+        for lo in range(0, n, limit):
+            part = slice(lo, min(n, lo + limit))
+            self._append_block(stream_ids[part], {k: v[part] for k, v in obs.items()},
+                               {k: v[part] for k, v in next_obs.items()}, {k: v[part] for k, v in codes.items()},
+                               term[part], trunc[part], part.stop - part.start)
+
+    def _append_block(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
+        ring, frames = self._ring, self._frames
+        g = ring.head + np.arange(n, dtype=np.int64)
+        done = (term | trunc).astype(bool)
+        cont, pred_row, pred_g = self._streams.resolve(stream_ids, obs, next_obs, done, ring, frames)
+        in_block = pred_row >= 0
+        pred_frame = np.zeros(n, dtype=np.int64)  # global id of the frame the observation continues
+        earlier = cont & ~in_block
+        if earlier.any():
+            pred_frame[earlier] = TransitionRing.frame_globals(ring.read("next_frame", pred_g[earlier]), frames.head)
+        # A continued observation whose frame is old (a stream idle for half a frame ring) is stored again,
+        # so the ring never has to give up new transitions for one old frame; the stack link is kept.
+        stale = earlier & (pred_frame < frames.head - frames.rows // 2) if not frames.unbounded else \
+            np.zeros(n, dtype=bool)
+        store_obs = ~cont | stale
+        n_obs = int(np.count_nonzero(store_obs))
+        first_obs = frames.append({k: v[store_obs] for k, v in obs.items()}) if n_obs else frames.head
+        next_frame = frames.append(next_obs) + np.arange(n, dtype=np.int64)
+        obs_frame = np.where(in_block, next_frame[pred_row], pred_frame)
+        obs_frame[store_obs] = first_obs + np.arange(n_obs, dtype=np.int64)
+        prev_delta = np.where(cont, g - np.where(in_block, g[pred_row], pred_g), 0)
+        if prev_delta.max(initial=0) >= 1 << 32:
+            raise OverflowError("a stream was idle for more than 2**32 transitions; start a new episode")
+        index = {"obs_frame": (obs_frame & 0xFFFFFFFF).astype(np.uint32),
+                 "next_frame": (next_frame & 0xFFFFFFFF).astype(np.uint32),
+                 "prev_delta": prev_delta.astype(np.uint32), "terminated": term, "truncated": trunc}
+        ring.append(n, index, codes, obs_frame)
+        ring.advance_past_frames(frames.oldest)  # no-op unless this block's frames wrapped the frame ring
+        self._streams.record(stream_ids, g, done, next_obs)
+        self._pending += n
+        if self._pending >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
+            self.flush()
+
+    def _encode_obs(self, obs, n: int, what: str) -> dict[str, np.ndarray]:
+        specs = self.schema.observations
+        if self.schema.dict_obs:
+            obs = _as_mapping(obs, what)
+            if set(obs) != {s.name for s in specs}:
+                raise ValueError(f"{what}: expected keys {sorted(s.name for s in specs)}, got {sorted(obs)}")
+        else:
+            obs = {"obs": obs}
+        out = {}
+        for spec in specs:
+            arr = np.asarray(obs[spec.name])
+            if arr.shape != (n, *spec.shape):
+                key = f"[{spec.name!r}]" if self.schema.dict_obs else ""
+                raise ValueError(f"{what}{key}: expected shape {(n, *spec.shape)} for {n} transition(s), "
+                                 f"got {arr.shape}")
+            out[spec.name] = cast_exact(arr, spec.np_dtype, f"{what}[{spec.name}]" if self.schema.dict_obs else what)
+        return out
+
+
+
+def _as_mapping(obs, what: str) -> Mapping:
+    if not isinstance(obs, Mapping):
+        raise ValueError(f"{what}: this store has Dict observations; expected a dict, got {type(obs).__name__}")
+    return obs
+
+
+def _fail(message: str):
+    raise ValueError(message)
