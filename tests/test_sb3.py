@@ -30,6 +30,8 @@ def test_dqn_learns_cartpole_and_a_second_process_resumes(tmp_path):
     model.learn(total_timesteps=30_000)
     mean, _ = evaluate_policy(model, env, n_eval_episodes=10, deterministic=True)
     assert mean >= 150, f"DQN with the on-disk buffer reached only {mean}"
+    recorded = model.num_timesteps  # SB3 collects in train_freq chunks: a little past total_timesteps
+    assert model.replay_buffer.size() == recorded
     first = model.replay_buffer.store.get(np.arange(0, 500))
     model.replay_buffer.close()
     np.save(tmp_path / "first_obs.npy", first.obs.numpy())
@@ -50,7 +52,7 @@ def test_dqn_learns_cartpole_and_a_second_process_resumes(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["before"] == 30_000 and result["after"] == 32_000 and result["same"]
+    assert result["before"] == recorded and result["after"] >= recorded + 2_000 and result["same"]
 
 
 class CounterFrames(gym.Env):
