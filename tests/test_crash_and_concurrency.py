@@ -3,6 +3,7 @@ transition; a write that meets a full disk fails clearly and the store reopens a
 
 import errno
 
+import numpy as np
 import pytest
 
 import mmreplay
@@ -50,3 +51,41 @@ def test_disk_full_fails_clearly_and_store_reopens_at_last_commit(store_path, mo
         for g in range(200, 400):
             again.add(*syn.transition(g))
     assert check_store(store_path, 300)[0] == 400
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A real 2 MiB filesystem to fill up (needs root; skipped where mounting is not allowed)."""
+    import subprocess
+
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root?): the injected-ENOSPC test covers this path")
+    yield str(mount)
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_real_full_disk(tiny_tmpfs):
+    from gymnasium import spaces
+
+    path = f"{tiny_tmpfs}/store"
+    rng = np.random.default_rng(0)
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    s = mmreplay.Store.create(path, space, spaces.Discrete(4), capacity=300, frame_stack=2, durable=True)
+    frames = rng.integers(0, 256, (400, 84, 84), dtype=np.uint8)  # incompressible: ~7 KB a frame
+    committed = 0
+    with pytest.raises(mmreplay.StorageError, match="No space left on device"):
+        for t in range(399):
+            s.add(frames[t], t % 4, 0.0, frames[t + 1], False, False)
+            if t % 20 == 19:
+                s.flush()
+                committed = t + 1
+    s.close()
+    assert committed > 0
+    with mmreplay.Store.open(path, mode="r") as again:
+        assert again.valid_range() == (0, committed)
+        b = again.get(np.arange(committed))
+        np.testing.assert_array_equal(b.next_obs[:, -1].numpy(), frames[1:committed + 1])
+        assert again.verify() == []
