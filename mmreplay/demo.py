@@ -171,8 +171,15 @@ def main(argv=None) -> int:
     parser.add_argument("--resume-steps", type=int, default=15_000, help="env steps in phase 2 (new process)")
     parser.add_argument("--capacity", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--atari", action="store_true",
+                        help="the Atari variant (needs ale-py): the memory story of a frame-stacked Pong buffer")
     parser.add_argument("--phase", type=int, choices=(1, 2), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.atari:
+        from mmreplay import demo_atari
+
+        steps = args.steps if "--steps" in (argv if argv is not None else sys.argv) else 10_000
+        return demo_atari.main(os.path.join(args.out, "atari"), steps)
     if args.phase:
         phase(args)
         return 0
