@@ -43,7 +43,9 @@ def unpack(buf: np.ndarray, bits: int, n: int) -> np.ndarray:
 def read_codes(buf: np.ndarray, bits: int, positions: np.ndarray) -> np.ndarray:
     """Codes at arbitrary positions (any integer array shape)."""
     bit_pos = np.asarray(positions, dtype=np.int64) * bits
-    return (buf[bit_pos >> 3] >> (bit_pos & 7).astype(np.uint8)) & np.uint8((1 << bits) - 1)
+    shift = (bit_pos & 7).astype(np.uint8)
+    bit_pos >>= 3
+    return (buf[bit_pos] >> shift) & np.uint8((1 << bits) - 1)
 
 
 def write_codes(buf: np.ndarray, bits: int, positions: np.ndarray, codes: np.ndarray) -> None:

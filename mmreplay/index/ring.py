@@ -208,7 +208,9 @@ class TransitionRing:
 
     def read(self, name: str, g: np.ndarray) -> np.ndarray:
         """Stored values (codes for packed columns) of column ``name`` at transitions ``g``."""
-        slots = self.slot(g)
+        return self.read_slots(name, self.slot(g))
+
+    def read_slots(self, name: str, slots: np.ndarray) -> np.ndarray:
         if name in self.bits:
             return packing.read_codes(self.arrays[name], self.bits[name], slots)
         return self.arrays[name][slots]

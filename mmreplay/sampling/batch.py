@@ -101,10 +101,11 @@ def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.nd
                 if pad.any():
                     out[torch.from_numpy(pad)] = 0
     ring = store._ring
+    slots = ring.slot(g)
     for name, (_, out) in buf.columns.items():
-        out[...] = store._encoders[name].decode(ring.read(name, g))
-    buf.terminated[1][...] = ring.read("terminated", g).view(np.bool_)
-    buf.truncated[1][...] = ring.read("truncated", g).view(np.bool_)
+        out[...] = store._encoders[name].decode(ring.read_slots(name, slots))
+    buf.terminated[1][...] = ring.read_slots("terminated", slots).view(np.bool_)
+    buf.truncated[1][...] = ring.read_slots("truncated", slots).view(np.bool_)
     buf.indices[1][...] = g
 
 
