@@ -786,7 +786,7 @@ class Runner:
                     {**base, "task": "peer", "system": system},
                     label=f"{wl}/{system} fill+sample (round {rnd + 1}/{a.repeats})", timeout=a.child_timeout))
         for name, rs in runs.items():
-            out["systems"][name] = aggregate_runs(rs)
+            out["systems"][name] = aggregate_runs(rs, a.quiet_cores)
         return out
 
     def run_mmreplay(self, wl: str, base: dict, caches: list[int], rnd: int) -> dict:
@@ -911,7 +911,7 @@ class Runner:
             if not rs:
                 out[mode] = {"error": "not run"}
                 continue
-            agg = aggregate_runs(rs)
+            agg = aggregate_runs(rs, a.quiet_cores)
             agg.pop("runs", None)
             cgs = [r["cgroup"] for r in rs if isinstance(r.get("cgroup"), dict)]
             if cgs:
@@ -923,17 +923,25 @@ class Runner:
         return out
 
 
-def aggregate_runs(runs: list[dict]) -> dict:
-    """Combine one system's rounds: batch rates = median of ALL their timed windows, other rates and sizes =
-    median over rounds, peak RSS = max; the rounds themselves are kept under "runs"."""
+QUIET_CORES = 0.3
+
+
+def aggregate_runs(runs: list[dict], quiet_cores: float = QUIET_CORES) -> dict:
+    """Combine one system's rounds.  Interference on this shared box only ever slows a run down, and can
+    make it bimodal (see docs/performance.md: torch's OpenMP copies collapse when another process takes a
+    core), so the figures come from the QUIET rounds: those whose children saw other processes use less
+    than ``quiet_cores`` cores (if none, the quietest round).  Over those: batch rates = median of all their
+    timed windows, other figures = median over rounds, peak RSS = max.  Every round stays under "runs"."""
     ok = [r for r in runs if "error" not in r and "skipped" not in r]
     if not ok:
         return runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
     if len(runs) == 1:
-        return runs[0]
-    out = {"runs": runs}
-    for k in [k for k, v in ok[0].items() if not isinstance(v, dict)]:
-        vals = [r.get(k) for r in ok]
+        return {**runs[0], "rounds_used": [1]}
+    noise = [r.get("other_cpu_cores") or 0.0 for r in ok]
+    use = [r for r, x in zip(ok, noise) if x < quiet_cores] or [ok[int(np.argmin(noise))]]
+    out = {"runs": runs, "rounds_used": [i + 1 for i, r in enumerate(runs) if any(r is u for u in use)]}
+    for k in [k for k, v in use[0].items() if not isinstance(v, dict)]:
+        vals = [r.get(k) for r in use]
         if k.endswith("_windows"):
             out[k] = [x for v in vals if v for x in v]
         elif all(isinstance(v, bool) for v in vals):
@@ -945,9 +953,26 @@ def aggregate_runs(runs: list[dict]) -> dict:
     for k in list(out):
         if k.endswith("_windows") and out[k]:
             out[k[: -len("_windows")] + "_per_s"] = float(np.median(out[k]))
+    out["peak_rss"] = max(r.get("peak_rss", 0) for r in ok)  # memory is not noise: the max over every round
     if any("error" in r for r in runs):
         out["error_rounds"] = [r["error"] for r in runs if "error" in r]
     return out
+
+
+def rounds_table(results: dict, Bs, md=False) -> str:
+    """Every round of every system: the raw material behind the quiet-round selection."""
+    T = md_table if md else table
+    rows = []
+    for wl, W in results.get("workloads", {}).items():
+        for name, r in W["systems"].items():
+            for i, x in enumerate(r.get("runs", [r])):
+                if "skipped" in x:
+                    continue
+                rows.append([wl, name, i + 1, "yes" if i + 1 in r.get("rounds_used", [i + 1]) else "no",
+                             f"{x.get('other_cpu_cores', 0):.2f}"]
+                            + [_f(x.get(f"b{B}_per_s")) for B in sorted(Bs)] + [_f(x.get("add_per_s"))])
+    return T(["workload", "system", "round", "used", "other CPU"] + [f"b{B}/s" for B in sorted(Bs)] + ["add/s"],
+             rows)
 
 
 # ==========================================================================================
@@ -1141,9 +1166,10 @@ def report(results: dict, args) -> str:
     out.append(f"mmreplay: {meta.get('mmreplay_source')} ({meta.get('mmreplay')}); repo HEAD {g.get('head')}"
                + (", mmreplay/ has uncommitted changes" if g.get("dirty_mmreplay") and
                   meta.get("mmreplay_source") == "working tree" else ""))
-    out.append(f"rates: median of {args.windows} windows x {args.window_s}s after warm-up per child, pooled over "
-               f"{args.repeats} interleaved round(s) of fresh children; the machine is shared and noisy, so compare "
-               "ratios within this run rather than absolute numbers")
+    out.append(f"rates: median of {args.windows} windows x {args.window_s}s after warm-up per child; "
+               f"{args.repeats} interleaved round(s) of fresh children per system, figures from the quiet rounds "
+               f"(other processes < {args.quiet_cores} cores; else the quietest round), peak RSS the max over all; "
+               "the machine is shared and noisy, so compare ratios within this run rather than absolute numbers")
     titles = {"atari": "Atari (real frames, stack 4, n_envs=1: mmreplay add(), peers add_batch of stacks)",
               "atari_x8": "Atari, 8 streams (mmreplay extend(8 rows), peers n_envs=8)",
               "lowdim": "Low-dim CartPole (4 float32 obs, 2 actions, 8 envs per add)"}
@@ -1151,6 +1177,9 @@ def report(results: dict, args) -> str:
         out.append(f"\n== {titles[name]}: N = {wl['n']:,} transitions, capacity N, mmreplay cache budget "
                    f"{wl['cache_bytes'] / MiB:,.0f} MiB ==")
         out.append(workload_tables(name, wl, Bs))
+    if results.get("workloads") and args.repeats > 1:
+        out.append("\n== every round (figures above use the 'used' ones) ==")
+        out.append(rounds_table(results, Bs))
     if "cgroup" in results:
         out.append("\n== larger than RAM: mmreplay sampler in a memory cgroup ==")
         out.append(cgroup_text(results["cgroup"]))
@@ -1207,6 +1236,8 @@ def parse_args(argv=None):
     p.add_argument("--quiet-max-wait", type=float, default=None, help="... for at most this many seconds "
                    "(default 60; quick 0 = no waiting)")
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
+    p.add_argument("--report-from", default=None, metavar="JSON", help="re-print the report of an earlier "
+                   "--json run (re-aggregating its rounds) without running anything")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     q = a.quick
@@ -1259,6 +1290,30 @@ def main(argv=None):
     a = parse_args(argv)
     if a.child:
         return child_main(a.child)
+    if a.report_from:
+        with open(a.report_from) as f:
+            results = json.load(f)
+        saved = argparse.Namespace(**{**vars(a), **results["args"]})
+        for W in results.get("workloads", {}).values():
+            for name, r in list(W["systems"].items()):
+                if "runs" in r:
+                    W["systems"][name] = aggregate_runs(r["runs"], saved.quiet_cores)
+        cg = results.get("cgroup")
+        if cg and "runs" in cg:
+            for mode, rs in cg["runs"].items():
+                if rs:
+                    agg = aggregate_runs(rs, saved.quiet_cores)
+                    agg.pop("runs", None)
+                    cgs = [r["cgroup"] for r in rs if isinstance(r.get("cgroup"), dict)]
+                    if cgs:
+                        agg["cgroup"] = {**cgs[-1], "max_usage": max(c.get("max_usage", 0) for c in cgs)}
+                    cg[mode] = agg
+        results["targets"] = evaluate_targets(results, saved)
+        print(report(results, saved))
+        if a.json and a.json != a.report_from:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1, default=float)
+        return 0
     src_note = "working tree"
     if a.mmreplay_rev:
         os.makedirs(a.workdir, exist_ok=True)

@@ -29,6 +29,7 @@ from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
 
 PARALLEL_GATHER_ROWS = 512
+TORCH_GATHER_BYTES = 256 << 10  # below this a torch call's fixed cost exceeds the copy; numpy's take wins
 PARALLEL_MIN_CHUNKS = 64  # below this, handing work to threads costs more than decoding inline
 _POOL: ThreadPoolExecutor | None = None
 
@@ -298,8 +299,8 @@ class FrameRing:
         slab = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
         flat_shape = (n * k, *col.spec.shape)
         pairs = ((out_obs, index[:, :k]), (out_next, index[:, 1:]))
-        if not decoded:
-            # All hits: torch's parallel index_select is the fastest copy. Not right after decoding on the
+        if not decoded and n * k * col.spec.row_nbytes >= TORCH_GATHER_BYTES:
+            # All hits and a big copy: torch's parallel index_select is the fastest. Not right after decoding on the
             # codec threads: torch's OpenMP workers spin while idle, and measured here the two pools
             # fighting over 2 cores made the copy 5-10x slower; numpy's take has no such workers.
             flat_slab = col.cache.flat_tensor()
@@ -308,7 +309,8 @@ class FrameRing:
                                    out=out.view(flat_shape))
             return
         jobs = [(slab, np.ascontiguousarray(idx).reshape(-1), out.numpy().reshape(flat_shape)) for out, idx in pairs]
-        if n * k >= PARALLEL_GATHER_ROWS:  # big copies: both halves at once on the codec threads
+        if n * k * col.spec.row_nbytes >= TORCH_GATHER_BYTES and n * k >= PARALLEL_GATHER_ROWS:
+            # big copies: both halves at once on the codec threads
             half = n * k // 2
             jobs = [(src, idx[part], dst[part]) for src, idx, dst in jobs
                     for part in (slice(0, half), slice(half, None))]
