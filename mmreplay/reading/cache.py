@@ -42,15 +42,6 @@ class ChunkCache:
         self._free = np.empty(0, dtype=np.int64)  # slots released since (eviction, invalidation)
         self.tick = 0
         self.stats = CacheStats(capacity_bytes=n_slots * self.chunk_nbytes)
-        self._flat_tensor = None
-
-    def flat_tensor(self):
-        """The slab as a torch tensor of rows (chunks * chunk_rows, *row shape), sharing memory."""
-        if self._flat_tensor is None:
-            import torch
-
-            self._flat_tensor = torch.from_numpy(self.slab.reshape(-1, *self.chunk_shape[1:]))
-        return self._flat_tensor
 
     @property
     def n_slots(self) -> int:
@@ -128,7 +119,6 @@ class ChunkCache:
     def _grow(self, extra: int) -> np.ndarray:
         old = self.n_slots
         self.slab = np.concatenate([self.slab, np.empty((extra, *self.chunk_shape), self.dtype)])
-        self._flat_tensor = None
         self.chunk_in = np.concatenate([self.chunk_in, np.full(extra, -1, np.int64)])
         self.last_used = np.concatenate([self.last_used, np.full(extra, -1, np.int64)])
         self.stats.capacity_bytes = self.n_slots * self.chunk_nbytes

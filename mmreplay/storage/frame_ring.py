@@ -28,8 +28,7 @@ from mmreplay.storage.encoder import ShardEncoder
 from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
 
-PARALLEL_GATHER_ROWS = 512
-TORCH_GATHER_BYTES = 256 << 10  # below this a torch call's fixed cost exceeds the copy; numpy's take wins
+PARALLEL_GATHER_BYTES = 512 << 10  # below this, handing the copy to two threads costs more than it saves
 PARALLEL_MIN_CHUNKS = 64  # below this, handing work to threads costs more than decoding inline
 _POOL: ThreadPoolExecutor | None = None
 
@@ -294,23 +293,16 @@ class FrameRing:
         col = self.columns[name]
         n, k = obs_ids.shape
         union = np.concatenate([obs_ids, next_ids[:, -1:]], axis=1)
-        index, decoded = self._slab_index(col, union.reshape(-1), report_decoding=True)
-        index = index.reshape(n, k + 1)
+        index = self._slab_index(col, union.reshape(-1)).reshape(n, k + 1)
         slab = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
         flat_shape = (n * k, *col.spec.shape)
         pairs = ((out_obs, index[:, :k]), (out_next, index[:, 1:]))
-        if not decoded and n * k * col.spec.row_nbytes >= TORCH_GATHER_BYTES:
-            # All hits and a big copy: torch's parallel index_select is the fastest. Not right after decoding on the
-            # codec threads: torch's OpenMP workers spin while idle, and measured here the two pools
-            # fighting over 2 cores made the copy 5-10x slower; numpy's take has no such workers.
-            flat_slab = col.cache.flat_tensor()
-            for out, idx in pairs:
-                torch.index_select(flat_slab, 0, torch.from_numpy(np.ascontiguousarray(idx).reshape(-1)),
-                                   out=out.view(flat_shape))
-            return
         jobs = [(slab, np.ascontiguousarray(idx).reshape(-1), out.numpy().reshape(flat_shape)) for out, idx in pairs]
-        if n * k * col.spec.row_nbytes >= TORCH_GATHER_BYTES and n * k >= PARALLEL_GATHER_ROWS:
-            # big copies: both halves at once on the codec threads
+        if n * k * col.spec.row_nbytes >= PARALLEL_GATHER_BYTES:
+            # Big copies: both halves at once on the codec threads (numpy's take releases the GIL). Not
+            # torch.index_select: its OpenMP workers spin while idle, and measured here, whenever the
+            # codec threads or other processes (env workers, a trainer) wanted the cores too, the copy
+            # became 5-15x slower (e.g. 63 instead of 886 Atari batch-256/s).
             half = n * k // 2
             jobs = [(src, idx[part], dst[part]) for src, idx, dst in jobs
                     for part in (slice(0, half), slice(half, None))]
@@ -319,19 +311,16 @@ class FrameRing:
             for job in jobs:
                 _take(*job)
 
-    def _slab_index(self, col: FrameColumn, ids: np.ndarray, report_decoding: bool = False):
-        """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first);
-        with ``report_decoding``, also whether anything had to be brought in."""
+    def _slab_index(self, col: FrameColumn, ids: np.ndarray) -> np.ndarray:
+        """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first)."""
         rows = self.row_of(ids)
         c = col.spec.chunk_rows
         chunks = rows if c == 1 else rows // c
         slots = col.cache.lookup(chunks)
-        missed = slots.min(initial=0) < 0
-        if missed:
+        if slots.min(initial=0) < 0:
             slots = col.fill_missing(chunks, slots, self._ram_chunk)
         slots = slots.astype(np.int64)
-        index = slots if c == 1 else slots * c + rows % c
-        return (index, missed) if report_decoding else index
+        return slots if c == 1 else slots * c + rows % c
 
     def _ram_chunk(self, name: str, chunk: int) -> np.ndarray | None:
         """Chunk ``chunk`` (file rows) if it lies in the staging or the sealed shard, else None."""
