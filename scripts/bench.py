@@ -219,7 +219,7 @@ class AtariSource:
         while pos < len(mv):
             k = os.preadv(self.fd, [mv[pos:]], off + pos)
             if k <= 0:
-                raise IOError("short read from the Atari pool")
+                raise OSError("short read from the Atari pool")
             pos += k
         return out
 
@@ -311,6 +311,7 @@ def task_peer(spec: dict) -> dict:
     """Fill one peer buffer and sample from it (all in this process)."""
     tuned, threads = _child_setup()
     import logging
+
     import peers
     kind, n, E, wl = spec["system"], spec["n"], spec["n_envs"], spec["workload"]
     if kind == "torchrl":
@@ -359,7 +360,7 @@ def task_peer(spec: dict) -> dict:
     res["rss_fill_growth"] = max(0, rss_filled - rss0)
     res["rss_create_growth"] = max(0, rss_made - rss0)
     for B in spec["batch_sizes"]:
-        rates = rate_windows(lambda: rb.sample(B), spec["windows"], spec["window_s"], spec["warmup_s"])
+        rates = rate_windows(lambda B=B: rb.sample(B), spec["windows"], spec["window_s"], spec["warmup_s"])
         res[f"b{B}_per_s"] = float(np.median(rates))
         res[f"b{B}_windows"] = rates
     res["stack_err"] = peers.check_peer(rb, S) if S > 1 else 0.0
@@ -478,6 +479,7 @@ def task_mm_sample(spec: dict) -> dict:
     """Open an mmreplay store fresh (page cache dropped) and sample: a cold first pass and/or warm windows."""
     tuned, threads = _child_setup()
     import torch  # noqa: F401
+
     import mmreplay
     res = {"malloc_tuned": tuned, "torch_threads": threads, "cache_bytes": spec["cache_bytes"]}
     if spec.get("drop_caches", True):
@@ -505,7 +507,7 @@ def task_mm_sample(spec: dict) -> dict:
             if k % 64 == 0 and time.perf_counter() - t0 > spec["cold_max_s"]:
                 break
         dt = time.perf_counter() - t0
-        h1, m1, cb = _cache_totals(s)
+        h1, m1, _ = _cache_totals(s)
         res.update({f"cold_b{cold_B}_per_s": k / dt, f"cold_b{cold_B}_batches": k, f"cold_b{cold_B}_s": dt,
                     f"cold_b{cold_B}_first_batch_s": first, f"cold_b{cold_B}_hit_rate": _hit_rate(h0, m0, h1, m1),
                     f"cold_b{cold_B}_full_pass": k >= want})
@@ -550,7 +552,7 @@ def task_mm_sample(spec: dict) -> dict:
                 prof.stop()
                 with open(spec["profile"] + f"_b{B}.txt", "w") as f:
                     f.write(prof.output_text(unicode=False, color=False))
-            h1, m1, cb = _cache_totals(s)
+            h1, m1, _ = _cache_totals(s)
             res[f"b{B}_per_s"] = float(np.median(rates))
             res[f"b{B}_windows"] = rates
             res[f"b{B}_hit_rate"] = _hit_rate(h0, m0, h1, m1)
@@ -581,7 +583,7 @@ def child_main(spec_json: str) -> int:
         import mmreplay
         res["mmreplay_file"] = mmreplay.__file__
         rc = 0
-    except Exception:
+    except Exception:  # noqa: BLE001  (any failure is reported to the parent)
         res = {"error": traceback.format_exc()}
         log(res["error"])
         rc = 1
@@ -608,7 +610,9 @@ def make_memory_cgroup(limit_bytes: int, name: str) -> dict:
     limit_bytes = int(limit_bytes)
     v2_root = "/sys/fs/cgroup"
     ctl = os.path.join(v2_root, "cgroup.controllers")
-    if os.path.exists(ctl) and "memory" in open(ctl).read().split():
+    with open(ctl) if os.path.exists(ctl) else open(os.devnull) as f:
+        v2_memory = "memory" in f.read().split()
+    if v2_memory:
         d = os.path.join(v2_root, _own_cgroup(None).lstrip("/"), name)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "memory.max"), "w") as f:
@@ -644,19 +648,22 @@ def read_cgroup_stats(d: str) -> dict:
         p = os.path.join(d, fn)
         if os.path.exists(p):
             try:
-                out[key] = int(open(p).read().split()[0])
+                with open(p) as f:
+                    out[key] = int(f.read().split()[0])
             except (OSError, ValueError):
                 pass
     p = os.path.join(d, "memory.stat")
     if os.path.exists(p):
-        st = dict(line.split() for line in open(p) if len(line.split()) == 2)
+        with open(p) as f:
+            st = dict(line.split() for line in f if len(line.split()) == 2)
         for k in ("cache", "rss", "file", "anon", "pgmajfault", "total_pgmajfault", "workingset_refault",
                   "workingset_refault_file"):
             if k in st:
                 out["stat_" + k] = int(st[k])
     p = os.path.join(d, "memory.events")
     if os.path.exists(p):
-        out["events"] = dict((a, int(b)) for a, b in (line.split() for line in open(p)))
+        with open(p) as f:
+            out["events"] = {a: int(b) for a, b in (line.split() for line in f)}
     return out
 
 
@@ -706,7 +713,7 @@ class Runner:
         log(f"[bench] {label} ...")
         t0 = time.perf_counter()
         try:
-            p = subprocess.run(cmd, timeout=timeout)
+            p = subprocess.run(cmd, timeout=timeout, check=False)
             rc = p.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -878,7 +885,8 @@ class Runner:
         out = {"n": n, "limit_bytes": a.cgroup_limit, "cache_bytes": a.cgroup_cache_mib * MiB,
                "uncompressed_frame_bytes": n * FRAME_BYTES, "uncompressed_stacked_bytes": 2 * 4 * n * FRAME_BYTES}
         if os.path.exists(marker) and a.reuse_store:
-            out["fill"] = json.load(open(marker))
+            with open(marker) as f:
+                out["fill"] = json.load(f)
             out["fill"]["reused"] = True
             log(f"[bench] cgroup: reusing the store at {path}")
         else:
@@ -1125,11 +1133,11 @@ def cgroup_text(cg: dict, md=False) -> str:
              f"{cg['uncompressed_stacked_bytes'] / MiB:,.0f} MiB as obs+next_obs stacks); "
              f"fill {_f(cg['fill'].get('add_per_s'))} adds/s"
              + (" (store reused from an earlier run)" if cg["fill"].get("reused") else ""),
-             f"cgroup v{cg.get('cgroup_version')} memory limit {cg['limit_bytes'] / 1e9:.2f} GB "
-             f"({cg['limit_bytes'] / MiB:,.0f} MiB), page cache charged to it; decoded-frame cache budget "
-             f"{cg['cache_bytes'] / MiB:,.0f} MiB; page cache dropped before each child; "
-             f"{len(cg['runs']['constrained'])} run(s) each, medians"]
-    Bs = sorted((int(k[1:-6]) for k in cg.get("unconstrained", {}) if k.startswith("b") and k.endswith("_per_s")))
+             (f"cgroup v{cg.get('cgroup_version')} memory limit {cg['limit_bytes'] / 1e9:.2f} GB "
+              f"({cg['limit_bytes'] / MiB:,.0f} MiB), page cache charged to it; decoded-frame cache budget "
+              f"{cg['cache_bytes'] / MiB:,.0f} MiB; page cache dropped before each child; "
+              f"{len(cg['runs']['constrained'])} run(s) each, medians")]
+    Bs = sorted(int(k[1:-6]) for k in cg.get("unconstrained", {}) if k.startswith("b") and k.endswith("_per_s"))
     headers = ["child", "cold b256/s (first pass)"] + [f"warm b{B}/s" for B in Bs] + \
         [f"hit b{B}" for B in Bs] + ["peak RSS MiB", "cgroup max usage MiB", "disk read cold MiB",
                                      "disk read warm MiB", "other CPU"]
@@ -1241,7 +1249,7 @@ def parse_args(argv=None):
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     q = a.quick
-    dflt = lambda v, full, quick: v if v is not None else (quick if q else full)  # noqa: E731
+    dflt = lambda v, full, quick: v if v is not None else (quick if q else full)
     a.atari_n = dflt(a.atari_n, 100_000, 5_000)
     a.lowdim_n = dflt(a.lowdim_n, 1_000_000, 50_000)
     a.cgroup_n = dflt(a.cgroup_n, 1_000_000, 20_000)
@@ -1268,7 +1276,7 @@ def parse_args(argv=None):
 def git_info() -> dict:
     def git(*args):
         try:
-            return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True, timeout=30).stdout.strip()
+            return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True, timeout=30, check=False).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
     return {"head": git("rev-parse", "--short", "HEAD"), "dirty_mmreplay": git("status", "--short", "mmreplay")}
@@ -1321,8 +1329,9 @@ def main(argv=None):
         os.environ["MMREPLAY_BENCH_SRC"] = src
         sys.path.insert(0, src)
         src_note = f"git {a.mmreplay_rev} snapshot at {src}"
-    import mmreplay
     import torch
+
+    import mmreplay
     t_start = time.perf_counter()
     results = {"meta": {"host": platform.node() + " " + platform.platform(), "cpus": os.cpu_count(),
                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),

@@ -31,7 +31,7 @@ for _p in (HERE, REPO):
     if _p not in sys.path:
         sys.path.append(_p)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 VARIANTS = {
     "stock": "the library as it is",
@@ -49,8 +49,9 @@ def _patch(variant: str) -> None:
     if variant in ("serial-decode", "serial-all"):
         fr.PARALLEL_MIN_CHUNKS = 1 << 40
     if variant in ("serial-gather", "serial-all"):
-        if hasattr(fr, "PARALLEL_GATHER_BYTES"):
-            fr.PARALLEL_GATHER_BYTES = 1 << 40
+        for name in ("PARALLEL_GATHER_ROWS", "PARALLEL_GATHER_BYTES"):  # the name changed after 533f41e
+            if hasattr(fr, name):
+                setattr(fr, name, 1 << 60)
     if variant == "no-reader-check":
         import mmreplay.store as st
         st.Store._batch_still_valid = lambda self, g, obs_ids: True
@@ -96,7 +97,9 @@ def child(spec: dict) -> dict:
     import peers
     peers.tune_malloc()
     import gc
+
     import torch  # noqa: F401
+
     import mmreplay
     _patch(spec["variant"])
     s = mmreplay.Store.open(spec["store"], mode="r", cache_bytes=spec["cache_mib"] << 20)
@@ -228,13 +231,13 @@ def cmd_decode(a) -> None:
     import peers
     peers.tune_malloc()
     import torch  # noqa: F401
+
     import mmreplay
     import mmreplay.storage.frame_ring as fr
     s = mmreplay.Store.open(a.store, mode="r", cache_bytes=64 << 20)
     col = next(iter(s._frames.columns.values()))
     read = col.array.read_chunk
     n_chunks = s._frames.rows // col.spec.chunk_rows
-    lo, hi = s.valid_range()
     rng = np.random.default_rng(0)
     n = a.n
     out = np.empty((n, col.spec.chunk_rows, *col.spec.shape), col.spec.np_dtype)
@@ -318,14 +321,14 @@ for name, f in (("torch.index_select (%%d threads)" %% torch.get_num_threads(), 
         while time.perf_counter() - t0 < 0.5: f(); k += 1
         rs.append(k / (time.perf_counter() - t0))
     print("   %%-32s %%8.0f copies/s of 1024 frames (= one b256 obs+next_obs)" %% (name, np.median(rs)), flush=True)
-''' % HERE
+''' % HERE  # noqa: UP031  (the code string contains %-formatting of its own)
     print("quiet:")
-    subprocess.run([sys.executable, "-c", code])
+    subprocess.run([sys.executable, "-c", code], check=False)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
         print("one busy-looping process competing:")
-        subprocess.run([sys.executable, "-c", code])
+        subprocess.run([sys.executable, "-c", code], check=False)
     finally:
         busy.kill()
         busy.wait()
