@@ -86,9 +86,6 @@ class TransitionRing:
     def file_shard(self, global_shard: int) -> int:
         return global_shard if self.capacity is None else global_shard % (self.rows // self.shard_rows)
 
-    def __len__(self) -> int:
-        return self.count_valid(1)
-
     # -- writing ----------------------------------------------------------------------------------
     def append(self, n: int, index: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray],
                frame_globals_of_obs: np.ndarray) -> int:
