@@ -131,6 +131,9 @@ class Store(WritePath):
         self._sequence = rec.get("sequence", 0)
         self._samplers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._sampler_states: dict[str, dict] = dict(rec.get("samplers", {}))
+        self._priorities: dict[str, Any] = {}  # name -> sampling.priorities.Priorities, loaded on first use
+        self._priority_entries: dict[str, dict] = dict(rec.get("priorities", {}))  # committed, maybe not loaded
+        self._priority_written: list[str] = []
         if record is not None:
             self._restore(record)
         self._durable_state = {**self._state_record(), "sequence": self._sequence}
@@ -219,11 +222,12 @@ class Store(WritePath):
                 self._check_writable()
             self._drain()
             if self._pending == 0 and not self._frames.dirty and not self._ring.dirty and \
-                    not self._sampler_state_changed():
+                    not self._sampler_state_changed() and not any(p.changed() for p in self._priorities.values()):
                 return
             with self._failing_writes():
                 self._frames.flush()
                 self._ring.flush()
+                self._write_priorities()
                 self._sync_written()
                 self._commit_record(self._state_record())
             self._pending = 0
@@ -245,8 +249,31 @@ class Store(WritePath):
         self._commit_record({**durable, "oldest": max(durable["oldest"], oldest),
                              "frame_oldest": max(durable["frame_oldest"], frame_oldest)})
 
+    def _write_priorities(self) -> None:
+        """Each loaded priority set writes its other buffer; the commit record then names it."""
+        for name, prio in self._priorities.items():
+            entry, files = prio.write()
+            self._priority_entries[name] = entry
+            self._priority_written.extend(files)
+
+    def _ensure_priority_arrays(self, name: str, rows: int, shard_rows: int) -> None:
+        """Zarr metadata for a priority set's two buffers (created once, grown with an unbounded ring)."""
+        from mmreplay.sampling.priorities import PRIORITIES_GROUP, buffer_layout
+
+        layouts = [buffer_layout(name, b, rows, shard_rows) for b in (0, 1)]
+        missing = [lay for lay in layouts if not os.path.exists(os.path.join(self.path, lay.path, "zarr.json"))]
+        if missing:
+            import zarr
+
+            root = zarr.open_group(self.path, mode="r+", zarr_format=3)
+            root.require_group(PRIORITIES_GROUP).require_group(name)
+            for layout in missing:
+                layout.create(root)
+                self._priority_written.append(os.path.join(self.path, layout.path, "zarr.json"))
+        self._resize_arrays(layouts, rows)
+
     def _sync_written(self) -> None:
-        written = self._frames.written + self._ring.written
+        written = self._frames.written + self._ring.written + self._priority_written
         if self.durable and written:
             fsync_files(written)
             dirs = {os.path.dirname(p) for p in written}
@@ -254,6 +281,7 @@ class Store(WritePath):
                 fsync_dir(d)
         self._frames.written.clear()
         self._ring.written.clear()
+        self._priority_written.clear()
 
     def _commit_record(self, record: dict) -> None:
         self._sequence += 1
@@ -266,7 +294,8 @@ class Store(WritePath):
                 "oldest": self._ring.oldest, "frame_head": self._frames.head, "frame_oldest": self._frames.oldest,
                 "transition_rows": self._ring.rows, "frame_rows": self._frames.rows,
                 "max_prev_delta": self._ring.max_prev_delta, "streams": self._streams.to_json(),
-                "samplers": {**self._sampler_states, **{n: smp.state for n, smp in list(self._samplers.items())}}}
+                "samplers": {**self._sampler_states, **{n: smp.state for n, smp in list(self._samplers.items())}},
+                "priorities": dict(self._priority_entries)}
 
     def _resize_arrays(self, layouts, rows: int) -> None:
         """Unbounded stores: make the zarr metadata cover ``rows`` (amortised: rows double)."""
@@ -333,26 +362,75 @@ class Store(WritePath):
         self.fill_batch(buf, rng)
         return buf.batch(self)
 
-    def fill_batch(self, buf, rng: np.random.Generator) -> None:
-        """Draw a uniform batch into ``buf``; in a reader, redo it if the writer overwrote what it read."""
+    def fill_batch(self, buf, rng: np.random.Generator, *, priorities=None, beta: float = 0.0, n_step: int = 1,
+                   gamma: float = 1.0) -> None:
+        """Draw a batch into ``buf``: uniform, or proportional to ``priorities`` (with importance weights for
+        ``beta``); with ``n_step > 1`` rewards are n-step returns. In a reader, redo it if the writer
+        overwrote what it read."""
         from mmreplay.sampling.batch import assemble
+        from mmreplay.sampling.nstep import nstep_returns
 
         with self._lock:
             self._check_open()
             for _ in range(10):
-                g, obs_ids, next_ids = self.sample_indices(buf.batch_size, rng)
-                assemble(self, g, obs_ids, next_ids, buf)
+                weights = nstep = None
+                if priorities is None:
+                    g, obs_ids, next_ids = self.sample_indices(buf.batch_size, rng)
+                else:
+                    self._drain()
+                    g, obs_ids, next_ids, weights = priorities.draw(buf.batch_size, rng, beta)
+                if n_step > 1:
+                    nstep = nstep_returns(self._ring, self._encoders["reward"].decode, g, n_step, gamma)
+                    next_ids = self._ring.stack_frames(nstep.last, self.frame_stack, self._frames.head)[1]
+                assemble(self, g, obs_ids, next_ids, buf, weights=weights, nstep=nstep)
                 if self._batch_still_valid(g, obs_ids):
                     return
                 self.refresh()
             raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled")
 
+    def priorities(self, name: str = "default", *, alpha: float | None = None, eps: float | None = None):
+        """The priority set ``name`` (loaded from the last commit, or new with every transition at the
+        maximum priority); a sampler with ``prioritized=True`` uses the one of its own name. ``alpha`` and
+        ``eps`` (default 0.6 and 1e-6 for a new set) change the exponents of a loaded set."""
+        from mmreplay.sampling.priorities import Priorities, check_name
+
+        with self._lock:
+            self._check_open()
+            self._drain()
+            prio = self._priorities.get(check_name(name))
+            if prio is None:
+                prio = Priorities(self, name, alpha=0.6 if alpha is None else alpha, eps=1e-6 if eps is None else eps,
+                                  entry=self._priority_entries.get(name))
+                self._priorities[name] = prio
+            elif alpha is not None or eps is not None:
+                prio.set_alpha(prio.alpha if alpha is None else alpha, prio.eps if eps is None else eps)
+            return prio
+
+    def update_priorities(self, indices, priorities, name: str = "default") -> int:
+        """Set the priorities (e.g. ``|TD error|``) of sampled transitions ``indices`` (``Batch.indices``)
+        for the prioritized sampler ``name``. Transitions overwritten since they were sampled are skipped;
+        returns how many were updated. Persisted at the next commit (in a read-only store: in RAM only)."""
+        with self._lock:
+            self._check_open()
+            prio = self._priorities.get(name)
+            if prio is None:
+                raise KeyError(f"no prioritized sampler named {name!r} on this store; make one with "
+                               f"store.sampler(batch_size, prioritized=True, name={name!r}) first")
+            self._drain()
+            return prio.update(indices, priorities)
+
     def sampler(self, batch_size: int, *, device=None, prefetch: int | None = None, seed: int | None = None,
                 **kwargs):
-        """An iterator of uniform batches in reused buffers (pinned, with ``non_blocking`` copies, for a CUDA
+        """An iterator of batches in reused buffers (pinned, with ``non_blocking`` copies, for a CUDA
         ``device``). ``prefetch`` batches are assembled ahead by a background thread (default: 2 for an
         accelerator device, 0 on CPU, where the thread would compete with training). With ``seed=None`` a
-        reopened store's sampler of the same ``name`` continues its committed random sequence."""
+        reopened store's sampler of the same ``name`` continues its committed random sequence.
+
+        ``prioritized=True`` draws proportionally to ``(priority + priority_eps) ** alpha`` and adds
+        ``batch.weights`` (importance weights for ``beta``); give new priorities with
+        ``sampler.update_priorities(batch.indices, td_errors.abs())``. They are committed with the store.
+        ``n_step=n, gamma=g`` turns ``reward`` into n-step returns, ``next_obs`` into the observation after
+        the window and adds ``batch.discount`` (``g ** m`` for a window of m steps)."""
         from mmreplay.sampling.sampler import Sampler
 
         return Sampler(self, batch_size, device=device, prefetch=prefetch, seed=seed, **kwargs)
@@ -422,6 +500,8 @@ class Store(WritePath):
             self._frames.close()
             for disk in self._ring.disk.values():
                 disk.close()
+            for prio in self._priorities.values():
+                prio.close()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None

@@ -35,7 +35,7 @@ class ReferenceReplay:
         self.transitions.append(dict(
             obs=self._stack(ep["frames"], j), next_obs=self._stack(ep["frames"], j + 1), action=action,
             reward=reward, terminated=bool(terminated), truncated=bool(truncated), needs=chain,
-            extras=extras or {}))
+            extras=extras or {}, episode=ep["ids"], position=j))
         ep["ended"] = bool(terminated or truncated)
 
     def _stack(self, frames, j):
@@ -45,6 +45,20 @@ class ReferenceReplay:
         if self.dict_keys:
             return {key: np.stack([frames[i][key] for i in idx]) for key in self.dict_keys}
         return np.stack([frames[i] for i in idx])
+
+    def nstep(self, g: int, n: int, gamma: float) -> dict:
+        """The n-step window of transition ``g``, walked one step at a time: stops after a terminated or
+        truncated step, or where the episode has no later transition yet."""
+        t = self.transitions[g]
+        ids = t["episode"][t["position"]:]
+        ret, m = 0.0, 0
+        for m, h in enumerate(ids[:n], start=1):
+            ret += gamma ** (m - 1) * self.transitions[h]["reward"]
+            if self.transitions[h]["terminated"] or self.transitions[h]["truncated"]:
+                break
+        last = self.transitions[ids[m - 1]]
+        return dict(reward=ret, discount=gamma ** m, last=ids[m - 1], next_obs=last["next_obs"],
+                    terminated=last["terminated"], truncated=last["truncated"])
 
     @property
     def oldest(self) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
+    from mmreplay.sampling.nstep import NStepResult
     from mmreplay.store import Store
 
 
@@ -28,6 +29,7 @@ class Batch:
     indices: torch.Tensor  # global transition ids (stable across reopen)
     extras: dict = field(default_factory=dict)
     weights: torch.Tensor | None = None  # importance-sampling weights (prioritized sampling)
+    discount: torch.Tensor | None = None  # gamma ** m for n-step returns over m steps (n_step > 1)
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
         def move(x):
@@ -52,7 +54,8 @@ class Batch:
 class BatchBuffers:
     """Preallocated host tensors for one batch (pinned when asked), with numpy views onto them."""
 
-    def __init__(self, store: "Store", batch_size: int, pin_memory: bool = False):
+    def __init__(self, store: "Store", batch_size: int, pin_memory: bool = False, *, weights: bool = False,
+                 nstep: bool = False):
         k = store.frame_stack
         self.batch_size = batch_size
 
@@ -70,10 +73,14 @@ class BatchBuffers:
             dtype = spec.np_dtype
             if spec.name == "action" and spec.shape == () and dtype.kind in "iu":
                 dtype = np.dtype(np.int64)  # discrete actions index Q-values: torch wants int64
+            if spec.name == "reward" and nstep and dtype.kind != "f":
+                dtype = np.dtype(np.float32)  # a discounted sum of integer rewards is not an integer
             self.columns[spec.name] = alloc((batch_size, *spec.shape), _torch_dtype(dtype))
         self.terminated = alloc((batch_size,), torch.bool)
         self.truncated = alloc((batch_size,), torch.bool)
         self.indices = alloc((batch_size,), torch.int64)
+        self.weights = alloc((batch_size,), torch.float32) if weights else None
+        self.discount = alloc((batch_size,), torch.float32) if nstep else None
 
     def batch(self, store: "Store") -> Batch:
         obs = {k: t for k, (t, _) in self.obs.items()}
@@ -82,16 +89,21 @@ class BatchBuffers:
             obs, next_obs = obs["obs"], next_obs["obs"]
         extras = {c.name: self.columns[c.name][0] for c in store.schema.extras}
         return Batch(obs, self.columns["action"][0], self.columns["reward"][0], next_obs, self.terminated[0],
-                     self.truncated[0], self.indices[0], extras)
+                     self.truncated[0], self.indices[0], extras,
+                     weights=self.weights[0] if self.weights is not None else None,
+                     discount=self.discount[0] if self.discount is not None else None)
 
 
-def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray, buf: BatchBuffers) -> None:
-    """Fill ``buf`` with transitions ``g`` whose frame stacks are ``obs_ids`` / ``next_ids`` (n, k)."""
+def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray, buf: BatchBuffers, *,
+             weights: np.ndarray | None = None, nstep: "NStepResult | None" = None) -> None:
+    """Fill ``buf`` with transitions ``g`` whose frame stacks are ``obs_ids`` / ``next_ids`` (n, k); with
+    ``nstep``, reward, flags and discount come from the n-step windows (``next_ids`` are then the stacks
+    after each window's last transition)."""
     frames = store._frames
     zero_pad = store.schema.stack_padding == "zeros" and store.frame_stack > 1
     for name, (obs_t, _) in buf.obs.items():
         next_t = buf.next_obs[name][0]
-        frames.gather_stacks(name, obs_ids, next_ids, obs_t, next_t)
+        frames.gather_stacks(name, obs_ids, next_ids, obs_t, next_t, shifted=nstep is None)
         if zero_pad:
             # Within an episode every position of a stack has its own frame; a frame id equal to the next
             # position's is padding before the episode's first frame.
@@ -104,8 +116,16 @@ def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.nd
     slots = ring.slot(g)
     for name, (_, out) in buf.columns.items():
         out[...] = store._encoders[name].decode(ring.read_slots(name, slots))
-    buf.terminated[1][...] = ring.read_slots("terminated", slots).view(np.bool_)
-    buf.truncated[1][...] = ring.read_slots("truncated", slots).view(np.bool_)
+    if nstep is None:
+        buf.terminated[1][...] = ring.read_slots("terminated", slots).view(np.bool_)
+        buf.truncated[1][...] = ring.read_slots("truncated", slots).view(np.bool_)
+    else:
+        buf.columns["reward"][1][...] = nstep.reward
+        buf.terminated[1][...] = nstep.terminated
+        buf.truncated[1][...] = nstep.truncated
+        buf.discount[1][...] = nstep.discount
+    if weights is not None:
+        buf.weights[1][...] = weights
     buf.indices[1][...] = g
 
 

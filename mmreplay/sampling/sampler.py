@@ -1,4 +1,5 @@
-"""Uniform sampler: random valid transitions, decoded into reused (pinned) buffers, prefetched.
+"""Sampler: random valid transitions (uniform or prioritized, optionally with n-step returns), decoded
+into reused (pinned) buffers, prefetched.
 
 Invariants:
 - Batches come out in the order the RNG drew them, so ``seed`` alone fixes the sequence (one producer
@@ -37,10 +38,20 @@ class _Slot:
 
 class Sampler:
     def __init__(self, store: "Store", batch_size: int, *, device=None, prefetch: int | None = None,
-                 seed: int | None = None, name: str = "default", pin_memory: bool | None = None):
+                 seed: int | None = None, name: str = "default", pin_memory: bool | None = None,
+                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4, priority_eps: float = 1e-6,
+                 n_step: int = 1, gamma: float = 0.99):
+        from mmreplay.sampling.nstep import check_nstep
+        from mmreplay.sampling.priorities import check_exponent, check_name
         from mmreplay.store import validate_capacity
 
         validate_capacity(batch_size, "batch_size")
+        check_name(name)
+        self.n_step, self.gamma = check_nstep(n_step, gamma)
+        if self.n_step > 1 and store.schema.reward.shape != ():
+            raise ValueError(f"n-step returns need a scalar reward column, this store's has shape "
+                             f"{store.schema.reward.shape}")
+        self._beta = check_exponent(beta, "beta")
         if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
         if prefetch is None:
@@ -55,6 +66,7 @@ class Sampler:
         self.device = torch.device(device) if device is not None else None
         self.prefetch = prefetch
         self.name = name
+        self.priorities = store.priorities(name, alpha=alpha, eps=priority_eps) if prioritized else None
         self.rng = np.random.Generator(np.random.PCG64(seed))
         saved = store._saved_sampler_state(name)
         if seed is None and saved is not None:
@@ -63,7 +75,8 @@ class Sampler:
         cuda = self.device is not None and self.device.type == "cuda"
         pin = cuda if pin_memory is None else bool(pin_memory)
         n_slots = prefetch + 2 if prefetch else 1
-        self._slots = [_Slot(BatchBuffers(store, self.batch_size, pin_memory=pin)) for _ in range(n_slots)]
+        self._slots = [_Slot(BatchBuffers(store, self.batch_size, pin_memory=pin, weights=prioritized,
+                                          nstep=self.n_step > 1)) for _ in range(n_slots)]
         self._cuda = cuda
         self._free: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
@@ -74,6 +87,25 @@ class Sampler:
         for slot in self._slots:
             self._free.put(slot)
         store._register_sampler(self)
+
+    @property
+    def beta(self) -> float:
+        """Importance-sampling exponent (anneal it by assigning; prefetched batches keep the old one)."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        from mmreplay.sampling.priorities import check_exponent
+
+        self._beta = check_exponent(value, "beta")
+
+    def update_priorities(self, indices, priorities) -> int:
+        """Set the priorities (e.g. ``|TD error|``) of transitions this sampler returned (``batch.indices``).
+        New transitions enter at the largest priority given so far. Returns how many were updated
+        (transitions overwritten since they were sampled are skipped)."""
+        if self.priorities is None:
+            raise RuntimeError("this sampler is uniform; make it with prioritized=True to update priorities")
+        return self.store.update_priorities(indices, priorities, name=self.name)
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> "Sampler":
@@ -112,7 +144,8 @@ class Sampler:
         if slot.copied is not None:
             slot.copied.synchronize()  # the previous device copy from these host buffers is done
             slot.copied = None
-        self.store.fill_batch(slot.buffers, self.rng)
+        self.store.fill_batch(slot.buffers, self.rng, priorities=self.priorities, beta=self._beta,
+                              n_step=self.n_step, gamma=self.gamma)
         slot.state_after = self.rng.bit_generator.state
 
     def _ensure_thread(self) -> None:

@@ -72,7 +72,22 @@ def read_commit(root: str) -> dict[str, Any]:
     if not isinstance(samplers, dict) or not all(valid_rng_state(v) for v in samplers.values()):
         raise FormatError(f"{path}: 'samplers' must map names to PCG64 states "
                           "({'bit_generator': 'PCG64', 'state': {'state': int, 'inc': int}, ...})")
+    priorities = record.setdefault("priorities", {})
+    if not isinstance(priorities, dict) or not all(
+            isinstance(name, str) and valid_priority_entry(entry, record["head"])
+            for name, entry in priorities.items()):
+        raise FormatError(f"{path}: 'priorities' must map names to {{'buffer': 0 or 1, 'max_priority': a finite "
+                          f"number > 0, 'head': an integer <= head}}, got {str(priorities)[:200]}")
     return record
+
+
+def valid_priority_entry(entry: Any, head: int) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    buffer, max_p, seen = entry.get("buffer"), entry.get("max_priority"), entry.get("head")
+    return buffer in (0, 1) and not isinstance(buffer, bool) and \
+        isinstance(max_p, (int, float)) and not isinstance(max_p, bool) and 0 < max_p < float("inf") and \
+        isinstance(seen, int) and not isinstance(seen, bool) and 0 <= seen <= head
 
 
 def valid_rng_state(state: Any) -> bool:

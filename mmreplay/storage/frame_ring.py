@@ -289,17 +289,18 @@ class FrameRing:
         out[...] = np.take(flat, index, axis=0, mode="clip").reshape(out.shape)
 
     def gather_stacks(self, name: str, obs_ids: np.ndarray, next_ids: np.ndarray, out_obs: torch.Tensor,
-                      out_next: torch.Tensor) -> None:
-        """``out_obs[i, j] = frame[obs_ids[i, j]]`` and likewise for ``next_ids``, where (as frame stacks
-        are) ``next_ids[:, :-1] == obs_ids[:, 1:]``: each distinct frame is looked up once, and both
-        outputs are filled straight from the cache slab."""
+                      out_next: torch.Tensor, *, shifted: bool = True) -> None:
+        """``out_obs[i, j] = frame[obs_ids[i, j]]`` and likewise for ``next_ids``. With ``shifted`` (as a
+        transition's two stacks are) ``next_ids[:, :-1] == obs_ids[:, 1:]`` and only the last column of
+        ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's) all of it. Each
+        frame is looked up once, and both outputs are filled straight from the cache slab."""
         col = self.columns[name]
         n, k = obs_ids.shape
-        union = np.concatenate([obs_ids, next_ids[:, -1:]], axis=1)
-        index = self._slab_index(col, union.reshape(-1)).reshape(n, k + 1)
+        union = np.concatenate([obs_ids, next_ids[:, -1:] if shifted else next_ids], axis=1)
+        index = self._slab_index(col, union.reshape(-1)).reshape(n, union.shape[1])
         slab = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
         flat_shape = (n * k, *col.spec.shape)
-        pairs = ((out_obs, index[:, :k]), (out_next, index[:, 1:]))
+        pairs = ((out_obs, index[:, :k]), (out_next, index[:, 1:] if shifted else index[:, k:]))
         jobs = [(slab, np.ascontiguousarray(idx).reshape(-1), out.numpy().reshape(flat_shape)) for out, idx in pairs]
         if n * k * col.spec.row_nbytes >= PARALLEL_GATHER_BYTES:
             # Big copies: both halves at once on the codec threads (numpy's take releases the GIL). Not

@@ -1,0 +1,280 @@
+"""Priorities for proportional prioritized replay: one value per ring slot, a sum tree, crash-safe on disk.
+
+Invariants (all under the store's lock):
+- ``raw[slot]`` is the priority last given to the transition in that slot (``update``), or the running
+  maximum priority at the time it was added. The tree's leaf for a slot is ``(raw + eps) ** alpha``
+  when the slot holds a valid transition of ``[oldest, head)`` as of the last ``sync``, and 0
+  otherwise, so the tree only ever draws transitions that exist.
+- ``sync`` is lazy: nothing on the add path knows about priorities. Before each draw or update the
+  transitions added since the last sync enter the tree at the maximum priority and those given up
+  (overwritten, or whose frame stack now reaches below ``oldest``) leave it.
+- On disk a set is two sharded float32 zarr arrays, ``priorities/<name>/0`` and ``/1`` (one inner chunk
+  per transition shard, indexed by slot like ``transitions/*``). A commit writes the shards changed
+  since the *other* buffer was last written, fsyncs, and only then names that buffer in the commit
+  record, so a crash at any point reopens the priorities of the last commit exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mmreplay.index.sumtree import SumTree
+from mmreplay.storage.layout import INDEX_CODEC, ArrayLayout
+from mmreplay.storage.sharded import ShardedArray
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mmreplay.store import Store
+
+PRIORITIES_GROUP = "priorities"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+INITIAL_MAX_PRIORITY = 1.0
+
+
+def check_name(name) -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ValueError(f"sampler name must be 1-64 letters, digits, '_' or '-' (it names a directory), "
+                         f"got {name!r}")
+    return name
+
+
+def check_exponent(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def buffer_layout(name: str, buffer: int, rows: int, shard_rows: int) -> ArrayLayout:
+    return ArrayLayout(f"{PRIORITIES_GROUP}/{name}/{buffer}", rows, (), "float32", shard_rows, shard_rows,
+                       INDEX_CODEC)
+
+
+class Priorities:
+    def __init__(self, store: "Store", name: str, *, alpha: float, eps: float, entry: dict | None):
+        """A priority set for the store's current ring; ``entry`` is its committed record (None: new)."""
+        ring = store._ring
+        self.store = store
+        self.name = check_name(name)
+        self.alpha = check_exponent(alpha, "alpha")
+        self.eps = check_exponent(eps, "priority_eps")
+        self.rows = ring.rows
+        self.shard_rows = ring.shard_rows
+        self.raw = np.zeros(self.rows, dtype=np.float32)
+        self.tree = SumTree(self.rows)
+        self.max_priority = INITIAL_MAX_PRIORITY
+        self.synced_head = self.synced_oldest = ring.oldest
+        # Which file shards changed since each buffer was last written (a tick per change).
+        self._tick = 0
+        self._shard_tick = np.zeros(self.rows // self.shard_rows, dtype=np.int64)
+        self._written_tick = [np.full(self._shard_tick.size, -1, dtype=np.int64) for _ in range(2)]
+        self.buffer = 1  # the committed buffer; the next commit writes the other one
+        self._arrays: dict[int, ShardedArray] = {}
+        if entry is not None:
+            self._load(entry)
+        else:
+            self.synced_head = self.synced_oldest = ring.oldest
+        self.sync()
+
+    # -- keeping the tree in step with the ring ----------------------------------------------------
+    def leaf_values(self, raw: np.ndarray) -> np.ndarray:
+        return (raw.astype(np.float64) + self.eps) ** self.alpha
+
+    def sync(self) -> None:
+        """Bring the tree up to the ring's ``[oldest, head)``: new transitions enter at the maximum
+        priority, those given up leave."""
+        ring = self.store._ring
+        if ring.rows != self.rows:
+            self._regrow(ring.rows)
+        head, oldest = ring.head, ring.oldest
+        if head == self.synced_head and oldest == self.synced_oldest:
+            return
+        gone = np.arange(self.synced_oldest, min(oldest, self.synced_head), dtype=np.int64)
+        if gone.size:
+            self.tree.update(ring.slot(gone), 0.0)
+        new = np.arange(max(self.synced_head, oldest), head, dtype=np.int64)
+        if new.size:
+            slots = ring.slot(new)
+            self.raw[slots] = self.max_priority
+            self._mark(slots)
+            self.tree.update(slots, self.leaf_values(self.raw[slots]))
+        if oldest != self.synced_oldest or new.size:
+            self._drop_stacks_below_oldest()
+        self.synced_head, self.synced_oldest = head, oldest
+
+    def _drop_stacks_below_oldest(self) -> None:
+        """Transitions just above ``oldest`` whose frame stack reaches below it are not drawable."""
+        store, ring = self.store, self.store._ring
+        k = store.frame_stack
+        if k == 1 or ring.head == ring.oldest:
+            return
+        window = min(ring.head - ring.oldest, (k - 1) * max(1, ring.max_prev_delta))
+        g = np.arange(ring.oldest, ring.oldest + window, dtype=np.int64)
+        _, _, valid = ring.stack_frames(g, k, store._frames.head)
+        if not valid.all():
+            self.tree.update(ring.slot(g[~valid]), 0.0)
+
+    def _regrow(self, rows: int) -> None:
+        """An unbounded ring doubled (slot == global id there): carry the priorities over."""
+        raw = np.zeros(rows, dtype=np.float32)
+        raw[: self.rows] = self.raw
+        self.raw, self.rows = raw, rows
+        self.tree = SumTree(rows)
+        live = np.arange(self.synced_oldest, self.synced_head, dtype=np.int64)
+        leaves = np.zeros(rows)
+        leaves[live] = self.leaf_values(raw[live])
+        self.tree.set_all(leaves)
+        n_shards = rows // self.shard_rows
+        grown = np.zeros(n_shards, dtype=np.int64)
+        grown[: self._shard_tick.size] = self._shard_tick
+        self._shard_tick = grown
+        self._written_tick = [np.full(n_shards, -1, dtype=np.int64) for _ in range(2)]  # rewrite all
+        self._drop_stacks_below_oldest()
+
+    def set_alpha(self, alpha: float, eps: float) -> None:
+        """A sampler with other exponents took this set over: recompute every leaf from ``raw``."""
+        alpha, eps = check_exponent(alpha, "alpha"), check_exponent(eps, "priority_eps")
+        if (alpha, eps) == (self.alpha, self.eps):
+            return
+        self.alpha, self.eps = alpha, eps
+        live = self.tree.leaves > 0
+        leaves = np.zeros(self.rows)
+        leaves[live] = self.leaf_values(self.raw[live])
+        self.tree.set_all(leaves)
+
+    # -- drawing and updating ---------------------------------------------------------------------
+    def draw(self, batch_size: int, rng: np.random.Generator, beta: float):
+        """``batch_size`` valid transitions drawn with probability proportional to their leaf (stratified:
+        one draw in each of ``batch_size`` equal slices of the total), their frame stacks and their
+        importance-sampling weights ``(leaf / min leaf) ** -beta`` (the largest possible weight is 1)."""
+        store, ring = self.store, self.store._ring
+        self.sync()
+        for _ in range(1000):
+            total = self.tree.total
+            if total <= 0:
+                raise ValueError("cannot sample from an empty store (no valid transitions yet)")
+            u = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
+            slots = self.tree.find(u)
+            for _ in range(100):  # redraw the rare float-rounding misses and stacks that reach below oldest
+                leaf = self.tree.leaves[slots]
+                g = self._global_ids(slots)
+                obs_ids, next_ids, valid = ring.stack_frames(g, store.frame_stack, store._frames.head)
+                bad = ~valid | (leaf <= 0)
+                if not bad.any():
+                    weights = (leaf / self.tree.min_positive) ** -beta
+                    return g, obs_ids, next_ids, weights
+                drop = slots[~valid & (leaf > 0)]
+                if drop.size:
+                    self.tree.update(drop, 0.0)
+                    break  # the total changed: draw the whole batch again so it stays stratified
+                slots[bad] = self.tree.find(rng.random(int(bad.sum())) * self.tree.total)
+        raise RuntimeError("could not draw valid transitions from the priority tree (index inconsistent?)")
+
+    def _global_ids(self, slots: np.ndarray) -> np.ndarray:
+        ring = self.store._ring
+        if ring.capacity is None:
+            return slots.astype(np.int64)
+        last = ring.head - 1
+        return last - (last - slots) % ring.rows
+
+    def update(self, indices, priorities) -> int:
+        """Set the priorities of transitions ``indices`` (global ids, as in ``Batch.indices``). Ids the
+        ring gave up since they were sampled are skipped. Returns how many were updated."""
+        g = _as_ids(indices)
+        p = _as_priorities(priorities, g.size)
+        ring = self.store._ring
+        if g.size and (int(g.min()) < 0 or int(g.max()) >= ring.head):
+            bad = g[(g < 0) | (g >= ring.head)][:8].tolist()
+            raise IndexError(f"transition ids {bad} were never added (ids lie in [0, {ring.head}))")
+        self.sync()
+        keep = g >= ring.oldest
+        g, p = g[keep], p[keep]
+        if g.size == 0:
+            return 0
+        slots = ring.slot(g)
+        drawable = self.tree.leaves[slots] > 0  # stacks that reach below oldest stay out of the tree
+        self.raw[slots] = p
+        self._mark(slots)
+        self.tree.update(slots[drawable], self.leaf_values(p[drawable]))
+        self.max_priority = max(self.max_priority, float(p.max()))
+        return int(g.size)
+
+    def _mark(self, slots: np.ndarray) -> None:
+        self._tick += 1
+        self._shard_tick[slots // self.shard_rows] = self._tick
+
+    # -- persistence ------------------------------------------------------------------------------
+    def _array(self, buffer: int) -> ShardedArray:
+        arr = self._arrays.get(buffer)
+        if arr is None or arr.layout.rows != self.rows:
+            arr = ShardedArray(self.store.path, buffer_layout(self.name, buffer, self.rows, self.shard_rows))
+            self._arrays[buffer] = arr
+        return arr
+
+    def write(self) -> tuple[dict, list[str]]:
+        """Write the shards the other buffer lacks; returns the record entry naming it and the files
+        written (to fsync before the commit record names them)."""
+        self.sync()
+        target = 1 - self.buffer
+        arr = self._array(target)
+        self.store._ensure_priority_arrays(self.name, self.rows, self.shard_rows)
+        stale = np.flatnonzero(self._shard_tick > self._written_tick[target])
+        written = [arr.write_shard(int(s), self.raw[s * self.shard_rows:(s + 1) * self.shard_rows], self.shard_rows)
+                   for s in stale]
+        self._written_tick[target][:] = self._tick
+        self.buffer = target
+        return self.entry(), written
+
+    def changed(self) -> bool:
+        """Does the committed buffer lack anything (updates, or transitions the tree has not seen)?"""
+        return self.synced_head != self.store._ring.head or \
+            bool((self._shard_tick > self._written_tick[self.buffer]).any()) or \
+            self.store._priority_entries.get(self.name) != self.entry()
+
+    def entry(self) -> dict:
+        return {"buffer": self.buffer, "max_priority": self.max_priority, "head": self.synced_head}
+
+    def _load(self, entry: dict) -> None:
+        """Read the committed buffer; transitions the set had not seen yet enter at the max priority."""
+        ring = self.store._ring
+        self.buffer = entry["buffer"]
+        self.max_priority = entry["max_priority"]
+        # every shard: one never written reads as zeros (zarr's fill value)
+        self.raw[:] = self._array(self.buffer).read_rows(0, self.rows)
+        self._written_tick[self.buffer][:] = 0  # that buffer holds exactly raw
+        live_hi = min(entry["head"], ring.head)
+        live = np.arange(ring.oldest, max(ring.oldest, live_hi), dtype=np.int64)
+        leaves = np.zeros(self.rows)
+        if live.size:
+            leaves[ring.slot(live)] = self.leaf_values(self.raw[ring.slot(live)])
+        self.tree.set_all(leaves)
+        self.synced_oldest = ring.oldest
+        self.synced_head = max(ring.oldest, live_hi)
+        self._drop_stacks_below_oldest()
+
+    def close(self) -> None:
+        for arr in self._arrays.values():
+            arr.close()
+
+
+def _as_ids(indices) -> np.ndarray:
+    if hasattr(indices, "detach"):
+        indices = indices.detach().cpu().numpy()
+    g = np.asarray(indices)
+    if g.dtype.kind not in "iu":
+        raise TypeError(f"indices must be integer transition ids (Batch.indices), got dtype {g.dtype}")
+    return g.astype(np.int64).reshape(-1)
+
+
+def _as_priorities(priorities, n: int) -> np.ndarray:
+    if hasattr(priorities, "detach"):
+        priorities = priorities.detach().cpu().numpy()
+    p = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    if p.size != n:
+        raise ValueError(f"got {p.size} priorities for {n} indices (expected one priority per index)")
+    if p.size and (not np.isfinite(p).all() or p.min() < 0):
+        bad = p[~np.isfinite(p) | (p < 0)][:8].tolist()
+        raise ValueError(f"priorities must be finite and >= 0, got {bad}")
+    return p.astype(np.float32)
