@@ -5,6 +5,8 @@
     mmreplay plot PATH [--out FILE.png]
     mmreplay bench [--n N]
     mmreplay demo [--out DIR]
+    mmreplay export PATH OUT --format minari|d4rl|d3rlpy [--episodes 0:100] [--include-partial]
+    mmreplay import SRC PATH --format minari|d4rl|d3rlpy [--capacity N] [--frame-stack K]
 """
 
 from __future__ import annotations
@@ -97,6 +99,52 @@ def cmd_demo(args) -> int:
     return demo.main(["--out", args.out])
 
 
+def _episode_selection(text: str | None):
+    """``"0:100"`` / ``":10"`` / ``"-5:"`` -> a slice; ``"3,5,7"`` -> positions; None -> everything."""
+    if text is None:
+        return None
+    try:
+        if ":" in text:
+            parts = [int(p) if p.strip() else None for p in text.split(":")]
+            if len(parts) > 3:
+                raise ValueError
+            return slice(*parts)
+        return [int(p) for p in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--episodes {text!r}: expected a slice like 0:100 or positions like 3,5,7") from None
+
+
+def _print_summary(summary: dict) -> None:
+    for note in summary.pop("notes", []):
+        print(f"note: {note}", file=sys.stderr)
+    print(json.dumps(summary))
+
+
+def cmd_export(args) -> int:
+    from mmreplay.datasets import export_dataset
+
+    kwargs = {"include_partial": args.include_partial, "episodes": _episode_selection(args.episodes),
+              "block_rows": args.block_rows, "progress": Progress(f"exporting to {args.format}")}
+    if args.format == "minari":
+        kwargs["dataset_id"] = args.dataset_id
+    elif args.dataset_id:
+        raise ValueError("--dataset-id applies to --format minari only")
+    _print_summary(export_dataset(args.path, args.out, args.format, **kwargs))
+    return 0
+
+
+def cmd_import(args) -> int:
+    from mmreplay.datasets import import_dataset
+
+    kwargs = {"capacity": args.capacity, "frame_stack": args.frame_stack, "progress": Progress("importing")}
+    if args.reward_values:
+        kwargs["reward_values"] = [float(v) for v in args.reward_values.split(",")]
+    if args.format != "minari":
+        kwargs["block_rows"] = args.block_rows
+    _print_summary(import_dataset(args.src, args.path, args.format, **kwargs))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mmreplay", description="RL replay stores on disk.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,10 +165,33 @@ def main(argv=None) -> int:
     p = sub.add_parser("demo", help="train a DQN on CartPole into a store, stop, resume, report")
     p.add_argument("--out", default="demo_out")
     p.set_defaults(func=cmd_demo)
+    formats = ("minari", "d4rl", "d3rlpy")
+    p = sub.add_parser("export", help="write a store's episodes as a Minari, D4RL-style or d3rlpy dataset",
+                       description="Lossless: observations are the stored frames, bit for bit (see docs/datasets.md).")
+    p.add_argument("path", help="the store")
+    p.add_argument("out", help="minari: a new dataset directory (<minari root>/<id> for minari.load_dataset); "
+                               "d4rl, d3rlpy: a new .hdf5 file")
+    p.add_argument("--format", required=True, choices=formats)
+    p.add_argument("--episodes", help="which episodes, by position among the exported ones: 0:100 or 3,5,7")
+    p.add_argument("--include-partial", action="store_true",
+                   help="also episodes whose start the ring overwrote (from their first readable step) and "
+                        "unfinished ones")
+    p.add_argument("--dataset-id", help="minari: the dataset id (default: from OUT)")
+    p.add_argument("--block-rows", type=int, default=4096, help="transitions read per block (bounds memory)")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("import", help="make a new store from a Minari, D4RL-style or d3rlpy dataset")
+    p.add_argument("src", help="minari: dataset directory or id; d4rl, d3rlpy: an .hdf5 file")
+    p.add_argument("path", help="the new store (must not exist)")
+    p.add_argument("--format", required=True, choices=formats)
+    p.add_argument("--capacity", type=int, help="transitions kept (default: unbounded)")
+    p.add_argument("--frame-stack", type=int, help="default: the exported store's, else 1")
+    p.add_argument("--reward-values", help="comma-separated clipped reward values to bit-pack, e.g. -1,0,1")
+    p.add_argument("--block-rows", type=int, default=4096, help="rows read per block (bounds memory)")
+    p.set_defaults(func=cmd_import)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (MMReplayError, FileExistsError, ValueError) as exc:
+    except (MMReplayError, FileExistsError, FileNotFoundError, ValueError, ImportError) as exc:
         print(f"mmreplay {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,53 @@
+"""Offline-RL datasets: export a store to Minari, D4RL-style HDF5 or d3rlpy, and import them back.
+
+Every exporter reads episodes through ``episodes.py`` (episode links, single frames, bounded blocks);
+every importer writes through ``importing.py`` (a new store, episodes in order, bounded blocks). Each
+format module states what its format can and cannot hold. Optional dependencies (minari, h5py) are
+imported only when a format needs them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+FORMATS = ("minari", "d4rl", "d3rlpy")
+
+
+def _check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown dataset format {fmt!r}: expected one of {list(FORMATS)}")
+    return fmt
+
+
+def export_dataset(store, out, format: str, **kwargs) -> dict[str, Any]:
+    """Export ``store`` (a Store, or the path of one, opened read-only) to ``out`` in ``format``.
+    Keyword arguments go to ``export_minari`` / ``export_d4rl`` / ``export_d3rlpy``."""
+    _check_format(format)
+    if isinstance(store, (str, os.PathLike)):
+        from mmreplay.store import Store
+
+        with Store.open(store, mode="r") as opened:
+            return export_dataset(opened, out, format, **kwargs)
+    if format == "minari":
+        from mmreplay.datasets.minari import export_minari
+        return export_minari(store, out, **kwargs)
+    if format == "d4rl":
+        from mmreplay.datasets.d4rl import export_d4rl
+        return export_d4rl(store, out, **kwargs)
+    from mmreplay.datasets.d3rlpy import export_d3rlpy
+    return export_d3rlpy(store, out, **kwargs)
+
+
+def import_dataset(src, path, format: str, **kwargs) -> dict[str, Any]:
+    """Make a new store at ``path`` from the dataset ``src`` in ``format``. Keyword arguments go to the
+    format's importer and on to ``Store.create`` (``capacity``, ``frame_stack``, ``reward_values``...)."""
+    _check_format(format)
+    if format == "minari":
+        from mmreplay.datasets.minari import import_minari
+        return import_minari(src, path, **kwargs)
+    if format == "d4rl":
+        from mmreplay.datasets.d4rl import import_d4rl
+        return import_d4rl(src, path, **kwargs)
+    from mmreplay.datasets.d3rlpy import import_d3rlpy
+    return import_d3rlpy(src, path, **kwargs)

@@ -1,0 +1,232 @@
+"""d3rlpy ``ReplayBuffer`` HDF5 files (``ReplayBuffer.dump`` / ``ReplayBuffer.load``, dataset version 2.1)
+to and from a store, written and read with h5py (d3rlpy itself is only needed to load them into d3rlpy).
+
+Invariants:
+- Layout as d3rlpy's ``dataset/io.py`` writes it: ``columns`` = [observations, actions, rewards,
+  terminated], ``num_episodes``, ``version`` = "2.1", and per episode ``i``: ``observations_i`` (``M``
+  rows; Dict observations as a tuple ``observations_i_j``, one per key in the store's key order),
+  ``actions_i`` (``(M, 1)`` for a scalar action), ``rewards_i`` (``(M, 1)`` float32), ``terminated_i``.
+- d3rlpy semantics: a terminated episode of ``M`` rows has ``M`` transitions (the last one's next
+  observation is zeros in d3rlpy); any other episode has ``M - 1`` (the last row only supplies the next
+  observation). So export writes a terminated episode of ``N`` steps as ``N`` rows, and a truncated one
+  as ``N + 1`` rows whose last row is the final observation with a zero action and reward (ignored by
+  d3rlpy's transition pickers). The final observation of a terminated episode has no place in d3rlpy's
+  columns: it goes to ``mmreplay_final_observation_i`` (ignored by d3rlpy), and import reads it back, so
+  a round trip is exact; a foreign file's terminal next observation is zeros, as d3rlpy uses.
+- Streaming: each episode's datasets are resizable and written ``block_rows`` at a time; import reads
+  ``block_rows`` rows at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mmreplay.datasets.d4rl import _h5py
+from mmreplay.datasets.episodes import iter_pieces, list_episodes
+from mmreplay.datasets.importing import (
+    EpisodeWriter,
+    export_metadata,
+    parse_metadata,
+    spaces_from_metadata,
+    store_options,
+)
+
+VERSION = "2.1"
+COLUMNS = ["observations", "actions", "rewards", "terminated"]
+
+
+def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequence[int] | slice | None = None,
+                  block_rows: int = 4096, progress=None) -> dict[str, Any]:
+    """Write the store's episodes to ``out`` (must not exist) in d3rlpy's ReplayBuffer HDF5 layout."""
+    h5py = _h5py()
+    out = os.fspath(out)
+    if os.path.exists(out):
+        raise FileExistsError(f"cannot export to {out!r}: the file exists")
+    listing = list_episodes(store, include_partial=include_partial, select=episodes)
+    keys = [s.name for s in store.schema.observations]
+    dict_obs = store.schema.dict_obs
+    obs_specs = {s.name: (tuple(s.shape), s.np_dtype) for s in store.schema.observations}
+    act_shape = store.action_space.shape or (1,)
+    act_dtype = np.dtype(store.action_space.dtype)
+    tmp = out + ".partial"
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("columns", data=COLUMNS)
+        f.create_dataset("num_episodes", data=len(listing.episodes))
+        f.create_dataset("version", data=VERSION)
+        f.attrs["mmreplay"] = json.dumps({**export_metadata(store, listing), "observation_keys": keys})
+        cols: dict[str, Any] = {}
+        rows = 0
+
+        def grow(name, values):
+            ds = cols[name]
+            ds.resize(ds.shape[0] + values.shape[0], axis=0)
+            ds[ds.shape[0] - values.shape[0]:] = np.ascontiguousarray(values)
+
+        for piece in iter_pieces(store, listing.episodes, block_rows, progress):
+            i = piece.episode
+            if piece.start:
+                cols, rows = {}, 0
+                for j, k in enumerate(keys):
+                    name = f"observations_{i}_{j}" if dict_obs else f"observations_{i}"
+                    shape, dtype = obs_specs[k]
+                    cols[k] = f.create_dataset(name, (0, *shape), dtype=dtype, maxshape=(None, *shape),
+                                               chunks=(max(1, min(block_rows, (1 << 20) // max(1, dtype.itemsize * int(np.prod(shape))))), *shape))
+                cols["actions"] = f.create_dataset(f"actions_{i}", (0, *act_shape), dtype=act_dtype,
+                                                   maxshape=(None, *act_shape), chunks=True)
+                cols["rewards"] = f.create_dataset(f"rewards_{i}", (0, 1), dtype=np.float32, maxshape=(None, 1),
+                                                   chunks=True)
+            for k in keys:
+                grow(k, piece.obs[k])
+            grow("actions", piece.action.reshape(len(piece), *act_shape))
+            grow("rewards", piece.reward.astype(np.float32).reshape(-1, 1))
+            rows += len(piece)
+            if piece.end:
+                terminated = bool(piece.terminated[-1])
+                if terminated:
+                    for j, k in enumerate(keys):
+                        name = f"mmreplay_final_observation_{i}_{j}" if dict_obs else f"mmreplay_final_observation_{i}"
+                        f.create_dataset(name, data=piece.next_obs[k][-1])
+                else:  # the final observation as one more row: d3rlpy's next observation of the last step
+                    for k in keys:
+                        grow(k, piece.next_obs[k][-1:])
+                    grow("actions", np.zeros((1, *act_shape), act_dtype))
+                    grow("rewards", np.zeros((1, 1), np.float32))
+                f.create_dataset(f"terminated_{i}", data=np.bool_(terminated))
+    os.replace(tmp, out)
+    return {"format": "d3rlpy", "path": out, "episodes": len(listing.episodes), "steps": listing.steps,
+            "notes": listing.notes}
+
+
+def _episode_obs(f, i: int, keys: list[str] | None):
+    """The observation dataset(s) of episode ``i``: one dataset, or a dict key -> dataset (tuple obs)."""
+    if f"observations_{i}" in f:
+        return f[f"observations_{i}"]
+    parts = []
+    while f"observations_{i}_{len(parts)}" in f:
+        parts.append(f[f"observations_{i}_{len(parts)}"])
+    if not parts:
+        raise ValueError(f"episode {i}: no 'observations_{i}' dataset (nor tuple parts 'observations_{i}_0'...)")
+    names = keys or [f"obs_{j}" for j in range(len(parts))]
+    if len(names) != len(parts):
+        raise ValueError(f"episode {i}: {len(parts)} observation parts, but the metadata names {len(names)} keys")
+    return dict(zip(names, parts))
+
+
+def infer_spaces(f, keys):
+    from gymnasium import spaces
+
+    def box(ds):
+        if ds.dtype == np.uint8:
+            return spaces.Box(0, 255, ds.shape[1:], np.uint8)
+        return spaces.Box(-np.inf, np.inf, ds.shape[1:], ds.dtype)
+
+    n = int(f["num_episodes"][()])
+    if n == 0:
+        raise ValueError("a d3rlpy file without episodes has no shapes to infer the spaces from; pass "
+                         "observation_space and action_space")
+    obs = _episode_obs(f, 0, keys)
+    obs_space = spaces.Dict({k: box(v) for k, v in obs.items()}) if isinstance(obs, dict) else box(obs)
+    act = f["actions_0"]
+    if act.dtype.kind in "iu" and act.shape[1:] in ((), (1,)):
+        hi = max(int(np.max(f[f"actions_{i}"][()], initial=0)) for i in range(n))
+        act_space = spaces.Discrete(hi + 1)
+    else:
+        act_space = spaces.Box(-np.inf, np.inf, act.shape[1:], act.dtype)
+    return obs_space, act_space
+
+
+def import_d3rlpy(src, path, *, observation_space=None, action_space=None, block_rows: int = 4096, progress=None,
+                  **store_kwargs) -> dict[str, Any]:
+    """A new store at ``path`` from a d3rlpy ReplayBuffer HDF5 file (see the module invariants)."""
+    h5py = _h5py()
+    src = os.fspath(src)
+    with h5py.File(src, "r") as f:
+        missing = [k for k in ("columns", "num_episodes", "version") if k not in f]
+        if missing:
+            raise ValueError(f"{src!r} is not a d3rlpy ReplayBuffer file: missing {missing} (found "
+                             f"{sorted(f.keys())[:10]})")
+        version = f["version"][()]
+        version = version.decode() if isinstance(version, bytes) else str(version)
+        if version != VERSION:
+            raise ValueError(f"{src!r}: d3rlpy dataset version {version!r}, expected {VERSION!r}")
+        meta = parse_metadata(f.attrs.get("mmreplay"))
+        keys = meta.get("observation_keys") if meta.get("observation_keys") != ["obs"] else None
+        n_eps = int(f["num_episodes"][()])
+        obs_space, act_space = spaces_from_metadata(meta)
+        if observation_space is None or action_space is None:
+            inferred = (obs_space, act_space) if obs_space is not None else infer_spaces(f, keys)
+            observation_space = observation_space or inferred[0]
+            action_space = action_space or inferred[1]
+        total = sum(int(f[f"rewards_{i}"].shape[0]) for i in range(n_eps))
+        writer = EpisodeWriter(path, observation_space, action_space, store_options(meta, store_kwargs), progress,
+                               total)
+        try:
+            for i in range(n_eps):
+                _import_episode(f, i, keys, writer, observation_space, action_space, block_rows)
+        finally:
+            store = writer.close()
+    return {"format": "d3rlpy", "path": store.path, "episodes": writer.episodes, "steps": writer.steps}
+
+
+def _import_episode(f, i, keys, writer, obs_space, act_space, block_rows) -> None:
+    obs = _episode_obs(f, i, keys)
+    first = next(iter(obs.values())) if isinstance(obs, dict) else obs
+    m = first.shape[0]
+    for name in (f"actions_{i}", f"rewards_{i}", f"terminated_{i}"):
+        if name not in f:
+            raise ValueError(f"d3rlpy file: episode {i} has no {name!r} dataset")
+    if f[f"actions_{i}"].shape[0] != m or f[f"rewards_{i}"].shape[0] != m:
+        raise ValueError(f"d3rlpy file: episode {i} has {m} observation rows but {f[f'actions_{i}'].shape[0]} "
+                         f"actions and {f[f'rewards_{i}'].shape[0]} rewards")
+    spaces_by_key = obs_space.spaces if isinstance(obs, dict) else {None: obs_space}
+    for k, ds in (obs.items() if isinstance(obs, dict) else [(None, obs)]):
+        if k not in spaces_by_key or tuple(ds.shape[1:]) != tuple(spaces_by_key[k].shape):
+            want = spaces_by_key.get(k)
+            raise ValueError(f"d3rlpy file: episode {i} observations{'' if k is None else f'[{k!r}]'} have shape "
+                             f"{ds.shape[1:]} per row, the observation space expects "
+                             f"{None if want is None else want.shape}")
+    terminated = bool(f[f"terminated_{i}"][()])
+    steps = m if terminated else m - 1  # d3rlpy: a non-terminal last row only supplies the next observation
+    if steps <= 0:
+        return  # a single observation without a transition: nothing to store
+    final = None
+    if terminated:
+        if isinstance(obs, dict):
+            names = [f"mmreplay_final_observation_{i}_{j}" for j in range(len(obs))]
+            final = {k: f[nm][()][None] if nm in f else np.zeros((1, *ds.shape[1:]), ds.dtype)
+                     for (k, ds), nm in zip(obs.items(), names)}
+        else:
+            nm = f"mmreplay_final_observation_{i}"
+            final = f[nm][()][None] if nm in f else np.zeros((1, *obs.shape[1:]), obs.dtype)
+
+    def rows(lo, hi):
+        return {k: v[lo:hi] for k, v in obs.items()} if isinstance(obs, dict) else obs[lo:hi]
+
+    for lo in range(0, steps, block_rows):
+        hi = min(steps, lo + block_rows)
+        o = rows(lo, min(m, hi + 1))
+        if hi + 1 <= m:
+            cur = {k: v[: hi - lo] for k, v in o.items()} if isinstance(o, dict) else o[: hi - lo]
+            nxt = {k: v[1:] for k, v in o.items()} if isinstance(o, dict) else o[1:]
+        else:  # a terminated episode's last step: its next observation is the stored final one (or zeros)
+            cur = o
+            if isinstance(o, dict):
+                nxt = {k: np.concatenate([v[1:], final[k]]) for k, v in o.items()}
+            else:
+                nxt = np.concatenate([o[1:], final])
+        act = f[f"actions_{i}"][lo:hi]
+        if act_space.shape == () and act.ndim == 2 and act.shape[1] == 1:
+            act = act[:, 0]
+        rew = np.asarray(f[f"rewards_{i}"][lo:hi], dtype=np.float32).reshape(-1)
+        end = hi == steps
+        term = np.zeros(hi - lo, bool)
+        trunc = np.zeros(hi - lo, bool)
+        if end:
+            term[-1] = terminated
+            trunc[-1] = not terminated
+        writer.write(cur, act, rew, nxt, term, trunc, end=end)

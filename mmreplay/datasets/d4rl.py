@@ -1,0 +1,197 @@
+"""D4RL-style flat HDF5 (``observations``, ``actions``, ``rewards``, ``terminals``, ``timeouts``,
+``next_observations``) to and from a store.
+
+Invariants:
+- One row per step, episodes one after another, each in step order. ``terminals`` = terminated,
+  ``timeouts`` = truncated; ``next_observations[i]`` is the step's true next observation (for the last
+  step of an episode: its final observation). So ``observations[i + 1] == next_observations[i]``
+  within an episode, and D4RL's ``qlearning_dataset`` (next obs = ``observations[i + 1]``, timeout rows
+  and the file's last row dropped) gives the store's transitions minus exactly the rows it drops.
+- Import with ``next_observations``: every row is a transition, lossless. Without it (original D4RL
+  files), rows are read as ``qlearning_dataset`` reads them: next obs = ``observations[i + 1]``; a
+  ``timeouts`` row has no known next observation and is dropped, and the step before it becomes the
+  episode's last, marked truncated; the file's last row is dropped unless it has a next observation.
+- Streaming: rows are read and written ``block_rows`` at a time (datasets are chunked and resizable).
+- Dict observations have no flat form here: refused, naming the keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mmreplay.datasets.episodes import iter_pieces, list_episodes
+from mmreplay.datasets.importing import (
+    EpisodeWriter,
+    export_metadata,
+    parse_metadata,
+    spaces_from_metadata,
+    store_options,
+)
+
+KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise ImportError("D4RL/d3rlpy HDF5 export/import needs h5py; pip install 'mmreplay[d4rl]'") from None
+    return h5py
+
+
+def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence[int] | slice | None = None,
+                block_rows: int = 4096, progress=None, compression: str | None = None) -> dict[str, Any]:
+    """Write the store's episodes to the flat HDF5 file ``out`` (which must not exist)."""
+    h5py = _h5py()
+    out = os.fspath(out)
+    if store.schema.dict_obs:
+        raise ValueError(f"D4RL-style files hold one observation array; this store has Dict observations "
+                         f"(keys {[s.name for s in store.schema.observations]}): export it as minari or d3rlpy")
+    if os.path.exists(out):
+        raise FileExistsError(f"cannot export to {out!r}: the file exists")
+    listing = list_episodes(store, include_partial=include_partial, select=episodes)
+    obs_shape = store.observation_space.shape
+    obs_dtype = np.dtype(store.observation_space.dtype)
+    act_shape, act_dtype = store.action_space.shape, np.dtype(store.action_space.dtype)
+    chunk = max(1, min(block_rows, (1 << 20) // max(1, obs_dtype.itemsize * int(np.prod(obs_shape)))))
+    tmp = out + ".partial"
+    with h5py.File(tmp, "w") as f:
+        def column(name, shape, dtype):
+            return f.create_dataset(name, (0, *shape), dtype=dtype, maxshape=(None, *shape),
+                                    chunks=(chunk, *shape), compression=compression)
+        cols = {"observations": column("observations", obs_shape, obs_dtype),
+                "next_observations": column("next_observations", obs_shape, obs_dtype),
+                "actions": column("actions", act_shape, act_dtype),
+                "rewards": column("rewards", (), np.float32),
+                "terminals": column("terminals", (), np.bool_), "timeouts": column("timeouts", (), np.bool_)}
+        f.attrs["mmreplay"] = json.dumps(export_metadata(store, listing))
+        n = 0
+        for piece in iter_pieces(store, listing.episodes, block_rows, progress):
+            m = len(piece)
+            timeouts = piece.truncated.copy()
+            if piece.end and not (piece.terminated[-1] or piece.truncated[-1]):
+                timeouts[-1] = True  # an unfinished episode (include_partial): the only way to end it here
+            for name, values in (("observations", piece.obs["obs"]), ("next_observations", piece.next_obs["obs"]),
+                                 ("actions", piece.action), ("rewards", piece.reward),
+                                 ("terminals", piece.terminated), ("timeouts", timeouts)):
+                cols[name].resize(n + m, axis=0)
+                cols[name][n:n + m] = np.ascontiguousarray(values)
+            n += m
+    os.replace(tmp, out)
+    return {"format": "d4rl", "path": out, "episodes": len(listing.episodes), "steps": listing.steps,
+            "notes": listing.notes}
+
+
+def infer_spaces(f, meta):
+    """The store spaces for a D4RL file: from an mmreplay export's metadata, else from the arrays
+    (uint8 observations: Box(0, 255); float: unbounded Box; integer scalar actions: Discrete(max + 1))."""
+    from gymnasium import spaces
+
+    obs_space, act_space = spaces_from_metadata(meta)
+    if obs_space is not None:
+        return obs_space, act_space
+    obs = f["observations"]
+    if obs.dtype == np.uint8:
+        obs_space = spaces.Box(0, 255, obs.shape[1:], np.uint8)
+    else:
+        obs_space = spaces.Box(-np.inf, np.inf, obs.shape[1:], obs.dtype)
+    act = f["actions"]
+    if act.dtype.kind in "iu" and act.shape[1:] in ((), (1,)):
+        hi = max((int(np.max(act[i:i + 1 << 20])) for i in range(0, act.shape[0], 1 << 20)), default=0)
+        act_space = spaces.Discrete(hi + 1)
+    else:
+        act_space = spaces.Box(-np.inf, np.inf, act.shape[1:], act.dtype)
+    return obs_space, act_space
+
+
+def import_d4rl(src, path, *, observation_space=None, action_space=None, block_rows: int = 4096, progress=None,
+                **store_kwargs) -> dict[str, Any]:
+    """A new store at ``path`` from the D4RL-style file ``src`` (see the module invariants)."""
+    h5py = _h5py()
+    src = os.fspath(src)
+    with h5py.File(src, "r") as f:
+        missing = [k for k in KEYS if k not in f and k != "timeouts"]
+        if missing:
+            raise ValueError(f"{src!r} is not a D4RL-style file: missing dataset(s) {missing} (expected "
+                             f"{list(KEYS)} and optionally 'next_observations'; found {sorted(f.keys())})")
+        n = f["observations"].shape[0]
+        for k in ("actions", "rewards", "terminals", "timeouts", "next_observations"):
+            if k in f and f[k].shape[0] != n:
+                raise ValueError(f"{src!r}: {k!r} has {f[k].shape[0]} rows, 'observations' has {n}")
+        meta = parse_metadata(f.attrs.get("mmreplay"))
+        obs_space, act_space = infer_spaces(f, meta)
+        obs_space, act_space = observation_space or obs_space, action_space or act_space
+        if tuple(f["observations"].shape[1:]) != tuple(obs_space.shape):
+            raise ValueError(f"{src!r}: observations have shape {f['observations'].shape[1:]} per row, the "
+                             f"observation space {obs_space} expects {obs_space.shape}")
+        has_next = "next_observations" in f
+        writer = EpisodeWriter(path, obs_space, act_space, store_options(meta, store_kwargs), progress, n)
+        try:
+            _import_rows(f, n, has_next, writer, block_rows, squeeze_action=act_space.shape == ())
+        finally:
+            store = writer.close()
+    return {"format": "d4rl", "path": store.path, "episodes": writer.episodes, "steps": writer.steps,
+            "next_observations": has_next}
+
+
+def _import_rows(f, n: int, has_next: bool, writer: EpisodeWriter, block_rows: int, squeeze_action: bool) -> None:
+    timeouts_ds = f.get("timeouts")
+    for lo in range(0, n, block_rows):
+        hi = min(n, lo + block_rows)
+        ahead = min(n, hi + 1)  # one row of look-ahead: the next observation of the block's last row
+        obs = f["observations"][lo:ahead]
+        act = f["actions"][lo:hi]
+        if squeeze_action and act.ndim == 2 and act.shape[1] == 1:
+            act = act[:, 0]
+        rew = np.asarray(f["rewards"][lo:hi], dtype=np.float32).reshape(-1)
+        term = np.asarray(f["terminals"][lo:hi]).reshape(-1).astype(bool)
+        timeout = np.asarray(timeouts_ds[lo:ahead]).reshape(-1).astype(bool) if timeouts_ds is not None else \
+            np.zeros(ahead - lo, bool)
+        trunc = timeout[: hi - lo].copy()
+        if has_next:
+            nxt = f["next_observations"][lo:hi]
+            keep = np.ones(hi - lo, bool)
+        else:
+            nxt = obs[1:]
+            keep = ~trunc  # qlearning_dataset: a timeout row's next observation is unknown: dropped
+            if hi == n:
+                keep[-1] = False  # the file's last row has no next observation either
+                nxt = np.concatenate([nxt, obs[-1:]])
+            # The step before a dropped timeout row becomes its episode's last step: truncated.
+            before = np.flatnonzero(timeout[1:])
+            before = before[before < hi - lo]
+            before = before[~(term[before] | trunc[before])]
+            trunc[before] = True
+        _write_episodes(writer, obs[: hi - lo][keep], act[keep], rew[keep], nxt[keep], term[keep], trunc[keep],
+                        last_block=hi == n)
+
+
+def _write_episodes(writer, obs, act, rew, nxt, term, trunc, *, last_block: bool) -> None:
+    """Rows of one or more consecutive episodes: split after each terminated/truncated row. The rows after
+    the last end continue in the next block (or, in the last block, form an unfinished episode)."""
+    ends = (np.flatnonzero(term | trunc) + 1).tolist()
+    lo = 0
+    for hi in ends:
+        writer.write(obs[lo:hi], act[lo:hi], rew[lo:hi], nxt[lo:hi], term[lo:hi], trunc[lo:hi], end=True)
+        lo = hi
+    rest = obs.shape[0]
+    if rest > lo:
+        writer.write(obs[lo:], act[lo:], rew[lo:], nxt[lo:], term[lo:], trunc[lo:], end=last_block)
+
+
+def qlearning_dataset(f) -> dict[str, np.ndarray]:
+    """D4RL's ``qlearning_dataset(env, dataset, terminate_on_end=False)`` on an open file, as d4rl 1.1
+    implements it (with a ``timeouts`` field): for ``i`` in ``range(N - 1)``, skip the row if it is a
+    timeout, else emit ``(observations[i], actions[i], rewards[i], observations[i + 1], terminals[i])``.
+    Whole-file, for checks and small files only."""
+    obs = f["observations"][()]
+    act, rew = f["actions"][()], f["rewards"][()]
+    term, timeouts = f["terminals"][()].astype(bool), f["timeouts"][()].astype(bool)
+    rows = np.flatnonzero(~timeouts[:-1])
+    return {"observations": obs[rows], "actions": act[rows], "next_observations": obs[rows + 1],
+            "rewards": rew[rows], "terminals": term[rows]}

@@ -1,0 +1,130 @@
+"""Writing episodes from a dataset into a new store: the one write path every importer uses.
+
+Invariants:
+- The store is created only after the source's spaces and first episode were read and checked, at a
+  path that must not exist yet (``Store.create`` refuses otherwise); nothing existing is touched. A
+  failure part way leaves a store holding the episodes written before it, closed cleanly.
+- Each episode is written in order with ``Store.extend``, in pieces of any size: a piece continues its
+  episode because its first observation equals the previous piece's last next observation, bit for bit
+  (the store's own linking rule). An episode that ends without terminated/truncated (unfinished) moves the
+  writer to a fresh stream, so the next episode can never be linked onto it by accident.
+- Values are checked by the store (shape, dtype, range) before anything of a piece is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from mmreplay.columns.spaces import space_from_json, space_to_json
+
+ProgressFn = Callable[[int, int], None]
+
+#: keys of the ``mmreplay`` metadata an export writes and an import uses as ``Store.create`` defaults
+STORE_KEYS = ("frame_stack", "stack_padding", "reward_values")
+
+
+def export_metadata(store, listing) -> dict[str, Any]:
+    """What an export records about its store (JSON): spaces, the store options an import restores, and
+    what was left out."""
+    reward = store.schema.reward
+    return {"format": "mmreplay-export", "version": 1, "source": os.path.abspath(store.path),
+            "observation_space": space_to_json(store.observation_space),
+            "action_space": space_to_json(store.action_space),
+            "frame_stack": store.frame_stack, "stack_padding": store.schema.stack_padding,
+            "reward_values": list(reward.values) if reward.kind == "packed" else None,
+            "episodes": len(listing.episodes), "steps": listing.steps,
+            "skipped_cut_episodes": listing.skipped_cut, "skipped_unfinished_episodes": listing.skipped_unfinished}
+
+
+def parse_metadata(text) -> dict[str, Any]:
+    if text is None:
+        return {}
+    if isinstance(text, bytes):
+        text = text.decode()
+    meta = json.loads(text) if isinstance(text, str) else dict(text)
+    return meta if meta.get("format") == "mmreplay-export" else {}
+
+
+def store_options(meta: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``Store.create`` keyword arguments: the exported store's options, then the caller's."""
+    opts = {k: meta[k] for k in STORE_KEYS if meta.get(k) is not None}
+    opts.update({k: v for k, v in overrides.items() if v is not None})
+    opts.setdefault("capacity", None)
+    return opts
+
+
+def spaces_from_metadata(meta: Mapping[str, Any]):
+    if "observation_space" in meta and "action_space" in meta:
+        return space_from_json(meta["observation_space"]), space_from_json(meta["action_space"])
+    return None, None
+
+
+class EpisodeWriter:
+    """Creates the store lazily and appends episodes piece by piece."""
+
+    def __init__(self, path, observation_space, action_space, store_kwargs: Mapping[str, Any],
+                 progress: ProgressFn | None = None, total_steps: int | None = None):
+        from mmreplay.store import Store
+
+        if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+            raise FileExistsError(f"cannot import into {os.fspath(path)!r}: it exists and is not an empty "
+                                  "directory (imports always create a new store)")
+        self._create = lambda: Store.create(path, observation_space, action_space, **store_kwargs)
+        self.store = None
+        self.dict_obs = hasattr(observation_space, "spaces") and isinstance(observation_space.spaces, dict)
+        self.keys = list(observation_space.spaces) if self.dict_obs else ["obs"]
+        self.stream = 0
+        self.episodes = 0
+        self.steps = 0
+        self.progress = progress
+        self.total = total_steps
+
+    def open(self):
+        if self.store is None:
+            self.store = self._create()
+        return self.store
+
+    def write(self, obs, action, reward, next_obs, terminated, truncated, *, end: bool) -> None:
+        """Append ``n`` consecutive steps of the current episode (``obs``/``next_obs``: arrays, or dicts of
+        arrays for Dict spaces); ``end``: this piece holds the episode's last step."""
+        n = int(np.asarray(action).shape[0])
+        if n:
+            store = self.open()
+            store.extend(obs, action, reward, next_obs, terminated, truncated, streams=np.full(n, self.stream))
+            self.steps += n
+            if self.progress:
+                self.progress(self.steps, max(self.total or 0, self.steps))
+        if end:
+            self.episodes += 1
+            if n == 0 or not (bool(np.asarray(terminated)[-1]) or bool(np.asarray(truncated)[-1])):
+                self.stream += 1  # unfinished: never let the next episode continue it
+
+    def close(self):
+        store = self.open()  # an empty dataset still makes an (empty) store
+        store.close()
+        return store
+
+
+def obs_rows(obs, lo: int, hi: int):
+    return {k: v[lo:hi] for k, v in obs.items()} if isinstance(obs, dict) else obs[lo:hi]
+
+
+def check_obs_shape(obs, space, what: str, rows: int) -> None:
+    """Raise naming the key and both shapes when a dataset's observations do not fit the store's space."""
+    if isinstance(obs, dict):
+        names = sorted(space.spaces) if hasattr(space, "spaces") and isinstance(space.spaces, dict) else None
+        if names is None or sorted(obs) != names:
+            raise ValueError(f"{what}: observation keys {sorted(obs)} do not match the observation space "
+                             f"{names if names is not None else space}")
+        for k in names:
+            check_obs_shape(obs[k], space.spaces[k], f"{what}[{k!r}]", rows)
+        return
+    arr = np.asarray(obs) if not hasattr(obs, "shape") else obs
+    expected = (rows, *space.shape)
+    if tuple(arr.shape) != expected:
+        raise ValueError(f"{what}: expected shape {expected} (observation space {space}), got {tuple(arr.shape)}")
