@@ -28,6 +28,8 @@ from mmreplay.columns.spec import ColumnSpec, Schema, schema_from_spaces
 from mmreplay.errors import ReadOnlyError, StorageError, StoreClosedError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
+from mmreplay.sampling.batch import assemble
+from mmreplay.sampling.nstep import nstep_returns
 from mmreplay.storage.commit import COMMIT_FILE, FORMAT_VERSION, read_commit, write_commit
 from mmreplay.storage.files import fsync_dir, fsync_files
 from mmreplay.storage.frame_ring import FrameRing
@@ -367,9 +369,6 @@ class Store(WritePath):
         """Draw a batch into ``buf``: uniform, or proportional to ``priorities`` (with importance weights for
         ``beta``); with ``n_step > 1`` rewards are n-step returns. In a reader, redo it if the writer
         overwrote what it read."""
-        from mmreplay.sampling.batch import assemble
-        from mmreplay.sampling.nstep import nstep_returns
-
         with self._lock:
             self._check_open()
             for _ in range(10):
@@ -454,6 +453,23 @@ class Store(WritePath):
                     break
                 self.refresh()  # then re-check validity against the newer commit
         return buf.batch(self)
+
+    def episode_links(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For transitions ``lo <= g < hi`` (within ``valid_range()``): ``(prev, terminated, truncated)``,
+        where ``prev`` is the global id of the previous step of ``g``'s episode (-1 at an episode start;
+        it may lie below ``oldest`` where the ring overwrote it) and the flags are bools."""
+        with self._lock:
+            self._check_open()
+            self._drain()
+            ring = self._ring
+            if not ring.oldest <= lo <= hi <= ring.head:
+                raise IndexError(f"episode_links({lo}, {hi}): the range must lie within the valid range "
+                                 f"[{ring.oldest}, {ring.head})")
+            g = np.arange(lo, hi, dtype=np.int64)
+            delta = ring.read("prev_delta", g).astype(np.int64)
+            terminated = ring.read("terminated", g).astype(bool)
+            truncated = ring.read("truncated", g).astype(bool)
+        return np.where(delta > 0, g - delta, -1), terminated, truncated
 
     def valid_range(self) -> tuple[int, int]:
         """``(oldest, head)``: valid global ids lie in this range (a few near ``oldest`` may not be)."""

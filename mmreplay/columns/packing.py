@@ -8,6 +8,7 @@ set of positions is a handful of vectorised numpy operations (no per-element Pyt
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 PACKABLE_BITS = (1, 2, 4)
@@ -46,6 +47,19 @@ def read_codes(buf: np.ndarray, bits: int, positions: np.ndarray) -> np.ndarray:
     shift = (bit_pos & 7).astype(np.uint8)
     bit_pos >>= 3
     return (buf[bit_pos] >> shift) & np.uint8((1 << bits) - 1)
+
+
+def decode_into(buf: np.ndarray, bits: int, positions: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = table[code at positions[i]]``: read and decode in one pass (the sampler's hot path)."""
+    _decode_into(buf, bits, positions, table, out)  # 1-D int64 positions and out (the sampler's own arrays)
+
+
+@numba.njit(cache=True, nogil=True)
+def _decode_into(buf, bits, positions, table, out):  # pragma: no cover (compiled)
+    mask = (1 << bits) - 1
+    for i in range(positions.size):
+        bit_pos = positions[i] * bits
+        out[i] = table[(buf[bit_pos >> 3] >> (bit_pos & 7)) & mask]
 
 
 def write_codes(buf: np.ndarray, bits: int, positions: np.ndarray, codes: np.ndarray) -> None:

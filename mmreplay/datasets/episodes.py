@@ -68,22 +68,6 @@ class Piece:
         return int(self.action.shape[0])
 
 
-def episode_links(store, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For transitions ``lo <= g < hi``: the id of the previous step of the same episode (-1 at an episode
-    start), and the terminated / truncated flags. The one place this package reads the index ring's
-    internals (the Store façade proposed for it: ``Store.episode_links(lo, hi)``)."""
-    if hasattr(store, "episode_links"):
-        return store.episode_links(lo, hi)
-    g = np.arange(lo, hi, dtype=np.int64)
-    with store._lock:
-        store._drain()
-        ring = store._ring
-        delta = ring.read("prev_delta", g).astype(np.int64)
-        term = ring.read("terminated", g).astype(bool)
-        trunc = ring.read("truncated", g).astype(bool)
-    return np.where(delta > 0, g - delta, -1), term, trunc
-
-
 def list_episodes(store, *, include_partial: bool = False,
                   select: Sequence[int] | slice | None = None) -> EpisodeListing:
     """The store's episodes (see the module invariants). ``select`` picks among the listed episodes by
@@ -93,7 +77,7 @@ def list_episodes(store, *, include_partial: bool = False,
     listing = EpisodeListing([])
     if n == 0:
         return _select(listing, select)
-    prev, term, trunc = episode_links(store, oldest, head)
+    prev, term, trunc = store.episode_links(oldest, head)
     rel_prev = prev - oldest
     cut_root = (prev >= 0) & (rel_prev < 0)  # the predecessor was overwritten
     parent = np.where(rel_prev >= 0, rel_prev, np.arange(n))

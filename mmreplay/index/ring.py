@@ -18,6 +18,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+import numba
+
 from mmreplay.columns import packing
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.storage.layout import transition_layout
@@ -212,30 +214,25 @@ class TransitionRing:
             return packing.read_codes(self.arrays[name], self.bits[name], slots)
         return self.arrays[name][slots]
 
+    def read_into(self, name: str, slots: np.ndarray, out: np.ndarray, decode_table: np.ndarray | None) -> None:
+        """``out[i]`` = the value of column ``name`` at ``slots[i]``: packed codes go through
+        ``decode_table`` (code -> value) in one compiled pass."""
+        if name in self.bits:
+            packing.decode_into(self.arrays[name], self.bits[name], slots, decode_table, out)
+        else:
+            out[...] = self.arrays[name][slots]
+
     def stack_frames(self, g: np.ndarray, k: int, frame_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Frame ids of the obs stack and next-obs stack of transitions ``g`` (shape (n, k) each, oldest
         first) and a mask of which ``g`` are valid. Stacks never cross an episode start: they are
         padded by repeating the episode's first frame."""
-        obs_frame = self.arrays["obs_frame"]
-        prev_delta = self.arrays["prev_delta"]
+        g = np.ascontiguousarray(g, dtype=np.int64).reshape(-1)
         obs_ids = np.empty((g.size, k), dtype=np.int64)
-        frame = self.frame_globals(obs_frame[self.slot(g)], frame_head)
-        obs_ids[:, k - 1] = frame
-        valid = (g >= self.oldest) & (g < self.head)
-        cur = g
-        for j in range(1, k):
-            delta = prev_delta[self.slot(cur)].astype(np.int64)
-            prev = cur - delta
-            has_prev = delta > 0
-            prev_kept = prev >= self.oldest
-            valid &= ~has_prev | prev_kept
-            move = has_prev & prev_kept  # at an episode start the stack repeats the first frame
-            cur = np.where(move, prev, cur)
-            frame = np.where(move, self.frame_globals(obs_frame[self.slot(cur)], frame_head), frame)
-            obs_ids[:, k - 1 - j] = frame
-        next_ids = np.empty_like(obs_ids)
-        next_ids[:, : k - 1] = obs_ids[:, 1:]
-        next_ids[:, k - 1] = self.frame_globals(self.arrays["next_frame"][self.slot(g)], frame_head)
+        next_ids = np.empty((g.size, k), dtype=np.int64)
+        valid = np.empty(g.size, dtype=np.bool_)
+        _stack_frames(g, k, self.arrays["obs_frame"], self.arrays["next_frame"], self.arrays["prev_delta"],
+                      0 if self.capacity is None else self.rows, self.oldest, self.head, frame_head,
+                      obs_ids, next_ids, valid)
         return obs_ids, next_ids, valid
 
     def count_valid(self, k: int, frame_head: int | None = None) -> int:
@@ -252,3 +249,33 @@ class TransitionRing:
             total -= int(window - np.count_nonzero(valid))
         self._valid_count_cache = (key, total)
         return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _stack_frames(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head,
+                  obs_ids, next_ids, valid):  # pragma: no cover (compiled)
+    """``stack_frames`` per transition: walk ``prev_delta`` back ``k - 1`` steps (staying put at an
+    episode start), turning each 32-bit frame id into its global id (within 2**32 of ``frame_head``)."""
+    head32 = np.uint32(frame_head & 0xFFFFFFFF)
+    for i in range(g.size):
+        cur = g[i]
+        ok = oldest <= cur < head
+        slot = cur % ring_rows if ring_rows else cur
+        if not 0 <= slot < obs_frame.size:
+            slot = 0  # an id outside the ring: reported invalid, any frame will do
+            ok = False
+        obs_ids[i, k - 1] = frame_head - np.int64(np.uint32(head32 - obs_frame[slot]))
+        next_ids[i, k - 1] = frame_head - np.int64(np.uint32(head32 - next_frame[slot]))
+        for j in range(1, k):
+            delta = np.int64(prev_delta[slot])
+            if delta > 0:
+                prev = cur - delta
+                if prev >= oldest:
+                    cur = prev
+                    slot = cur % ring_rows if ring_rows else cur
+                else:
+                    ok = False  # the stack needs a transition the ring gave up
+            obs_ids[i, k - 1 - j] = frame_head - np.int64(np.uint32(head32 - obs_frame[slot]))
+        for j in range(k - 1):
+            next_ids[i, j] = obs_ids[i, j + 1]
+        valid[i] = ok

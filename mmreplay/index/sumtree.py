@@ -1,22 +1,26 @@
-"""A wide sum/min tree over non-negative leaf values: proportional draws in O(log_b n) numpy steps.
+"""A wide sum/min tree over non-negative leaf values: proportional draws in O(log_b n).
 
 Invariants:
-- ``sums[0]`` are the leaves (padded with zeros to a multiple of ``branching``); every node of level
-  ``l + 1`` holds the exact float64 sum of its ``branching`` children in level ``l``, recomputed from
-  the children on each update (never by adding deltas, so no drift accumulates over millions of updates).
+- Levels are stored in one flat float64 array, leaves first (level 0, padded with zeros to a multiple
+  of ``branching``), the root last. Every node of level ``l + 1`` holds the exact sum of its
+  ``branching`` children in level ``l``, recomputed from the children on each update (never by adding
+  deltas, so no drift accumulates over millions of updates).
 - ``mins`` mirrors ``sums`` with the minimum over *positive* leaves (``inf`` where a subtree has none),
   so the smallest priority among the drawable leaves is one lookup.
 - ``find(u)`` for ``0 <= u < total`` returns the leaf whose cumulative interval contains ``u``; a leaf of
   value 0 is never the answer except through float rounding at an interval's end, which callers detect
   (the returned leaf's value is 0) and redraw.
 
-Why wide: a binary tree needs ~20 levels for a million leaves, each a handful of numpy calls on the
-whole batch; with 32 children a level, 4 levels do, and each level is one gather of a (batch, 32)
-block plus a cumulative sum, which numpy does in one pass.
+Why numba: the tree is walked once per sampled transition, a few dozen scalar steps each. As numpy
+calls over the batch (one gather + cumsum per level) that cost 50 us a batch-32 draw and as much an
+update, several times cpprb's whole C++ sample; compiled, both take a few microseconds. Why wide: 32
+children per node keep a million leaves four levels deep, and each node's children in one cache line
+run.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 DEFAULT_BRANCHING = 32
@@ -30,82 +34,123 @@ class SumTree:
             raise ValueError(f"branching must be at least 2, got {branching}")
         self.n_leaves = int(n_leaves)
         self.b = int(branching)
-        self.sums: list[np.ndarray] = []
-        self.mins: list[np.ndarray] = []
+        sizes = []
         size = self.n_leaves
         while True:
             padded = -(-size // self.b) * self.b
-            self.sums.append(np.zeros(padded))
-            self.mins.append(np.full(padded, np.inf))
+            sizes.append(padded)
             if padded == self.b:
                 break
             size = padded // self.b
-        # the root: level len(sums) holds one node
-        self.sums.append(np.zeros(1))
-        self.mins.append(np.full(1, np.inf))
+        sizes.append(1)  # the root
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # level l: [off[l], off[l+1])
+        self.sums = np.zeros(int(self.offsets[-1]))
+        self.mins = np.full(int(self.offsets[-1]), np.inf)
 
     # -- reading ----------------------------------------------------------------------------------
     @property
     def total(self) -> float:
-        return float(self.sums[-1][0])
+        return float(self.sums[-1])
 
     @property
     def min_positive(self) -> float:
         """The smallest positive leaf value (``inf`` when every leaf is 0)."""
-        return float(self.mins[-1][0])
+        return float(self.mins[-1])
 
     @property
     def leaves(self) -> np.ndarray:
         """The leaf values (a view: do not write to it; use ``update``)."""
-        return self.sums[0][: self.n_leaves]
+        return self.sums[: self.n_leaves]
 
     def find(self, u: np.ndarray) -> np.ndarray:
-        """Leaf indices whose cumulative intervals contain ``u`` (float64, each in ``[0, total)``)."""
-        u = np.array(u, dtype=np.float64)
-        node = np.zeros(u.shape, dtype=np.int64)
-        b = self.b
-        for level in range(len(self.sums) - 2, -1, -1):
-            children = self.sums[level].reshape(-1, b)[node]  # (n, b)
-            upto = np.cumsum(children, axis=1)
-            j = np.minimum((upto <= u[:, None]).sum(axis=1), b - 1)
-            u -= np.where(j > 0, upto[np.arange(j.size), j - 1], 0.0)
-            node = node * b + j
-        return np.minimum(node, self.n_leaves - 1)
+        """Leaf indices whose cumulative intervals contain ``u`` (each in ``[0, total)``)."""
+        u = np.ascontiguousarray(u, dtype=np.float64).reshape(-1)
+        out = np.empty(u.size, dtype=np.int64)
+        _find(self.sums, self.offsets, self.b, self.n_leaves, u, out)
+        return out
 
     # -- writing ----------------------------------------------------------------------------------
-    def update(self, leaves: np.ndarray, values: np.ndarray) -> None:
+    def update(self, leaves: np.ndarray, values) -> None:
         """Set ``leaves`` to ``values`` (non-negative, finite; for repeated leaves the last one wins)."""
-        leaves = np.asarray(leaves, dtype=np.int64).reshape(-1)
+        leaves = np.ascontiguousarray(leaves, dtype=np.int64).reshape(-1)
         if leaves.size == 0:
             return
-        if leaves.size * 4 >= self.n_leaves:  # cheaper to recompute every level than to dedupe parents
-            self.sums[0][leaves] = values
+        values = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64), leaves.shape))
+        if leaves.size * 4 >= self.n_leaves:  # cheaper to recompute every level once
+            self.sums[leaves] = values
             self.rebuild()
             return
-        self.sums[0][leaves] = values
-        self.mins[0][leaves] = np.where(self.sums[0][leaves] > 0, self.sums[0][leaves], np.inf)
-        nodes = leaves // self.b  # repeated parents just get the same sum written twice: cheaper than unique
-        for level in range(1, len(self.sums)):
-            b = self.b
-            self.sums[level][nodes] = self.sums[level - 1].reshape(-1, b)[nodes].sum(axis=1)
-            self.mins[level][nodes] = self.mins[level - 1].reshape(-1, b)[nodes].min(axis=1)
-            nodes = nodes // b
+        _update(self.sums, self.mins, self.offsets, self.b, leaves, values)
 
     def set_all(self, values: np.ndarray) -> None:
         """Replace every leaf (``values`` has ``n_leaves`` entries)."""
-        self.sums[0][: self.n_leaves] = values
-        self.sums[0][self.n_leaves:] = 0
+        self.sums[: self.n_leaves] = values
+        self.sums[self.n_leaves: self.offsets[1]] = 0
         self.rebuild()
 
     def rebuild(self) -> None:
         """Recompute every inner node from the leaves."""
-        leaves = self.sums[0]
-        self.mins[0][...] = np.where(leaves > 0, leaves, np.inf)
-        for level in range(1, len(self.sums)):
-            b = self.b
-            below_sums, below_mins = self.sums[level - 1], self.mins[level - 1]
-            self.sums[level][...] = 0
-            self.mins[level][...] = np.inf
-            n = below_sums.size // b
-            self.sums[level][:n] = below_sums.reshape(-1, b).sum(axis=1)
-            self.mins[level][:n] = below_mins.reshape(-1, b).min(axis=1)
+        off, b = self.offsets, self.b
+        leaves = self.sums[: off[1]]
+        self.mins[: off[1]] = np.where(leaves > 0, leaves, np.inf)
+        for level in range(1, off.size - 1):
+            below = slice(off[level - 1], off[level])
+            n = (off[level] - off[level - 1]) // b
+            here = slice(off[level], off[level + 1])
+            self.sums[here] = 0
+            self.mins[here] = np.inf
+            self.sums[off[level]: off[level] + n] = self.sums[below].reshape(-1, b).sum(axis=1)
+            self.mins[off[level]: off[level] + n] = self.mins[below].reshape(-1, b).min(axis=1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(sums, offsets, b, n_leaves, u, out):  # pragma: no cover (compiled)
+    for i in range(u.size):
+        out[i] = find_one(sums, offsets, b, n_leaves, u[i])
+
+
+@numba.njit(cache=True, nogil=True)
+def _update(sums, mins, offsets, b, leaves, values):  # pragma: no cover (compiled)
+    for i in range(leaves.size):  # every leaf first, so repeated parents are recomputed from final values
+        set_leaf(sums, mins, leaves[i], values[i])
+    refresh_parents(sums, mins, offsets, b, leaves)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def set_leaf(sums, mins, leaf, value):  # pragma: no cover (compiled)
+    sums[leaf] = value
+    mins[leaf] = value if value > 0 else np.inf
+
+
+@numba.njit(cache=True, nogil=True)
+def refresh_parents(sums, mins, offsets, b, leaves):  # pragma: no cover (compiled)
+    """Recompute every ancestor of ``leaves`` from its children (after the leaves were set)."""
+    top = offsets.size - 2
+    for i in range(leaves.size):
+        node = leaves[i]
+        for level in range(top):
+            parent = node // b
+            start = offsets[level] + parent * b
+            s = 0.0
+            m = np.inf
+            for c in range(b):
+                s += sums[start + c]
+                if mins[start + c] < m:
+                    m = mins[start + c]
+            sums[offsets[level + 1] + parent] = s
+            mins[offsets[level + 1] + parent] = m
+            node = parent
+
+
+@numba.njit(cache=True, nogil=True)
+def find_one(sums, offsets, b, n_leaves, x):  # pragma: no cover (compiled)
+    """The leaf whose cumulative interval contains ``x``."""
+    node = 0
+    for level in range(offsets.size - 3, -1, -1):
+        start = offsets[level] + node * b
+        j = 0
+        while j < b - 1 and x >= sums[start + j]:
+            x -= sums[start + j]
+            j += 1
+        node = node * b + j
+    return min(node, n_leaves - 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 
@@ -54,16 +55,17 @@ class ChunkCache:
             grown[: self.slot_of.size] = self.slot_of
             self.slot_of = grown
 
-    def lookup(self, chunks: np.ndarray) -> np.ndarray:
-        """Slots for ``chunks`` (-1 where missing); the hits are marked used."""
+    def lookup_rows(self, rows: np.ndarray, chunk_rows: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """For frame rows ``rows``: their rows in the flat slab (``slot * chunk_rows + row % chunk_rows``,
+        -1 where the chunk is missing), their chunk numbers, and the hit count; hits are marked used.
+        One compiled pass: the sampler's hot path."""
         self.tick += 1
-        slots = self.slot_of[chunks]
-        hit = slots >= 0
-        self.last_used[slots[hit]] = self.tick
-        n_hit = int(np.count_nonzero(hit))
+        slab_rows = np.empty(rows.size, dtype=np.int64)
+        chunks = np.empty(rows.size, dtype=np.int64)
+        n_hit = _lookup_rows(self.slot_of, self.last_used, self.tick, rows, chunk_rows, slab_rows, chunks)
         self.stats.hits += n_hit
-        self.stats.misses += slots.size - n_hit
-        return slots
+        self.stats.misses += rows.size - n_hit
+        return slab_rows, chunks, n_hit
 
     def admit(self, chunks: np.ndarray) -> np.ndarray:
         """Slots for ``chunks`` (unique, all missing), evicting the least recently used others."""
@@ -124,3 +126,19 @@ class ChunkCache:
         self.stats.capacity_bytes = self.n_slots * self.chunk_nbytes
         self.n_used = self.n_slots
         return np.arange(old, old + extra)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup_rows(slot_of, last_used, tick, rows, chunk_rows, slab_rows, chunks):  # pragma: no cover (compiled)
+    n_hit = 0
+    for i in range(rows.size):
+        chunk = rows[i] // chunk_rows
+        chunks[i] = chunk
+        slot = slot_of[chunk]
+        if slot >= 0:
+            last_used[slot] = tick
+            slab_rows[i] = np.int64(slot) * chunk_rows + rows[i] % chunk_rows
+            n_hit += 1
+        else:
+            slab_rows[i] = -1
+    return n_hit

@@ -51,6 +51,9 @@ class Batch:
         return self.terminated | self.truncated
 
 
+FLAG_TABLE = np.array([False, True])
+
+
 class BatchBuffers:
     """Preallocated host tensors for one batch (pinned when asked), with numpy views onto them."""
 
@@ -69,6 +72,7 @@ class BatchBuffers:
             self.obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
             self.next_obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
         self.columns = {}
+        self.decode_tables = {}  # packed columns: code -> value, in the output's dtype
         for spec in store.schema.transition_columns:
             dtype = spec.np_dtype
             if spec.name == "action" and spec.shape == () and dtype.kind in "iu":
@@ -76,6 +80,8 @@ class BatchBuffers:
             if spec.name == "reward" and nstep and dtype.kind != "f":
                 dtype = np.dtype(np.float32)  # a discounted sum of integer rewards is not an integer
             self.columns[spec.name] = alloc((batch_size, *spec.shape), _torch_dtype(dtype))
+            if spec.kind == "packed":
+                self.decode_tables[spec.name] = np.asarray(spec.values).astype(dtype)
         self.terminated = alloc((batch_size,), torch.bool)
         self.truncated = alloc((batch_size,), torch.bool)
         self.indices = alloc((batch_size,), torch.int64)
@@ -115,10 +121,10 @@ def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.nd
     ring = store._ring
     slots = ring.slot(g)
     for name, (_, out) in buf.columns.items():
-        out[...] = store._encoders[name].decode(ring.read_slots(name, slots))
+        ring.read_into(name, slots, out, buf.decode_tables.get(name))
     if nstep is None:
-        buf.terminated[1][...] = ring.read_slots("terminated", slots).view(np.bool_)
-        buf.truncated[1][...] = ring.read_slots("truncated", slots).view(np.bool_)
+        ring.read_into("terminated", slots, buf.terminated[1], FLAG_TABLE)
+        ring.read_into("truncated", slots, buf.truncated[1], FLAG_TABLE)
     else:
         buf.columns["reward"][1][...] = nstep.reward
         buf.terminated[1][...] = nstep.terminated

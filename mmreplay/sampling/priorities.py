@@ -20,9 +20,10 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 
-from mmreplay.index.sumtree import SumTree
+from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
 from mmreplay.storage.layout import INDEX_CODEC, ArrayLayout
 from mmreplay.storage.sharded import ShardedArray
 
@@ -80,7 +81,9 @@ class Priorities:
 
     # -- keeping the tree in step with the ring ----------------------------------------------------
     def leaf_values(self, raw: np.ndarray) -> np.ndarray:
-        return (raw.astype(np.float64) + self.eps) ** self.alpha
+        out = np.empty(raw.shape)
+        _leaf_values(np.ascontiguousarray(raw, dtype=np.float32).reshape(-1), self.alpha, self.eps, out.reshape(-1))
+        return out
 
     def sync(self) -> None:
         """Bring the tree up to the ring's ``[oldest, head)``: new transitions enter at the maximum
@@ -149,35 +152,26 @@ class Priorities:
         """``batch_size`` valid transitions drawn with probability proportional to their leaf (stratified:
         one draw in each of ``batch_size`` equal slices of the total), their frame stacks and their
         importance-sampling weights ``(leaf / min leaf) ** -beta`` (the largest possible weight is 1)."""
-        store, ring = self.store, self.store._ring
+        store, ring, tree = self.store, self.store._ring, self.tree
         self.sync()
+        ring_rows = 0 if ring.capacity is None else ring.rows
+        g = np.empty(batch_size, dtype=np.int64)
+        slots = np.empty(batch_size, dtype=np.int64)
+        leaf = np.empty(batch_size)
         for _ in range(1000):
-            total = self.tree.total
-            if total <= 0:
+            if tree.total <= 0:
                 raise ValueError("cannot sample from an empty store (no valid transitions yet)")
-            u = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
-            slots = self.tree.find(u)
-            for _ in range(100):  # redraw the rare float-rounding misses and stacks that reach below oldest
-                leaf = self.tree.leaves[slots]
-                g = self._global_ids(slots)
-                obs_ids, next_ids, valid = ring.stack_frames(g, store.frame_stack, store._frames.head)
-                bad = ~valid | (leaf <= 0)
-                if not bad.any():
-                    weights = (leaf / self.tree.min_positive) ** -beta
-                    return g, obs_ids, next_ids, weights
-                drop = slots[~valid & (leaf > 0)]
-                if drop.size:
-                    self.tree.update(drop, 0.0)
-                    break  # the total changed: draw the whole batch again so it stays stratified
-                slots[bad] = self.tree.find(rng.random(int(bad.sum())) * self.tree.total)
+            _draw_stratified(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size), ring.head,
+                             ring_rows, slots, g, leaf)
+            obs_ids, next_ids, valid = ring.stack_frames(g, store.frame_stack, store._frames.head)
+            if valid.all() and leaf.min() > 0:
+                return g, obs_ids, next_ids, (leaf / tree.min_positive) ** -beta
+            # Rare: a stack reaching below ``oldest`` (its transition leaves the tree for good) or a float
+            # rounding miss onto an empty leaf. Draw the whole batch again so it stays stratified.
+            drop = slots[~valid & (leaf > 0)]
+            if drop.size:
+                tree.update(drop, 0.0)
         raise RuntimeError("could not draw valid transitions from the priority tree (index inconsistent?)")
-
-    def _global_ids(self, slots: np.ndarray) -> np.ndarray:
-        ring = self.store._ring
-        if ring.capacity is None:
-            return slots.astype(np.int64)
-        last = ring.head - 1
-        return last - (last - slots) % ring.rows
 
     def update(self, indices, priorities) -> int:
         """Set the priorities of transitions ``indices`` (global ids, as in ``Batch.indices``). Ids the
@@ -185,21 +179,20 @@ class Priorities:
         g = _as_ids(indices)
         p = _as_priorities(priorities, g.size)
         ring = self.store._ring
-        if g.size and (int(g.min()) < 0 or int(g.max()) >= ring.head):
+        self.sync()
+        self._tick += 1
+        tree = self.tree
+        n, top = _apply_update(g, p, ring.oldest, ring.head, 0 if ring.capacity is None else ring.rows,
+                               self.shard_rows, self._tick, self.alpha, self.eps, self.raw, self._shard_tick,
+                               tree.sums, tree.mins, tree.offsets, tree.b)
+        if n == -1:
             bad = g[(g < 0) | (g >= ring.head)][:8].tolist()
             raise IndexError(f"transition ids {bad} were never added (ids lie in [0, {ring.head}))")
-        self.sync()
-        keep = g >= ring.oldest
-        g, p = g[keep], p[keep]
-        if g.size == 0:
-            return 0
-        slots = ring.slot(g)
-        drawable = self.tree.leaves[slots] > 0  # stacks that reach below oldest stay out of the tree
-        self.raw[slots] = p
-        self._mark(slots)
-        self.tree.update(slots[drawable], self.leaf_values(p[drawable]))
-        self.max_priority = max(self.max_priority, float(p.max()))
-        return int(g.size)
+        if n == -2:
+            bad = p[~np.isfinite(p) | (p < 0)][:8].tolist()
+            raise ValueError(f"priorities must be finite and >= 0, got {bad}")
+        self.max_priority = max(self.max_priority, top)
+        return n
 
     def _mark(self, slots: np.ndarray) -> None:
         self._tick += 1
@@ -265,16 +258,66 @@ def _as_ids(indices) -> np.ndarray:
     g = np.asarray(indices)
     if g.dtype.kind not in "iu":
         raise TypeError(f"indices must be integer transition ids (Batch.indices), got dtype {g.dtype}")
-    return g.astype(np.int64).reshape(-1)
+    return np.ascontiguousarray(g, dtype=np.int64).reshape(-1)
 
 
 def _as_priorities(priorities, n: int) -> np.ndarray:
     if hasattr(priorities, "detach"):
         priorities = priorities.detach().cpu().numpy()
-    p = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    p = np.ascontiguousarray(priorities, dtype=np.float64).reshape(-1)
     if p.size != n:
         raise ValueError(f"got {p.size} priorities for {n} indices (expected one priority per index)")
-    if p.size and (not np.isfinite(p).all() or p.min() < 0):
-        bad = p[~np.isfinite(p) | (p < 0)][:8].tolist()
-        raise ValueError(f"priorities must be finite and >= 0, got {bad}")
-    return p.astype(np.float32)
+    return p  # range checked by _apply_update before anything changes
+
+
+# -- compiled kernels: one pass each over the batch (see index/sumtree.py for why numba) ---------------
+@numba.njit(cache=True, nogil=True, inline="always")
+def _leaf(raw32, alpha, eps):  # pragma: no cover (compiled)
+    return (np.float64(raw32) + eps) ** alpha
+
+
+@numba.njit(cache=True, nogil=True)
+def _leaf_values(raw, alpha, eps, out):  # pragma: no cover (compiled)
+    for i in range(raw.size):
+        out[i] = _leaf(raw[i], alpha, eps)
+
+
+@numba.njit(cache=True, nogil=True)
+def _draw_stratified(sums, offsets, b, n_leaves, rand, head, ring_rows, slots, g, leaf):  # pragma: no cover
+    """Draw ``i`` lands in the ``i``-th of ``rand.size`` equal slices of the total mass; slot -> global id
+    is the newest id in the ring living in that slot."""
+    n = rand.size
+    width = sums[sums.size - 1] / n
+    for i in range(n):
+        slot = find_one(sums, offsets, b, n_leaves, (i + rand[i]) * width)
+        slots[i] = slot
+        leaf[i] = sums[slot]
+        g[i] = head - 1 - (head - 1 - slot) % ring_rows if ring_rows else slot
+
+
+@numba.njit(cache=True, nogil=True)
+def _apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, raw, shard_tick, sums, mins,
+                  offsets, b):  # pragma: no cover (compiled)
+    """Validate everything first (-1: an id never added, -2: a priority < 0 or not finite; nothing
+    changed), then set each kept id's raw priority and, if drawable, its leaf. Returns (updated, max)."""
+    for i in range(g.size):
+        if g[i] < 0 or g[i] >= head:
+            return -1, 0.0
+        if not (p[i] >= 0.0 and p[i] < np.inf):
+            return -2, 0.0
+    slots = np.empty(g.size, dtype=np.int64)
+    n = 0
+    top = 0.0
+    for i in range(g.size):
+        if g[i] < oldest:
+            continue  # given up since it was sampled
+        slot = g[i] % ring_rows if ring_rows else g[i]
+        raw[slot] = p[i]
+        shard_tick[slot // shard_rows] = tick
+        if sums[slot] > 0:  # stacks that reach below oldest stay out of the tree
+            set_leaf(sums, mins, slot, _leaf(raw[slot], alpha, eps))
+        top = max(top, np.float64(raw[slot]))
+        slots[n] = slot
+        n += 1
+    refresh_parents(sums, mins, offsets, b, slots[:n])
+    return n, top

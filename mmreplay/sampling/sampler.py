@@ -118,13 +118,13 @@ class Sampler:
         """The next batch."""
         if self._closed:
             raise RuntimeError("sampler is closed")
-        if self._held is not None:
-            self._free.put(self._held)
-            self._held = None
-        if self.prefetch == 0:
-            slot = self._free.get()
+        if self.prefetch == 0:  # one slot, filled in this thread: no queues
+            slot = self._slots[0]
             self._fill(slot)
         else:
+            if self._held is not None:
+                self._free.put(self._held)
+                self._held = None
             self._ensure_thread()
             slot = self._ready.get()
             if isinstance(slot, BaseException):

@@ -53,6 +53,7 @@ class FrameColumn:
 
     def __init__(self, root: str, spec: ColumnSpec, rows: int, shard_rows: int, cache_bytes: int):
         self.spec = spec
+        self.row_nbytes = spec.row_nbytes  # a property that costs microseconds: read per batch
         self.layout = frame_layout(spec, rows, shard_rows)
         self.array = ShardedArray(root, self.layout)
         self.staging = np.zeros((shard_rows, *spec.shape), dtype=spec.np_dtype)
@@ -302,7 +303,7 @@ class FrameRing:
         flat_shape = (n * k, *col.spec.shape)
         pairs = ((out_obs, index[:, :k]), (out_next, index[:, 1:] if shifted else index[:, k:]))
         jobs = [(slab, np.ascontiguousarray(idx).reshape(-1), out.numpy().reshape(flat_shape)) for out, idx in pairs]
-        if n * k * col.spec.row_nbytes >= PARALLEL_GATHER_BYTES:
+        if n * k * col.row_nbytes >= PARALLEL_GATHER_BYTES:
             # Big copies: both halves at once on the codec threads (numpy's take releases the GIL). Not
             # torch.index_select: its OpenMP workers spin while idle, and measured here, whenever the
             # codec threads or other processes (env workers, a trainer) wanted the cores too, the copy
@@ -319,12 +320,12 @@ class FrameRing:
         """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first)."""
         rows = self.row_of(ids)
         c = col.spec.chunk_rows
-        chunks = rows if c == 1 else rows // c
-        slots = col.cache.lookup(chunks)
-        if slots.min(initial=0) < 0:
-            slots = col.fill_missing(chunks, slots, self._ram_chunk)
-        slots = slots.astype(np.int64)
-        return slots if c == 1 else slots * c + rows % c
+        slab_rows, chunks, n_hit = col.cache.lookup_rows(rows, c)
+        if n_hit < ids.size:
+            slots = col.cache.slot_of[chunks]
+            slots = col.fill_missing(chunks, slots, self._ram_chunk).astype(np.int64)
+            slab_rows = slots if c == 1 else slots * c + rows % c
+        return slab_rows
 
     def _ram_chunk(self, name: str, chunk: int) -> np.ndarray | None:
         """Chunk ``chunk`` (file rows) if it lies in the staging or the sealed shard, else None."""
