@@ -68,6 +68,7 @@ if os.environ.get("MMREPLAY_BENCH_SRC"):  # --mmreplay-rev: benchmark a snapshot
     sys.path.insert(0, os.environ["MMREPLAY_BENCH_SRC"])
 
 PEERS = ("numpy", "sb3", "cpprb", "torchrl")
+PER_SYSTEMS = ("mmreplay", "cpprb_per", "torchrl_per")
 SYSTEMS = ("mmreplay",) + PEERS
 WORKLOADS = ("atari", "atari_x8", "lowdim")
 MiB = 1 << 20
@@ -309,20 +310,37 @@ def _child_setup():
 
 def task_peer(spec: dict) -> dict:
     """Fill one peer buffer and sample from it (all in this process)."""
+    import peers
+    rb, res, scratch, S = _peer_fill(spec)
+    for B in spec["batch_sizes"]:
+        rates = rate_windows(lambda B=B: rb.sample(B), spec["windows"], spec["window_s"], spec["warmup_s"])
+        res[f"b{B}_per_s"] = float(np.median(rates))
+        res[f"b{B}_windows"] = rates
+    res["stack_err"] = peers.check_peer(rb, S) if S > 1 else 0.0
+    res["peak_rss"] = peak_rss_bytes()
+    rb.close()
+    if scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return res
+
+
+def _peer_fill(spec: dict):
+    """Build peer ``spec["system"]`` and add the workload's transitions: (buffer, figures, scratch dir,
+    frame stack)."""
     tuned, threads = _child_setup()
     import logging
 
     import peers
     kind, n, E, wl = spec["system"], spec["n"], spec["n_envs"], spec["workload"]
-    if kind == "torchrl":
+    torchrl_kind = kind in ("torchrl", "torchrl_per")
+    scratch = None
+    if torchrl_kind:
         import torchrl  # noqa: F401
         logging.getLogger("torchrl").setLevel(logging.WARNING)
-    scratch = None
-    if kind == "torchrl":
         scratch = tempfile.mkdtemp(prefix="torchrl_", dir=spec["workdir"])
     # import the peer's library and load the inputs first: RSS growth from here on is the buffer
     __import__({"sb3": "stable_baselines3.common.buffers", "cpprb": "cpprb", "numpy": "numpy",
-                "torchrl": "torchrl.data"}[kind])
+                "torchrl": "torchrl.data", "cpprb_per": "cpprb", "torchrl_per": "torchrl.data"}[kind])
     if wl == "lowdim":
         data = np.load(spec["data"])
         steps = data["action"].shape[0]
@@ -352,22 +370,49 @@ def task_peer(spec: dict) -> dict:
     rss_filled = cur_rss_bytes()
     res = {"stored": len(rb), "added": added, "add_per_s": added / t_add, "add_s": t_add,
            "malloc_tuned": tuned, "torch_threads": threads}
-    if kind == "torchrl":
+    if torchrl_kind:
         res["disk_bytes"] = rb.disk_bytes()
         res["store_bytes"] = res["disk_bytes"]
     else:
         res["store_bytes"] = max(0, rss_filled - rss0)
     res["rss_fill_growth"] = max(0, rss_filled - rss0)
     res["rss_create_growth"] = max(0, rss_made - rss0)
+    return rb, res, scratch, S
+
+
+def task_per(spec: dict) -> dict:
+    """Prioritized replay, one system: fill, then time the learner's step, ``sample(B)`` (with IS
+    weights, beta 0.4) + ``update_priorities(indices, new priorities)``, for each batch size."""
+    rng = np.random.default_rng(0)
+    if spec["system"] == "mmreplay":
+        import mmreplay
+        res = task_mm_fill(spec)
+        store = mmreplay.Store.open(spec["path"], mode="r", cache_bytes=spec["cache_bytes"])
+        close = store.close
+        samplers = {B: store.sampler(B, prioritized=True, alpha=0.6, beta=0.4, seed=B, prefetch=0, name=f"b{B}")
+                    for B in spec["batch_sizes"]}
+
+        def step(B):
+            smp = samplers[B]
+            batch = next(smp)
+            smp.update_priorities(batch.indices, rng.random(B) + 1e-3)
+    else:
+        rb, res, scratch, _ = _peer_fill(spec)
+
+        def step(B):
+            batch = rb.sample(B, beta=0.4)
+            rb.update_priorities(batch["indices"], rng.random(B) + 1e-3)
+
+        def close():
+            rb.close()
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
     for B in spec["batch_sizes"]:
-        rates = rate_windows(lambda B=B: rb.sample(B), spec["windows"], spec["window_s"], spec["warmup_s"])
+        rates = rate_windows(lambda B=B: step(B), spec["windows"], spec["window_s"], spec["warmup_s"])
         res[f"b{B}_per_s"] = float(np.median(rates))
         res[f"b{B}_windows"] = rates
-    res["stack_err"] = peers.check_peer(rb, S) if S > 1 else 0.0
     res["peak_rss"] = peak_rss_bytes()
-    rb.close()
-    if scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
+    close()
     return res
 
 
@@ -571,7 +616,7 @@ def task_mm_sample(spec: dict) -> dict:
     return res
 
 
-TASKS = {"peer": task_peer, "mm_fill": task_mm_fill, "mm_sample": task_mm_sample}
+TASKS = {"peer": task_peer, "mm_fill": task_mm_fill, "mm_sample": task_mm_sample, "per": task_per}
 
 
 def child_main(spec_json: str) -> int:
@@ -856,6 +901,32 @@ class Runner:
             shutil.rmtree(path, ignore_errors=True)
         return out
 
+    def run_per(self) -> dict:
+        """Prioritized replay: for Atari (single env) and low-dim (8 envs), each system in its own child,
+        rounds interleaved; the figure is learner steps/s (sample + update_priorities)."""
+        a = self.args
+        out = {}
+        for wl in ("atari", "lowdim"):
+            if wl == "lowdim":
+                n, E, data = a.lowdim_n, 8, make_lowdim_data(self.workdir, a.lowdim_n, 8)
+            else:
+                n, E, data = a.atari_n, 1, None
+            n = (n // E) * E
+            base = {"task": "per", "workload": wl, "n": n, "n_envs": E, "batch_sizes": list(a.batch_sizes),
+                    "data": data, "path": os.path.join(self.workdir, f"store_per_{wl}_{n}"),
+                    "cache_bytes": a.cache_mib[-1] * MiB, **self.rate_spec()}
+            runs: dict[str, list] = {}
+            for rnd in range(a.repeats):
+                for system in PER_SYSTEMS:
+                    runs.setdefault(system, []).append(self.child(
+                        {**base, "system": system},
+                        label=f"per/{wl}/{system} (round {rnd + 1}/{a.repeats})", timeout=a.child_timeout))
+            if not a.keep_stores:
+                shutil.rmtree(base["path"], ignore_errors=True)
+            out[wl] = {"n": n, "n_envs": E, "cache_bytes": base["cache_bytes"],
+                       "systems": {k: aggregate_runs(v, a.quiet_cores) for k, v in runs.items()}}
+        return out
+
     def peer_skip_reason(self, system: str, wl: str, n: int) -> str | None:
         """Skip peers that cannot hold ``n`` Atari transitions on this box (e.g. --atari-n 1000000)."""
         if wl == "lowdim":
@@ -1103,6 +1174,14 @@ def evaluate_targets(results: dict, args) -> list[dict]:
         mm, sb3 = ld["systems"].get("mmreplay", {}), ld["systems"].get("sb3", {})
         a_, b_ = mm.get("b256_per_s"), sb3.get("b256_per_s")
         add(f"Low-dim {ld['n']:,}: batch-256 rate >= 1x SB3 (warm)", a_ / b_ if a_ and b_ else None, 1.0)
+    for wl, per in results.get("per", {}).items():
+        systems = per["systems"]
+        for B in args.batch_sizes:
+            mine = systems.get("mmreplay", {}).get(f"b{B}_per_s")
+            peer_rates = [systems.get(k, {}).get(f"b{B}_per_s") for k in PER_SYSTEMS[1:]]
+            best = max((r for r in peer_rates if r), default=None)
+            add(f"PER {wl} {per['n']:,}: batch-{B} steps/s >= 1x the faster peer",
+                mine / best if mine and best else None, 1.0)
     cg = results.get("cgroup")
     if cg:
         c, u = cg.get("constrained", {}), cg.get("unconstrained", {})
@@ -1111,6 +1190,25 @@ def evaluate_targets(results: dict, args) -> list[dict]:
             add(f"cgroup {cg['n']:,} ({cg['limit_bytes'] / 1e9:.1f} GB limit): warm batch-{B} >= 80% of "
                 f"unconstrained", a_ / b_ if a_ and b_ else None, 0.8)
     return t
+
+
+def per_table(per: dict, Bs, md=False) -> str:
+    systems = per["systems"]
+    rows = []
+    for name in PER_SYSTEMS:
+        r = systems.get(name, {})
+        if "error" in r:
+            rows.append([name, "error: " + str(r["error"]).strip().splitlines()[-1][:60]] + [""] * (len(Bs) * 2 + 1))
+            continue
+        row = [name, _f(r.get("add_per_s"))]
+        for B in Bs:
+            mine, theirs = systems.get("mmreplay", {}).get(f"b{B}_per_s"), r.get(f"b{B}_per_s")
+            row += [_f(theirs), f"{mine / theirs:.2f}x" if mine and theirs else "-"]
+        row.append(_f(r.get("peak_rss"), "mib"))
+        rows.append(row)
+    headers = ["system", "add/s"] + [h for B in Bs for h in (f"b{B} steps/s", f"mmreplay / this, b{B}")] + \
+        ["peak RSS MiB"]
+    return (md_table if md else table)(headers, rows)
 
 
 def targets_text(targets, md=False) -> str:
@@ -1188,6 +1286,10 @@ def report(results: dict, args) -> str:
     if results.get("workloads") and args.repeats > 1:
         out.append("\n== every round (figures above use the 'used' ones) ==")
         out.append(rounds_table(results, Bs))
+    for name, per in results.get("per", {}).items():
+        out.append(f"\n== prioritized replay, {titles[name].split(':')[0].split(' (')[0]}: N = {per['n']:,}, "
+                   f"n_envs = {per['n_envs']}; learner steps/s = sample(B, beta=0.4) + update_priorities(B) ==")
+        out.append(per_table(per, Bs))
     if "cgroup" in results:
         out.append("\n== larger than RAM: mmreplay sampler in a memory cgroup ==")
         out.append(cgroup_text(results["cgroup"]))
@@ -1222,6 +1324,8 @@ def parse_args(argv=None):
     p.add_argument("--warm-max-s", type=float, default=None, help="mmreplay: cap on the cache warm-up")
     p.add_argument("--cold-max-s", type=float, default=None, help="mmreplay: cap on the cold first pass")
     p.add_argument("--cgroup", action="store_true", help="run the larger-than-RAM cgroup test")
+    p.add_argument("--per", action="store_true", help="run only the prioritized-replay comparison (mmreplay vs "
+                   "cpprb PrioritizedReplayBuffer vs TorchRL PrioritizedSampler; Atari and low-dim)")
     p.add_argument("--cgroup-n", type=int, default=None, help="transitions in the cgroup store (default 1000000)")
     p.add_argument("--cgroup-limit", type=lambda v: int(float(v)), default=2_000_000_000,
                    help="cgroup memory limit, bytes (default 2e9 = 2 GB)")
@@ -1267,7 +1371,7 @@ def parse_args(argv=None):
         if "--x8-peers" not in (argv or sys.argv):
             a.x8_peers = False
     if a.workloads is None:
-        a.workloads = [] if a.cgroup else list(WORKLOADS)
+        a.workloads = [] if a.cgroup or a.per else list(WORKLOADS)
     if a.windows < 5 and not q:
         p.error("--windows must be >= 5 (medians of at least 5 windows)")
     return a
@@ -1344,6 +1448,8 @@ def main(argv=None):
         results["workloads"][wl] = runner.run_workload(wl)
     if a.cgroup:
         results["cgroup"] = runner.run_cgroup()
+    if a.per:
+        results["per"] = runner.run_per()
     results["meta"]["loadavg_end"] = os.getloadavg()
     results["meta"]["wall_s"] = time.perf_counter() - t_start
     results["targets"] = evaluate_targets(results, a)

@@ -44,11 +44,31 @@ n_envs``).  ``rb.close()`` frees memory / scratch files.
 ``make_lowdim(kind, capacity, n_envs)`` is the low-dim variant (obs (4,)
 float32, 2 actions, no stacking).
 
+Prioritized (PER, proportional) peers, ``kind`` in ``PER_KINDS``, add the same
+way and also have::
+
+    out = rb.sample(batch_size, beta=0.4)  # + "weights" (B,) float32, "indices" (B,) int64
+    rb.update_priorities(out["indices"], priorities)  # raw |TD|-like values
+
+``"cpprb_per"``   ``cpprb.PrioritizedReplayBuffer(alpha=0.6)`` (see
+                  ``CpprbPERPeer`` for the multi-env Atari case).
+``"torchrl_per"`` ``TensorDictReplayBuffer(LazyMemmapStorage, PrioritizedSampler(
+                  capacity, alpha=0.6, beta=0.4))``; needs a loadable
+                  ``torchrl._torchrl`` (see ``TorchRLPERPeer``).
+
+Both store ``(p + eps) ** alpha`` in sum/min segment trees, give new items the
+largest priority seen so far, and return IS weights ``(p_i / p_min) ** -beta``
+with ``p_min`` the minimum over the WHOLE stored buffer (so weights are in
+(0, 1], 1 only for the globally least likely item, not batch-max normalised).
+cpprb samples stratified (B equal slices of the priority mass, one draw each);
+TorchRL draws B i.i.d. masses.  ``check_per_peer(rb)`` is a sanity check.
+
 Run ``python scripts/peers.py`` for a self-test/benchmark table (see
 ``--help``).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -58,6 +78,7 @@ import numpy as np
 import torch
 
 KINDS = ("numpy", "sb3", "cpprb", "torchrl")
+PER_KINDS = ("cpprb_per", "torchrl_per")
 
 
 def tune_malloc(threshold=1 << 30):
@@ -121,7 +142,7 @@ class NumpyFrameRing:
         self.rng = np.random.default_rng(seed)
 
     def add_batch(self, obs, action, reward, next_obs, terminated, truncated):
-        E, S, F = self.E, self.S, self.F
+        S, F = self.S, self.F
         if S == 1:
             obs = obs[:, None]
             next_obs = next_obs[:, None]
@@ -359,6 +380,223 @@ class TorchRLPeer:
 
 
 # --------------------------------------------------------------------------
+# prioritized (PER) peers
+# --------------------------------------------------------------------------
+def _np(x, dtype):
+    """torch tensor / array-like -> 1-D numpy array of ``dtype``."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype).reshape(-1)
+
+
+class CpprbPERPeer:
+    """cpprb ``PrioritizedReplayBuffer(alpha=0.6, eps=1e-4)`` (proportional).
+
+    Layout, chosen so that cpprb's own PER stays exact where it can:
+
+    * low-dim (``frame_stack == 1``): ONE buffer for all envs, obs and next_obs
+      stored explicitly (16 bytes each), the ``n_envs`` transitions of a step
+      added in one ``add`` call.  Sampling, IS weights: cpprb's, unchanged.
+    * Atari (``frame_stack > 1``): frames as in ``CpprbPeer`` (``next_of`` +
+      ``stack_compress``, stack axis last), which needs one buffer per env.
+      With ``n_envs == 1`` that is one buffer and cpprb's PER, unchanged.
+      With ``n_envs > 1`` (one buffer per env), the per-env batch sizes are
+      drawn ``multinomial(B, per-env priority sums)`` from a float64 mirror of
+      the stored ``(p + eps) ** alpha`` values, each env's part is sampled by
+      cpprb (stratified within the env), and the IS weights are recomputed
+      globally, ``(p_i / p_min_all_envs) ** -beta`` (cpprb's formula over the
+      union; cpprb's per-env weights would use per-env minima).  New items get
+      the global max priority (passed explicitly to ``add``).
+
+    ``indices`` are global slots: ``env * (capacity // n_envs) + local``
+    (``n_slots`` bounds them).  cpprb draws from its own ``std::mt19937``
+    seeded by ``std::random_device``: its sampling is not reproducible.
+    """
+
+    name = "cpprb_per"
+
+    def __init__(self, capacity, obs_shape, obs_dtype, n_envs=1, frame_stack=1,
+                 alpha=0.6, eps=1e-4, seed=0):
+        from cpprb import PrioritizedReplayBuffer
+        self.E, self.S = int(n_envs), int(frame_stack)
+        self.alpha, self.eps = float(alpha), float(eps)
+        dt = np.dtype(obs_dtype)
+        base = {"act": {"dtype": np.int64}, "rew": {"dtype": np.float32},
+                "done": {"dtype": np.float32}}
+        if self.S == 1:
+            shape = tuple(obs_shape)
+            env_dict = {"obs": {"shape": shape, "dtype": dt},
+                        "next_obs": {"shape": shape, "dtype": dt}, **base}
+            self.C = max(int(capacity), 1)
+            self.rbs = [PrioritizedReplayBuffer(self.C, env_dict, alpha=self.alpha,
+                                                eps=self.eps)]
+        else:
+            env_dict = {"obs": {"shape": (*obs_shape, self.S), "dtype": dt}, **base}
+            self.C = max(int(capacity) // self.E, 1)
+            self.rbs = [PrioritizedReplayBuffer(self.C, env_dict, alpha=self.alpha,
+                                                eps=self.eps, next_of=("obs",),
+                                                stack_compress="obs")
+                        for _ in range(self.E)]
+        self.split = len(self.rbs) > 1
+        self.n_slots = len(self.rbs) * self.C
+        if self.split:
+            nr = len(self.rbs)
+            self._v = np.zeros((nr, self.C))          # mirror of (p + eps) ** alpha
+            self._vflat = self._v.reshape(-1)
+            self._sum = np.zeros(nr)                  # per-env sums of _v
+            self._min = np.full(nr, np.inf)           # per-env minima (lazy)
+            self._min_dirty = np.zeros(nr, bool)
+            self._maxp = 1.0                          # raw max priority (cpprb's init)
+            self._n_upd = 0
+        self.rng = np.random.default_rng(seed)
+        np.random.seed(seed)
+
+    # -- mirror bookkeeping (split layout only) --
+    def _mirror_set(self, flat_idx, raw_p):
+        """Unique ``flat_idx`` get raw priorities ``raw_p``."""
+        v = (raw_p + self.eps) ** self.alpha
+        old = self._vflat[flat_idx]
+        self._vflat[flat_idx] = v
+        e = flat_idx // self.C
+        np.add.at(self._sum, e, v - old)
+        self._min_dirty[e[old <= self._min[e]]] = True   # a minimum was replaced
+        np.minimum.at(self._min, e, v)
+        self._n_upd += len(flat_idx)
+        if self._n_upd > 64 * self.C:                     # re-sum: no float drift
+            self._sum = self._v.sum(1)
+            self._n_upd = 0
+
+    def add_batch(self, obs, action, reward, next_obs, terminated, truncated):
+        term = np.asarray(terminated, np.float32)
+        if self.S == 1:
+            self.rbs[0].add(obs=obs, act=action, rew=reward, next_obs=next_obs,
+                            done=term)
+            return
+        obs = np.moveaxis(obs, 1, -1)
+        next_obs = np.moveaxis(next_obs, 1, -1)
+        ends = np.asarray(terminated, bool) | np.asarray(truncated, bool)
+        if not self.split:
+            rb = self.rbs[0]
+            rb.add(obs=obs[0], act=action[0], rew=reward[0], next_obs=next_obs[0],
+                   done=term[0])
+            if ends[0]:
+                rb.on_episode_end()
+            return
+        p = self._maxp
+        slots = np.empty(self.E, np.int64)
+        for e, rb in enumerate(self.rbs):
+            slots[e] = e * self.C + rb.get_next_index()
+            rb.add(obs=obs[e], act=action[e], rew=reward[e], next_obs=next_obs[e],
+                   done=term[e], priorities=p)
+            if ends[e]:
+                rb.on_episode_end()
+        self._mirror_set(slots, np.full(self.E, p))
+
+    def __len__(self):
+        return sum(rb.get_stored_size() for rb in self.rbs)
+
+    def sample(self, batch_size, beta=0.4):
+        if not self.split:
+            s = self.rbs[0].sample(batch_size, beta)
+            # cpprb's "weights"/"indexes" are views of internal vectors that the
+            # NEXT sample() overwrites (or frees, when B changes): copy them
+            idx, w = s["indexes"].astype(np.int64), s["weights"].copy()
+        else:
+            for e in np.flatnonzero(self._min_dirty):
+                n = self.rbs[e].get_stored_size()
+                self._min[e] = self._v[e, :n].min() if n else np.inf
+            self._min_dirty[:] = False
+            per = self.rng.multinomial(batch_size, self._sum / self._sum.sum())
+            parts, idxs = [], []
+            for e in np.flatnonzero(per):
+                parts.append(self.rbs[e].sample(int(per[e]), beta))
+                idxs.append(parts[-1]["indexes"].astype(np.int64) + e * self.C)  # copies
+            s = {k: np.concatenate([q[k] for q in parts]) for k in ("obs", "next_obs",
+                                                                    "act", "rew", "done")}
+            idx = np.concatenate(idxs)
+            w = ((self._vflat[idx] / self._min.min()) ** -beta).astype(np.float32)
+        o, n = s["obs"], s["next_obs"]
+        if self.S > 1:
+            o, n = np.moveaxis(o, -1, 1), np.moveaxis(n, -1, 1)
+        return {"obs": _tt(o), "next_obs": _tt(n),
+                "action": _tt(s["act"].reshape(-1)),
+                "reward": _tt(s["rew"].reshape(-1)),
+                "done": _tt(s["done"].reshape(-1)),
+                "weights": _tt(w.reshape(-1)), "indices": _tt(idx)}
+
+    def update_priorities(self, indices, priorities):
+        idx = _np(indices, np.int64)
+        p = _np(priorities, np.float64)
+        if p.size == 1 and idx.size > 1:
+            p = np.full(idx.size, p[0])
+        if not self.split:
+            self.rbs[0].update_priorities(idx, p)
+            return
+        # duplicates: the last value wins (as in cpprb's sequential update)
+        u, first_rev = np.unique(idx[::-1], return_index=True)
+        p = p[idx.size - 1 - first_rev]
+        e, local = u // self.C, u % self.C
+        for k in np.unique(e):
+            m = e == k
+            self.rbs[k].update_priorities(local[m], p[m])
+        self._maxp = max(self._maxp, float(p.max()))
+        self._mirror_set(u, p)
+
+    def close(self):
+        self.rbs = None
+
+
+class TorchRLPERPeer(TorchRLPeer):
+    """``TensorDictReplayBuffer(storage=LazyMemmapStorage(capacity),
+    sampler=PrioritizedSampler(capacity, alpha=0.6, beta=0.4))``, same layout
+    and ``add_batch`` as ``TorchRLPeer`` (one storage for all envs: global PER).
+    ``sample(B, beta)`` sets the sampler's ``beta`` when it changes.  The
+    sampler draws its masses with numpy's GLOBAL RNG (seeded here).
+
+    Needs the ``torchrl._torchrl`` C++ extension (the segment trees); the
+    torchrl 0.8-0.14 wheels on PyPI do not load against torch 2.13.0+cpu
+    (undefined symbols), see ``scripts/per_peers_probe.py --rebuild-torchrl-ext``.
+    """
+
+    name = "torchrl_per"
+
+    def __init__(self, capacity, obs_shape, obs_dtype, n_envs=1, frame_stack=1,
+                 scratch_dir=None, alpha=0.6, beta=0.4, seed=0):
+        from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
+        from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+        self.E, self.S = int(n_envs), int(frame_stack)
+        self.n_slots = int(capacity)
+        sampler = PrioritizedSampler(int(capacity), alpha=alpha, beta=beta)
+        self._own_dir = scratch_dir is None
+        self.dir = scratch_dir or tempfile.mkdtemp(prefix="mmreplay_torchrl_per_",
+                                                    dir="/tmp")
+        torch.manual_seed(seed)
+        np.random.seed(seed)  # PrioritizedSampler draws with np.random.uniform
+        self.sampler = sampler
+        self.rb = TensorDictReplayBuffer(
+            storage=LazyMemmapStorage(int(capacity), scratch_dir=self.dir),
+            sampler=sampler)
+
+    def sample(self, batch_size, beta=0.4):
+        if beta != self.sampler.beta:
+            self.sampler.beta = beta
+        s = self.rb.sample(batch_size)
+        return {"obs": s["obs"], "next_obs": s["next", "obs"],
+                "action": s["action"],
+                "reward": s["next", "reward"].reshape(-1),
+                "done": s["next", "terminated"].reshape(-1).float(),
+                "weights": s["priority_weight"].reshape(-1).float(),
+                "indices": s["index"].reshape(-1)}
+
+    def update_priorities(self, indices, priorities):
+        idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(
+            np.asarray(indices, np.int64))
+        p = priorities if isinstance(priorities, torch.Tensor) else torch.as_tensor(
+            np.asarray(priorities, np.float32))
+        self.rb.update_priority(idx, p)
+
+
+# --------------------------------------------------------------------------
 def make(kind, capacity, obs_shape=(84, 84), obs_dtype=np.uint8, n_envs=1,
          frame_stack=4, *, n_actions=6, seed=0, scratch_dir=None):
     """Build a peer replay buffer with the uniform interface (see module doc)."""
@@ -374,7 +612,14 @@ def make(kind, capacity, obs_shape=(84, 84), obs_dtype=np.uint8, n_envs=1,
     if kind == "torchrl":
         return TorchRLPeer(capacity, obs_shape, obs_dtype, n_envs, frame_stack,
                            scratch_dir=scratch_dir, seed=seed)
-    raise ValueError(f"unknown peer kind {kind!r}; expected one of {KINDS}")
+    if kind == "cpprb_per":
+        return CpprbPERPeer(capacity, obs_shape, obs_dtype, n_envs, frame_stack,
+                            seed=seed)
+    if kind == "torchrl_per":
+        return TorchRLPERPeer(capacity, obs_shape, obs_dtype, n_envs, frame_stack,
+                              scratch_dir=scratch_dir, seed=seed)
+    raise ValueError(f"unknown peer kind {kind!r}; expected one of "
+                     f"{KINDS + PER_KINDS}")
 
 
 def make_lowdim(kind, capacity, n_envs=1, *, seed=0, scratch_dir=None):
@@ -448,6 +693,42 @@ def check_peer(rb, frame_stack, batch_size=256):
     return 1.0 - ok.float().mean().item()
 
 
+
+def check_per_peer(rb, batch_size=256, beta=0.4, n_draws=4):
+    """Sanity check of a PER peer (``kind`` in ``PER_KINDS``).  Returns a dict
+    of checks (``"ok"`` = all passed):
+
+    ``weights_ok``  sampled IS weights finite and in (0, 1];
+    ``indices_ok``  indices int64 in [0, rb.n_slots), one per sampled row;
+    ``update_ok``   after raising ONE sampled index's priority so that its
+                    ``p ** alpha`` is ~3x the rest of the buffer's mass, it makes
+                    up > 50% of the next samples and has the smallest weight.
+
+    Destructive: leaves that large priority (and the libraries' running max
+    priority, given to new items) behind, so call it last."""
+    s = rb.sample(batch_size, beta)
+    w, idx = s["weights"], s["indices"]
+    res = {"weights_ok": bool(torch.isfinite(w).all() and (w > 0).all()
+                              and (w <= 1 + 1e-6).all()),
+           "indices_ok": bool(idx.dtype == torch.int64 and idx.numel() == batch_size
+                              and (idx >= 0).all() and (idx < rb.n_slots).all()
+                              and w.numel() == batch_size)}
+    target = int(idx[0])
+    alpha = getattr(rb, "alpha", 0.6)
+    big = (3.0 * max(len(rb), 1)) ** (1.0 / alpha) * float(w.min()) ** (-1.0 / beta)
+    rb.update_priorities(torch.tensor([target]), torch.tensor([big]))
+    hits, lowest = 0, True
+    for _ in range(n_draws):
+        t = rb.sample(batch_size, beta)
+        m = t["indices"] == target
+        hits += int(m.sum())
+        if m.any() and (~m).any():
+            lowest &= bool(t["weights"][m].max() <= t["weights"][~m].min())
+    res["hit_frac"] = hits / (n_draws * batch_size)
+    res["update_ok"] = res["hit_frac"] > 0.5 and lowest
+    res["ok"] = res["weights_ok"] and res["indices_ok"] and res["update_ok"]
+    return res
+
 # --------------------------------------------------------------------------
 def _add_range(rb, data, a, b):
     for i in range(a, b):
@@ -461,6 +742,7 @@ def _bench_one(kind, n, n_envs, atari, malloc_tune=True, threads=1, chunks=5,
     """One peer, one config; meant to run in a fresh process (allocator and
     RSS baselines are then not polluted by earlier peers)."""
     import logging
+
     import psutil
     if malloc_tune:
         tune_malloc()
@@ -482,7 +764,7 @@ def _bench_one(kind, n, n_envs, atari, malloc_tune=True, threads=1, chunks=5,
     rss1 = proc.memory_info().rss
     add_rates = []                              # lap 2: overwrite, steady state
     bounds = np.linspace(0, steps, chunks + 1).astype(int)
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         t0 = time.perf_counter()
         _add_range(rb, data, a, b)
         add_rates.append((b - a) * n_envs / (time.perf_counter() - t0))
@@ -519,7 +801,7 @@ def _print_table(rows, title):
             v = r.get(c, "")
             if isinstance(v, float):
                 v = f"{v:.3f}" if c == "stack_err" else f"{v:,.0f}"
-            cells.append(f"{str(v):>10s}")
+            cells.append(f"{v!s:>10s}")
         print(" ".join(cells), flush=True)
 
 
