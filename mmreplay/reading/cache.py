@@ -55,16 +55,16 @@ class ChunkCache:
             grown[: self.slot_of.size] = self.slot_of
             self.slot_of = grown
 
-    def lookup_rows(self, rows: np.ndarray, chunk_rows: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """For frame rows ``rows``: their rows in the flat slab (``slot * chunk_rows + row % chunk_rows``,
-        -1 where the chunk is missing), their chunk numbers, and the hit count; hits are marked used.
-        One compiled pass: the sampler's hot path."""
+    def lookup_rows(self, ids: np.ndarray, ring_rows: int, chunk_rows: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """For frames ``ids`` (row ``id % ring_rows`` of the array; ``ring_rows`` 0: row ``id``): their rows
+        in the flat slab (``slot * chunk_rows + row % chunk_rows``, -1 where the chunk is missing), their
+        chunk numbers, and the hit count; hits are marked used. One compiled pass: the sampler's hot path."""
         self.tick += 1
-        slab_rows = np.empty(rows.size, dtype=np.int64)
-        chunks = np.empty(rows.size, dtype=np.int64)
-        n_hit = _lookup_rows(self.slot_of, self.last_used, self.tick, rows, chunk_rows, slab_rows, chunks)
+        slab_rows = np.empty(ids.size, dtype=np.int64)
+        chunks = np.empty(ids.size, dtype=np.int64)
+        n_hit = _lookup_rows(self.slot_of, self.last_used, self.tick, ids, ring_rows, chunk_rows, slab_rows, chunks)
         self.stats.hits += n_hit
-        self.stats.misses += rows.size - n_hit
+        self.stats.misses += ids.size - n_hit
         return slab_rows, chunks, n_hit
 
     def admit(self, chunks: np.ndarray) -> np.ndarray:
@@ -129,15 +129,16 @@ class ChunkCache:
 
 
 @numba.njit(cache=True, nogil=True)
-def _lookup_rows(slot_of, last_used, tick, rows, chunk_rows, slab_rows, chunks):  # pragma: no cover (compiled)
+def _lookup_rows(slot_of, last_used, tick, ids, ring_rows, chunk_rows, slab_rows, chunks):  # pragma: no cover
     n_hit = 0
-    for i in range(rows.size):
-        chunk = rows[i] // chunk_rows
+    for i in range(ids.size):
+        row = ids[i] % ring_rows if ring_rows else ids[i]
+        chunk = row // chunk_rows
         chunks[i] = chunk
         slot = slot_of[chunk]
         if slot >= 0:
             last_used[slot] = tick
-            slab_rows[i] = np.int64(slot) * chunk_rows + rows[i] % chunk_rows
+            slab_rows[i] = np.int64(slot) * chunk_rows + row % chunk_rows
             n_hit += 1
         else:
             slab_rows[i] = -1

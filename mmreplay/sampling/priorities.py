@@ -158,14 +158,15 @@ class Priorities:
         g = np.empty(batch_size, dtype=np.int64)
         slots = np.empty(batch_size, dtype=np.int64)
         leaf = np.empty(batch_size)
+        weights = np.empty(batch_size)
         for _ in range(1000):
             if tree.total <= 0:
                 raise ValueError("cannot sample from an empty store (no valid transitions yet)")
-            _draw_stratified(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size), ring.head,
-                             ring_rows, slots, g, leaf)
+            empty = _draw_stratified(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size),
+                                     ring.head, ring_rows, tree.min_positive, -beta, slots, g, leaf, weights)
             obs_ids, next_ids, valid = ring.stack_frames(g, store.frame_stack, store._frames.head)
-            if valid.all() and leaf.min() > 0:
-                return g, obs_ids, next_ids, (leaf / tree.min_positive) ** -beta
+            if not empty and valid.all():
+                return g, obs_ids, next_ids, weights
             # Rare: a stack reaching below ``oldest`` (its transition leaves the tree for good) or a float
             # rounding miss onto an empty leaf. Draw the whole batch again so it stays stratified.
             drop = slots[~valid & (leaf > 0)]
@@ -283,16 +284,23 @@ def _leaf_values(raw, alpha, eps, out):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def _draw_stratified(sums, offsets, b, n_leaves, rand, head, ring_rows, slots, g, leaf):  # pragma: no cover
+def _draw_stratified(sums, offsets, b, n_leaves, rand, head, ring_rows, smallest, minus_beta, slots, g, leaf,
+                     weights):  # pragma: no cover (compiled)
     """Draw ``i`` lands in the ``i``-th of ``rand.size`` equal slices of the total mass; slot -> global id
-    is the newest id in the ring living in that slot."""
+    is the newest id in the ring living in that slot; weight = (leaf / smallest leaf) ** -beta. Returns
+    how many draws hit an empty leaf (float rounding)."""
     n = rand.size
     width = sums[sums.size - 1] / n
+    empty = 0
     for i in range(n):
         slot = find_one(sums, offsets, b, n_leaves, (i + rand[i]) * width)
         slots[i] = slot
         leaf[i] = sums[slot]
+        if leaf[i] <= 0:
+            empty += 1
+        weights[i] = (leaf[i] / smallest) ** minus_beta
         g[i] = head - 1 - (head - 1 - slot) % ring_rows if ring_rows else slot
+    return empty
 
 
 @numba.njit(cache=True, nogil=True)

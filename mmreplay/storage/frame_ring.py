@@ -19,6 +19,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
 
+import numba
 import numpy as np
 import torch
 
@@ -41,6 +42,24 @@ _POOL: ThreadPoolExecutor | None = None
 
 def _take(slab: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
     np.take(slab, index, axis=0, out=out, mode="clip")  # releases the GIL while it copies
+
+
+SMALL_ROW_BYTES = 256
+SMALL_GATHER_ROWS = 128
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_small_rows(slab, index, k, shifted, out_obs, out_next):  # pragma: no cover (compiled)
+    """Byte rows ``slab[index[i, j]]`` into the flat (n * k) outputs: obs from columns ``[0, k)``, next
+    from ``[1, k + 1)`` (shifted) or ``[k, 2k)``."""
+    next_first = 1 if shifted else k
+    width = slab.shape[1]
+    for i in range(index.shape[0]):
+        for j in range(k):
+            src_obs, src_next = index[i, j], index[i, next_first + j]
+            for c in range(width):  # explicit bytes: slice views cost more than these short rows
+                out_obs[i * k + j, c] = slab[src_obs, c]
+                out_next[i * k + j, c] = slab[src_next, c]
 
 
 def decode_pool() -> ThreadPoolExecutor:
@@ -302,6 +321,13 @@ class FrameRing:
         n, k = obs_ids.shape
         union = np.concatenate([obs_ids, next_ids[:, -1:] if shifted else next_ids], axis=1)
         index = self._slab_index(col, union.reshape(-1)).reshape(n, union.shape[1])
+        if col.row_nbytes <= SMALL_ROW_BYTES and n * k <= SMALL_GATHER_ROWS:
+            # small low-dim batches: one compiled pass instead of ~8 numpy calls (batch-32 PER steps +5%;
+            # from batch-256 on, numpy's take is faster again)
+            _gather_small_rows(col.cache.slab.view(np.uint8).reshape(-1, col.row_nbytes), index, k, shifted,
+                               out_obs.numpy().reshape(n * k, -1).view(np.uint8),
+                               out_next.numpy().reshape(n * k, -1).view(np.uint8))
+            return
         slab = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
         flat_shape = (n * k, *col.spec.shape)
         pairs = ((out_obs, index[:, :k]), (out_next, index[:, 1:] if shifted else index[:, k:]))
@@ -321,10 +347,10 @@ class FrameRing:
 
     def _slab_index(self, col: FrameColumn, ids: np.ndarray) -> np.ndarray:
         """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first)."""
-        rows = self.row_of(ids)
         c = col.spec.chunk_rows
-        slab_rows, chunks, n_hit = col.cache.lookup_rows(rows, c)
+        slab_rows, chunks, n_hit = col.cache.lookup_rows(ids, 0 if self.unbounded else self.rows, c)
         if n_hit < ids.size:
+            rows = self.row_of(ids)
             slots = col.cache.slot_of[chunks]
             slots = col.fill_missing(chunks, slots, self._ram_chunk).astype(np.int64)
             slab_rows = slots if c == 1 else slots * c + rows % c
