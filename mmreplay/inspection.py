@@ -33,12 +33,28 @@ def verify_store(store: "Store", progress=None) -> list[str]:
                  record["frame_rows"], store._frames.shard_rows, store.capacity is None)):
             shards = committed_shards(lo, hi, rows, shard_rows, unbounded)
             work += [(array, shard) for array in arrays for shard in shards]
+        work += committed_priority_shards(store, record)
     problems = []
     for i, (array, shard) in enumerate(work):
         problems += array.verify_shard(shard)
         if progress:
             progress(i + 1, len(work))
     return problems
+
+
+def committed_priority_shards(store: "Store", record: dict) -> list:
+    """(array, shard) for every shard of the priority buffers the record names that holds live rows."""
+    from mmreplay.sampling.priorities import buffer_layout
+    from mmreplay.storage.sharded import ShardedArray
+
+    work = []
+    rows, shard_rows = record["transition_rows"], store._ring.shard_rows
+    for name, entry in record.get("priorities", {}).items():
+        array = ShardedArray(store.path, buffer_layout(name, entry["buffer"], rows, shard_rows))
+        hi = min(entry["head"], record["head"])
+        shards = committed_shards(min(record["oldest"], hi), hi, rows, shard_rows, store.capacity is None)
+        work += [(array, shard) for shard in shards]
+    return work
 
 
 def store_info(store: "Store") -> dict:

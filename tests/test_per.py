@@ -295,3 +295,36 @@ def test_corrupt_priority_record_is_refused(store_path):
         json.dump(group, f)
     with pytest.raises(mmreplay.FormatError, match="'priorities' must map names"):
         mmreplay.Store.open(store_path)
+
+
+def test_verify_checks_the_committed_priorities(store_path):
+    store = lowdim_store(store_path, 40, capacity=64)
+    smp = store.sampler(8, prioritized=True, seed=0)
+    smp.update_priorities(np.arange(40), np.arange(40) / 10)
+    store.close()
+    store = mmreplay.Store.open(store_path, mode="r")
+    assert store.verify() == []
+    with open(os.path.join(store_path, "commit", "zarr.json")) as f:
+        buffer = json.load(f)["attributes"]["mmreplay_commit"]["priorities"]["default"]["buffer"]
+    shard = os.path.join(store_path, "priorities", "default", str(buffer), "c", "0")
+    with open(shard, "r+b") as f:
+        f.seek(3)
+        byte = f.read(1)
+        f.seek(3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    problems = store.verify()
+    assert problems and all("priorities/default" in p for p in problems)
+    store.close()
+
+
+def test_prefetching_prioritized_sampler_with_updates(store_path):
+    store = lowdim_store(store_path, 300, capacity=256)
+    oldest, head = store.valid_range()
+    with store.sampler(16, prioritized=True, seed=1, prefetch=2) as smp:
+        for _ in range(30):
+            batch = next(smp)
+            g = batch.indices.numpy()
+            assert ((g >= oldest) & (g < head)).all() and batch.weights.max() <= 1.0
+            smp.update_priorities(batch.indices, np.ones(16) * 3.0)
+    assert store.priorities().max_priority == 3.0
+    store.close()
