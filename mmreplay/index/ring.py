@@ -230,7 +230,7 @@ class TransitionRing:
         obs_ids = np.empty((g.size, k), dtype=np.int64)
         next_ids = np.empty((g.size, k), dtype=np.int64)
         valid = np.empty(g.size, dtype=np.bool_)
-        _stack_frames(g, k, self.arrays["obs_frame"], self.arrays["next_frame"], self.arrays["prev_delta"],
+        stack_frames_into(g, k, self.arrays["obs_frame"], self.arrays["next_frame"], self.arrays["prev_delta"],
                       0 if self.capacity is None else self.rows, self.oldest, self.head, frame_head,
                       obs_ids, next_ids, valid)
         return obs_ids, next_ids, valid
@@ -252,7 +252,7 @@ class TransitionRing:
 
 
 @numba.njit(cache=True, nogil=True)
-def _stack_frames(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head,
+def stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head,
                   obs_ids, next_ids, valid):  # pragma: no cover (compiled)
     """``stack_frames`` per transition: walk ``prev_delta`` back ``k - 1`` steps (staying put at an
     episode start), turning each 32-bit frame id into its global id (within 2**32 of ``frame_head``)."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
+from mmreplay.index.ring import stack_frames_into
 from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
 from mmreplay.storage.layout import INDEX_CODEC, ArrayLayout
 from mmreplay.storage.sharded import ShardedArray
@@ -73,6 +74,7 @@ class Priorities:
         self._written_tick = [np.full(self._shard_tick.size, -1, dtype=np.int64) for _ in range(2)]
         self.buffer = 1  # the committed buffer; the next commit writes the other one
         self._arrays: dict[int, ShardedArray] = {}
+        self._draw_buffers: dict[int, tuple] = {}
         if entry is not None:
             self._load(entry)
         else:
@@ -155,17 +157,23 @@ class Priorities:
         store, ring, tree = self.store, self.store._ring, self.tree
         self.sync()
         ring_rows = 0 if ring.capacity is None else ring.rows
-        g = np.empty(batch_size, dtype=np.int64)
-        slots = np.empty(batch_size, dtype=np.int64)
-        leaf = np.empty(batch_size)
-        weights = np.empty(batch_size)
+        out = self._draw_buffers.get(batch_size)
+        if out is None:  # reused: the caller copies them into its batch under the store's lock
+            k = store.frame_stack
+            out = self._draw_buffers[batch_size] = (
+                np.empty(batch_size, np.int64), np.empty(batch_size, np.int64), np.empty(batch_size),
+                np.empty(batch_size), np.empty((batch_size, k), np.int64), np.empty((batch_size, k), np.int64),
+                np.empty(batch_size, np.bool_))
+        slots, g, leaf, weights, obs_ids, next_ids, valid = out
+        arrays = ring.arrays
         for _ in range(1000):
             if tree.total <= 0:
                 raise ValueError("cannot sample from an empty store (no valid transitions yet)")
-            empty = _draw_stratified(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size),
-                                     ring.head, ring_rows, tree.min_positive, -beta, slots, g, leaf, weights)
-            obs_ids, next_ids, valid = ring.stack_frames(g, store.frame_stack, store._frames.head)
-            if not empty and valid.all():
+            bad = _draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size), ring.head,
+                              ring.oldest, ring_rows, tree.min_positive, -beta, arrays["obs_frame"],
+                              arrays["next_frame"], arrays["prev_delta"], store._frames.head, store.frame_stack,
+                              slots, g, leaf, weights, obs_ids, next_ids, valid)
+            if not bad:
                 return g, obs_ids, next_ids, weights
             # Rare: a stack reaching below ``oldest`` (its transition leaves the tree for good) or a float
             # rounding miss onto an empty leaf. Draw the whole batch again so it stays stratified.
@@ -284,23 +292,28 @@ def _leaf_values(raw, alpha, eps, out):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def _draw_stratified(sums, offsets, b, n_leaves, rand, head, ring_rows, smallest, minus_beta, slots, g, leaf,
-                     weights):  # pragma: no cover (compiled)
+def _draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
+                next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids, next_ids,
+                valid):  # pragma: no cover (compiled)
     """Draw ``i`` lands in the ``i``-th of ``rand.size`` equal slices of the total mass; slot -> global id
-    is the newest id in the ring living in that slot; weight = (leaf / smallest leaf) ** -beta. Returns
-    how many draws hit an empty leaf (float rounding)."""
+    is the newest id in the ring living in that slot; weight = (leaf / smallest leaf) ** -beta; then the
+    frame stacks (``TransitionRing.stack_frames``). Returns how many draws are unusable: an empty leaf
+    (float rounding) or a stack reaching below ``oldest``."""
     n = rand.size
     width = sums[sums.size - 1] / n
-    empty = 0
     for i in range(n):
         slot = find_one(sums, offsets, b, n_leaves, (i + rand[i]) * width)
         slots[i] = slot
         leaf[i] = sums[slot]
-        if leaf[i] <= 0:
-            empty += 1
         weights[i] = (leaf[i] / smallest) ** minus_beta
         g[i] = head - 1 - (head - 1 - slot) % ring_rows if ring_rows else slot
-    return empty
+    stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids,
+                      next_ids, valid)
+    bad = 0
+    for i in range(n):
+        if leaf[i] <= 0 or not valid[i]:
+            bad += 1
+    return bad
 
 
 @numba.njit(cache=True, nogil=True)
