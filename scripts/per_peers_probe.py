@@ -29,6 +29,18 @@ PyPI (0.8.1 ... 0.14.1) loads against torch 2.13.0+cpu: 0.14.x fails with an und
 The wheel ships its C++ sources (``torchrl/csrc``), so ``--rebuild-torchrl-ext`` recompiles the CPU
 extension against the installed torch (``torch.utils.cpp_extension``, g++, ~1 min on 2 cores) and
 installs it over the wheel's ``.so`` (the original is kept as ``_torchrl.so.orig-wheel``).
+
+Measured (2026-12-02, this 2-core shared VM, torch 2.13.0+cpu, torchrl 0.14.1 + rebuilt extension,
+cpprb 11.0.0, torch threads 2, medians of 5 x 1 s).  Rows marked * ran while another engineer's
+``bench.py`` kept ~1 core busy ("others" ~1.0): upper-bound noise, rerun them quietly.
+
+    peer         workload     N     add/s    step/s B32  step/s B256  (sample-only B32 / B256)
+    cpprb_per    lowdim E=8   1M    500,362     18,578     3,639*     (27,452 / 5,382*)
+    torchrl_per  lowdim E=8   1M     27,579      3,624     2,064      ( 5,231 / 3,079)
+    cpprb_per    atari  E=1   100k   18,851      3,222       532      ( 3,698 /   546)
+    torchrl_per  atari  E=1   100k    1,560      1,011       190      ( 1,137 /   196)
+    cpprb_per    atari  E=8   100k   19,726*     1,535*      305*     ( 1,901*/   327*)
+    torchrl_per  atari  E=8   100k      650*        75*       60*     (    77*/    60*)
 """
 from __future__ import annotations
 
