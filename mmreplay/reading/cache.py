@@ -39,6 +39,7 @@ class ChunkCache:
         self.slot_of = np.full(n_chunks, -1, dtype=np.int32)
         self.chunk_in = np.full(n_slots, -1, dtype=np.int64)
         self.last_used = np.zeros(n_slots, dtype=np.int64)
+        self._words: np.ndarray | None = None
         self.n_used = 0  # slots [0, n_used) have been handed out at least once
         self._free = np.empty(0, dtype=np.int64)  # slots released since (eviction, invalidation)
         self.tick = 0
@@ -118,8 +119,17 @@ class ChunkCache:
         self._release(victims)
         self.stats.evictions += int(victims.size)
 
+    def slab_words(self, row_nbytes: int) -> np.ndarray:
+        """The slab as (rows, words) of 8-byte words (1-byte when rows are not a multiple of 8), for
+        compiled copies; cached until the slab grows."""
+        if self._words is None:
+            word = np.uint64 if row_nbytes % 8 == 0 else np.uint8
+            self._words = self.slab.view(np.uint8).reshape(-1, row_nbytes).view(word)
+        return self._words
+
     def _grow(self, extra: int) -> np.ndarray:
         old = self.n_slots
+        self._words = None
         self.slab = np.concatenate([self.slab, np.empty((extra, *self.chunk_shape), self.dtype)])
         self.chunk_in = np.concatenate([self.chunk_in, np.full(extra, -1, np.int64)])
         self.last_used = np.concatenate([self.last_used, np.full(extra, -1, np.int64)])

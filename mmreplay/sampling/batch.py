@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from mmreplay.storage.frame_ring import FrameRing
+
 if TYPE_CHECKING:  # pragma: no cover
     from mmreplay.sampling.nstep import NStepResult
     from mmreplay.store import Store
@@ -67,10 +69,13 @@ class BatchBuffers:
             return t, t.numpy()
 
         self.obs, self.next_obs = {}, {}
+        self.stack_words = {}  # name -> (obs, next_obs) as (n * k, words) views for the compiled gather
         for spec in store.schema.observations:
             shape = (batch_size, k, *spec.shape) if k > 1 else (batch_size, *spec.shape)
             self.obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
             self.next_obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
+            self.stack_words[spec.name] = (FrameRing.stack_words(self.obs[spec.name][1], spec.row_nbytes),
+                                           FrameRing.stack_words(self.next_obs[spec.name][1], spec.row_nbytes))
         self.columns = {}
         self.decode_tables = {}  # packed columns: code -> value, in the output's dtype
         for spec in store.schema.transition_columns:
@@ -109,7 +114,7 @@ def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.nd
     zero_pad = store.schema.stack_padding == "zeros" and store.frame_stack > 1
     for name, (obs_t, _) in buf.obs.items():
         next_t = buf.next_obs[name][0]
-        frames.gather_stacks(name, obs_ids, next_ids, obs_t, next_t, shifted=nstep is None)
+        frames.gather_stacks(name, obs_ids, next_ids, *buf.stack_words[name], shifted=nstep is None)
         if zero_pad:
             # Within an episode every position of a stack has its own frame; a frame id equal to the next
             # position's is padding before the episode's first frame.

@@ -315,22 +315,19 @@ class FrameRing:
         index = self._slab_index(col, frame_ids.reshape(-1))
         out[...] = np.take(flat, index, axis=0, mode="clip").reshape(out.shape)
 
-    def gather_stacks(self, name: str, obs_ids: np.ndarray, next_ids: np.ndarray, out_obs: torch.Tensor,
-                      out_next: torch.Tensor, *, shifted: bool = True) -> None:
-        """``out_obs[i, j] = frame[obs_ids[i, j]]`` and likewise for ``next_ids``. With ``shifted`` (as a
-        transition's two stacks are) ``next_ids[:, :-1] == obs_ids[:, 1:]`` and only the last column of
-        ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's) all of it. Each
-        frame is looked up once, and both outputs are filled straight from the cache slab."""
+    def gather_stacks(self, name: str, obs_ids: np.ndarray, next_ids: np.ndarray, obs_words: np.ndarray,
+                      next_words: np.ndarray, *, shifted: bool = True) -> None:
+        """Frames ``obs_ids[i, j]`` into row ``i * k + j`` of ``obs_words`` and likewise for ``next_ids``:
+        the outputs are (n * k, words) views of the batch tensors in the words of ``stack_words``. With
+        ``shifted`` (as a transition's two stacks are) ``next_ids[:, :-1] == obs_ids[:, 1:]`` and only the
+        last column of ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's)
+        all of it. Each frame is looked up once, and both outputs are filled straight from the cache slab."""
         col = self.columns[name]
         n, k = obs_ids.shape
         union = np.concatenate([obs_ids, next_ids[:, -1:] if shifted else next_ids], axis=1)
         index = self._slab_index(col, union.reshape(-1)).reshape(n, union.shape[1])
-        # Word views: 8-byte words when rows allow (Atari's 7,056-byte frames do), so the copy loops run
-        # at memcpy speed.
-        word = np.uint64 if col.row_nbytes % 8 == 0 else np.uint8
-        slab = col.cache.slab.view(np.uint8).reshape(-1, col.row_nbytes).view(word)
-        obs_words = out_obs.numpy().reshape(n * k, -1).view(np.uint8).view(word)
-        next_words = out_next.numpy().reshape(n * k, -1).view(np.uint8).view(word)
+        # 8-byte words when rows allow (Atari's 7,056-byte frames do): the copy loops run at memcpy speed
+        slab = col.cache.slab_words(col.row_nbytes)
         if n > 1 and n * k * col.row_nbytes >= PARALLEL_GATHER_BYTES:
             # Big copies: the two halves of the batch at once on the codec threads (the kernel releases the
             # GIL). Not torch.index_select: its OpenMP workers spin while idle, and measured here, whenever
@@ -343,6 +340,12 @@ class FrameRing:
                                                             next_words[p[0] * k:p[1] * k]), parts))
         else:
             _gather_stacks(slab, index, k, shifted, obs_words, next_words)
+
+    @staticmethod
+    def stack_words(out: np.ndarray, row_nbytes: int) -> np.ndarray:
+        """A batch buffer of stacks ``(n, [k,] *frame shape)`` as (n * k, words) for ``gather_stacks``."""
+        word = np.uint64 if row_nbytes % 8 == 0 else np.uint8
+        return out.view(np.uint8).reshape(-1, row_nbytes).view(word)
 
     def _slab_index(self, col: FrameColumn, ids: np.ndarray) -> np.ndarray:
         """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first)."""
