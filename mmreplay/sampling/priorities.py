@@ -263,7 +263,8 @@ class Priorities:
 
 def _as_ids(indices) -> np.ndarray:
     if hasattr(indices, "detach"):
-        indices = indices.detach().cpu().numpy()
+        indices = indices.numpy() if indices.device.type == "cpu" and not indices.requires_grad else \
+            indices.detach().cpu().numpy()
     g = np.asarray(indices)
     if g.dtype.kind not in "iu":
         raise TypeError(f"indices must be integer transition ids (Batch.indices), got dtype {g.dtype}")

@@ -66,6 +66,34 @@ def _gather_stacks(slab, index, k, shifted, out_obs, out_next):  # pragma: no co
                     out_next[row, c] = slab[src_next, c]
 
 
+@numba.njit(cache=True, nogil=True)
+def _gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted, out_obs,
+                   out_next):  # pragma: no cover (compiled)
+    """``_gather_stacks`` straight from frame ids when every frame's chunk is cached: returns the number of
+    frames looked up (all hits, marked used), or -1 without touching anything if one is missing."""
+    n, k = obs_ids.shape
+    width = k + 1 if shifted else 2 * k
+    index = np.empty((n, width), dtype=np.int64)
+    for i in range(n):
+        for j in range(width):
+            if j < k:
+                fid = obs_ids[i, j]
+            elif shifted:
+                fid = next_ids[i, k - 1]
+            else:
+                fid = next_ids[i, j - k]
+            row = fid % ring_rows if ring_rows else fid
+            slot = slot_of[row // chunk_rows]
+            if slot < 0:
+                return -1
+            index[i, j] = np.int64(slot) * chunk_rows + row % chunk_rows
+    for i in range(n):
+        for j in range(width):
+            last_used[index[i, j] // chunk_rows] = tick
+    _gather_stacks(slab, index, k, shifted, out_obs, out_next)
+    return n * width
+
+
 def decode_pool() -> ThreadPoolExecutor:
     """One process-wide pool: numcodecs releases the GIL, so decoding scales across cores."""
     global _POOL
@@ -323,12 +351,22 @@ class FrameRing:
         last column of ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's)
         all of it. Each frame is looked up once, and both outputs are filled straight from the cache slab."""
         col = self.columns[name]
+        cache = col.cache
         n, k = obs_ids.shape
+        # 8-byte words when rows allow (Atari's 7,056-byte frames do): the copy loops run at memcpy speed
+        slab = cache.slab_words(col.row_nbytes)
+        big = n > 1 and n * k * col.row_nbytes >= PARALLEL_GATHER_BYTES
+        if not big:  # the common case, every frame cached: lookup, LRU marks and copy in one compiled pass
+            cache.tick += 1
+            hits = _gather_cached(cache.slot_of, cache.last_used, cache.tick, 0 if self.unbounded else self.rows,
+                                  col.spec.chunk_rows, slab, obs_ids, next_ids, shifted, obs_words, next_words)
+            if hits >= 0:
+                cache.stats.hits += hits
+                return
         union = np.concatenate([obs_ids, next_ids[:, -1:] if shifted else next_ids], axis=1)
         index = self._slab_index(col, union.reshape(-1)).reshape(n, union.shape[1])
-        # 8-byte words when rows allow (Atari's 7,056-byte frames do): the copy loops run at memcpy speed
-        slab = col.cache.slab_words(col.row_nbytes)
-        if n > 1 and n * k * col.row_nbytes >= PARALLEL_GATHER_BYTES:
+        slab = cache.slab_words(col.row_nbytes)  # filling misses may have grown the slab
+        if big:
             # Big copies: the two halves of the batch at once on the codec threads (the kernel releases the
             # GIL). Not torch.index_select: its OpenMP workers spin while idle, and measured here, whenever
             # the codec threads or other processes (env workers, a trainer) wanted the cores too, the copy
