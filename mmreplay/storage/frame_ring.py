@@ -21,7 +21,6 @@ from typing import Callable, Mapping, Sequence
 
 import numba
 import numpy as np
-import torch
 
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.reading.cache import ChunkCache
