@@ -328,3 +328,14 @@ def test_prefetching_prioritized_sampler_with_updates(store_path):
             smp.update_priorities(batch.indices, np.ones(16) * 3.0)
     assert store.priorities().max_priority == 3.0
     store.close()
+
+
+def test_a_zero_priority_is_never_drawn_until_it_is_raised(store_path):
+    store = lowdim_store(store_path, 16)
+    smp = store.sampler(64, seed=2, prioritized=True, alpha=1.0, priority_eps=0.0)
+    smp.update_priorities(np.arange(16), np.r_[np.zeros(8), np.ones(8)])
+    assert next(smp).indices.min() >= 8
+    smp.update_priorities([0], [100.0])  # back in the tree: it now holds most of the mass
+    drawn = next(smp).indices.numpy()
+    assert (drawn == 0).sum() > 32
+    store.close()

@@ -2,9 +2,10 @@
 
 Invariants (all under the store's lock):
 - ``raw[slot]`` is the priority last given to the transition in that slot (``update``), or the running
-  maximum priority at the time it was added. The tree's leaf for a slot is ``(raw + eps) ** alpha``
-  when the slot holds a valid transition of ``[oldest, head)`` as of the last ``sync``, and 0
-  otherwise, so the tree only ever draws transitions that exist.
+  maximum priority at the time it was added. ``drawable[slot]`` is True iff the slot holds a valid
+  transition of ``[oldest, head)`` as of the last ``sync``; its leaf in the tree is then
+  ``(raw + eps) ** alpha`` (0 for a zero priority with ``eps = 0``), and 0 otherwise, so the tree only
+  ever draws transitions that exist.
 - ``sync`` is lazy: nothing on the add path knows about priorities. Before each draw or update the
   transitions added since the last sync enter the tree at the maximum priority and those given up
   (overwritten, or whose frame stack now reaches below ``oldest``) leave it.
@@ -65,6 +66,7 @@ class Priorities:
         self.rows = ring.rows
         self.shard_rows = ring.shard_rows
         self.raw = np.zeros(self.rows, dtype=np.float32)
+        self.drawable = np.zeros(self.rows, dtype=np.bool_)  # holds a valid transition (its leaf may be 0)
         self.tree = SumTree(self.rows)
         self.max_priority = INITIAL_MAX_PRIORITY
         self.synced_head = self.synced_oldest = ring.oldest
@@ -98,11 +100,12 @@ class Priorities:
             return
         gone = np.arange(self.synced_oldest, min(oldest, self.synced_head), dtype=np.int64)
         if gone.size:
-            self.tree.update(ring.slot(gone), 0.0)
+            self._undraw(ring.slot(gone))
         new = np.arange(max(self.synced_head, oldest), head, dtype=np.int64)
         if new.size:
             slots = ring.slot(new)
             self.raw[slots] = self.max_priority
+            self.drawable[slots] = True
             self._mark(slots)
             self.tree.update(slots, self.leaf_values(self.raw[slots]))
         if oldest != self.synced_oldest or new.size:
@@ -119,18 +122,26 @@ class Priorities:
         g = np.arange(ring.oldest, ring.oldest + window, dtype=np.int64)
         _, _, valid = ring.stack_frames(g, k, store._frames.head)
         if not valid.all():
-            self.tree.update(ring.slot(g[~valid]), 0.0)
+            self._undraw(ring.slot(g[~valid]))
+
+    def _undraw(self, slots: np.ndarray) -> None:
+        self.drawable[slots] = False
+        self.tree.update(slots, 0.0)
+
+    def _set_leaves_from_raw(self) -> None:
+        leaves = np.zeros(self.rows)
+        leaves[self.drawable] = self.leaf_values(self.raw[self.drawable])
+        self.tree.set_all(leaves)
 
     def _regrow(self, rows: int) -> None:
         """An unbounded ring doubled (slot == global id there): carry the priorities over."""
         raw = np.zeros(rows, dtype=np.float32)
         raw[: self.rows] = self.raw
-        self.raw, self.rows = raw, rows
+        drawable = np.zeros(rows, dtype=np.bool_)
+        drawable[: self.rows] = self.drawable
+        self.raw, self.drawable, self.rows = raw, drawable, rows
         self.tree = SumTree(rows)
-        live = np.arange(self.synced_oldest, self.synced_head, dtype=np.int64)
-        leaves = np.zeros(rows)
-        leaves[live] = self.leaf_values(raw[live])
-        self.tree.set_all(leaves)
+        self._set_leaves_from_raw()
         n_shards = rows // self.shard_rows
         grown = np.zeros(n_shards, dtype=np.int64)
         grown[: self._shard_tick.size] = self._shard_tick
@@ -144,10 +155,7 @@ class Priorities:
         if (alpha, eps) == (self.alpha, self.eps):
             return
         self.alpha, self.eps = alpha, eps
-        live = self.tree.leaves > 0
-        leaves = np.zeros(self.rows)
-        leaves[live] = self.leaf_values(self.raw[live])
-        self.tree.set_all(leaves)
+        self._set_leaves_from_raw()
 
     # -- drawing and updating ---------------------------------------------------------------------
     def draw(self, batch_size: int, rng: np.random.Generator, beta: float):
@@ -177,9 +185,9 @@ class Priorities:
                 return g, obs_ids, next_ids, weights
             # Rare: a stack reaching below ``oldest`` (its transition leaves the tree for good) or a float
             # rounding miss onto an empty leaf. Draw the whole batch again so it stays stratified.
-            drop = slots[~valid & (leaf > 0)]
+            drop = slots[~valid]
             if drop.size:
-                tree.update(drop, 0.0)
+                self._undraw(drop)
         raise RuntimeError("could not draw valid transitions from the priority tree (index inconsistent?)")
 
     def update(self, indices, priorities) -> int:
@@ -193,7 +201,7 @@ class Priorities:
         tree = self.tree
         n, top = _apply_update(g, p, ring.oldest, ring.head, 0 if ring.capacity is None else ring.rows,
                                self.shard_rows, self._tick, self.alpha, self.eps, self.raw, self._shard_tick,
-                               tree.sums, tree.mins, tree.offsets, tree.b)
+                               self.drawable, tree.sums, tree.mins, tree.offsets, tree.b)
         if n == -1:
             bad = g[(g < 0) | (g >= ring.head)][:8].tolist()
             raise IndexError(f"transition ids {bad} were never added (ids lie in [0, {ring.head}))")
@@ -248,10 +256,8 @@ class Priorities:
         self._written_tick[self.buffer][:] = 0  # that buffer holds exactly raw
         live_hi = min(entry["head"], ring.head)
         live = np.arange(ring.oldest, max(ring.oldest, live_hi), dtype=np.int64)
-        leaves = np.zeros(self.rows)
-        if live.size:
-            leaves[ring.slot(live)] = self.leaf_values(self.raw[ring.slot(live)])
-        self.tree.set_all(leaves)
+        self.drawable[ring.slot(live)] = True
+        self._set_leaves_from_raw()
         self.synced_oldest = ring.oldest
         self.synced_head = max(ring.oldest, live_hi)
         self._drop_stacks_below_oldest()
@@ -318,8 +324,8 @@ def _draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, small
 
 
 @numba.njit(cache=True, nogil=True)
-def _apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, raw, shard_tick, sums, mins,
-                  offsets, b):  # pragma: no cover (compiled)
+def _apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, raw, shard_tick, drawable, sums,
+                  mins, offsets, b):  # pragma: no cover (compiled)
     """Validate everything first (-1: an id never added, -2: a priority < 0 or not finite; nothing
     changed), then set each kept id's raw priority and, if drawable, its leaf. Returns (updated, max)."""
     for i in range(g.size):
@@ -336,7 +342,7 @@ def _apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, r
         slot = g[i] % ring_rows if ring_rows else g[i]
         raw[slot] = p[i]
         shard_tick[slot // shard_rows] = tick
-        if sums[slot] > 0:  # stacks that reach below oldest stay out of the tree
+        if drawable[slot]:  # stacks that reach below oldest stay out of the tree
             set_leaf(sums, mins, slot, _leaf(raw[slot], alpha, eps))
         top = max(top, np.float64(raw[slot]))
         slots[n] = slot
