@@ -550,3 +550,16 @@ def test_cli_export_and_import(tmp_path, minari_root, capsys):
     assert "exists" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "s"), str(tmp_path / "x"), "--format", "d4rl", "--episodes", "a:b"]) == 2
     assert "--episodes 'a:b'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["d4rl", "d3rlpy"])
+def test_hdf5_exports_create_missing_folders(tmp_path, fmt):
+    rng = np.random.default_rng(31)
+    eps = make_episodes("lowdim", rng, 4)
+    started, store = build_store(str(tmp_path / "s"), "lowdim", eps, rng=rng)
+    out = tmp_path / "new" / "folder" / "d.h5"
+    with store:
+        export_dataset(store, out, fmt)
+    import_dataset(out, tmp_path / "back", fmt)
+    with mmreplay.Store.open(tmp_path / "back", mode="r") as back:
+        assert_episodes_equal(store_episodes(back), started)

@@ -53,6 +53,7 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
     obs_specs = {s.name: (tuple(s.shape), s.np_dtype) for s in store.schema.observations}
     act_shape = store.action_space.shape or (1,)
     act_dtype = np.dtype(store.action_space.dtype)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # like `mmreplay export` into a new folder
     tmp = out + ".partial"
     with h5py.File(tmp, "w") as f:
         f.create_dataset("columns", data=COLUMNS)

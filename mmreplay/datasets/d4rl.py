@@ -59,6 +59,7 @@ def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence
     obs_dtype = np.dtype(store.observation_space.dtype)
     act_shape, act_dtype = store.action_space.shape, np.dtype(store.action_space.dtype)
     chunk = max(1, min(block_rows, (1 << 20) // max(1, obs_dtype.itemsize * int(np.prod(obs_shape)))))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # like `mmreplay export` into a new folder
     tmp = out + ".partial"
     with h5py.File(tmp, "w") as f:
         def column(name, shape, dtype):
