@@ -28,7 +28,9 @@ FRAME_CHUNK_BYTES = 4096  # low-dim observations: rows per chunk so a chunk is ~
 DEFAULT_NUMERIC_CODEC = {"name": "blosc", "cname": "lz4", "clevel": 5}
 FRAME_CODECS = {
     "lz4": {"name": "blosc", "cname": "lz4", "clevel": 9},  # clevel 9: better ratio, same speed for lz4
-    "lz4hc": {"name": "blosc", "cname": "lz4hc", "clevel": 5},
+    # clevel 3: measured on 60k real Atari transitions, 443 B/transition at 47-48k adds/s vs clevel 5's
+    # 436 B at 38k adds/s (the encoder process is the bound on 2 cores)
+    "lz4hc": {"name": "blosc", "cname": "lz4hc", "clevel": 3},
     "zstd": {"name": "zstd", "level": 1},
 }
 
