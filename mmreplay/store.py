@@ -181,6 +181,9 @@ class Store(WritePath):
             self._restore(record)
             self._sequence = record["sequence"]
             self._durable_state = record
+            # sets and samplers made from now on start from this commit (live ones keep their own state)
+            self._priority_entries = dict(record.get("priorities", {}))
+            self._sampler_states = dict(record.get("samplers", {}))
             return True
 
     def _batch_still_valid(self, g: np.ndarray, obs_ids: np.ndarray) -> bool:
@@ -390,16 +393,20 @@ class Store(WritePath):
     def priorities(self, name: str = "default", *, alpha: float | None = None, eps: float | None = None):
         """The priority set ``name`` (loaded from the last commit, or new with every transition at the
         maximum priority); a sampler with ``prioritized=True`` uses the one of its own name. ``alpha`` and
-        ``eps`` (default 0.6 and 1e-6 for a new set) change the exponents of a loaded set."""
-        from mmreplay.sampling.priorities import Priorities, check_name
+        ``eps`` change a set's exponents; left out, a committed set keeps its own and a new one gets 0.6
+        and 1e-6."""
+        from mmreplay.sampling.priorities import DEFAULT_ALPHA, DEFAULT_PRIORITY_EPS, Priorities, check_name
 
         with self._lock:
             self._check_open()
             self._drain()
             prio = self._priorities.get(check_name(name))
             if prio is None:
-                prio = Priorities(self, name, alpha=0.6 if alpha is None else alpha, eps=1e-6 if eps is None else eps,
-                                  entry=self._priority_entries.get(name))
+                entry = self._priority_entries.get(name)
+                saved = entry or {}
+                alpha = saved.get("alpha", DEFAULT_ALPHA) if alpha is None else alpha
+                eps = saved.get("eps", DEFAULT_PRIORITY_EPS) if eps is None else eps
+                prio = Priorities(self, name, alpha=alpha, eps=eps, entry=entry)
                 self._priorities[name] = prio
             elif alpha is not None or eps is not None:
                 prio.set_alpha(prio.alpha if alpha is None else alpha, prio.eps if eps is None else eps)

@@ -339,3 +339,40 @@ def test_a_zero_priority_is_never_drawn_until_it_is_raised(store_path):
     drawn = next(smp).indices.numpy()
     assert (drawn == 0).sum() > 32
     store.close()
+
+
+def test_reader_loads_the_priorities_of_the_commit_it_refreshed_to(store_path):
+    """(A review finding.) ``refresh`` must also move the committed priority entries forward: a sampler made
+    after it loads the newer commit's priorities, not the ones the reader opened with."""
+    writer = lowdim_store(store_path, 100, capacity=256)
+    ws = writer.sampler(8, seed=1, prioritized=True, alpha=1.0, priority_eps=0.0)
+    ws.update_priorities(np.arange(100), np.full(100, 0.5))
+    writer.flush()
+    reader = mmreplay.Store.open(store_path, mode="r")
+    try:
+        obs = np.ones((50, 3), np.float32) * 0.5
+        writer.extend(obs, np.zeros(50, int), np.ones(50, np.float32), obs, np.zeros(50, bool),
+                      np.zeros(50, bool), streams=np.ones(50, int))
+        ws.update_priorities(np.arange(100, 150), np.full(50, 0.25))
+        writer.flush()
+        assert reader.refresh()
+        reader.sampler(8, prioritized=True, alpha=1.0, priority_eps=0.0)
+        oldest, head = reader.valid_range()
+        assert (oldest, head) == (0, 150)
+        slots = reader._ring.slot(np.arange(oldest, head))
+        np.testing.assert_array_equal(reader.priorities().raw[slots], writer.priorities().raw[slots])
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_exponents_are_committed_and_kept_on_reopen(store_path):
+    store = lowdim_store(store_path, 30)
+    store.sampler(4, prioritized=True, alpha=0.3, priority_eps=0.01, seed=0)
+    store.close()
+    store = mmreplay.Store.open(store_path)
+    smp = store.sampler(4, prioritized=True, seed=0)  # no exponents given: the committed ones
+    assert (smp.priorities.alpha, smp.priorities.eps) == (0.3, 0.01)
+    store.priorities(alpha=0.5)  # given: changed
+    assert store.priorities().alpha == 0.5
+    store.close()

@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 PRIORITIES_GROUP = "priorities"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 INITIAL_MAX_PRIORITY = 1.0
+DEFAULT_ALPHA = 0.6
+DEFAULT_PRIORITY_EPS = 1e-6
 
 
 def check_name(name) -> str:
@@ -219,6 +221,8 @@ class Priorities:
     def _array(self, buffer: int) -> ShardedArray:
         arr = self._arrays.get(buffer)
         if arr is None or arr.layout.rows != self.rows:
+            if arr is not None:
+                arr.close()  # an unbounded ring grew: the layout's shape changed
             arr = ShardedArray(self.store.path, buffer_layout(self.name, buffer, self.rows, self.shard_rows))
             self._arrays[buffer] = arr
         return arr
@@ -244,7 +248,8 @@ class Priorities:
             self.store._priority_entries.get(self.name) != self.entry()
 
     def entry(self) -> dict:
-        return {"buffer": self.buffer, "max_priority": self.max_priority, "head": self.synced_head}
+        return {"buffer": self.buffer, "max_priority": self.max_priority, "head": self.synced_head,
+                "alpha": self.alpha, "eps": self.eps}
 
     def _load(self, entry: dict) -> None:
         """Read the committed buffer; transitions the set had not seen yet enter at the max priority."""

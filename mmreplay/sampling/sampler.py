@@ -39,7 +39,8 @@ class _Slot:
 class Sampler:
     def __init__(self, store: "Store", batch_size: int, *, device=None, prefetch: int | None = None,
                  seed: int | None = None, name: str = "default", pin_memory: bool | None = None,
-                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4, priority_eps: float = 1e-6,
+                 prioritized: bool = False, alpha: float | None = None, beta: float = 0.4,
+                 priority_eps: float | None = None,
                  n_step: int = 1, gamma: float = 0.99):
         from mmreplay.sampling.nstep import check_nstep
         from mmreplay.sampling.priorities import check_exponent, check_name

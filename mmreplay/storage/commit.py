@@ -85,7 +85,9 @@ def valid_priority_entry(entry: Any, head: int) -> bool:
     if not isinstance(entry, dict):
         return False
     buffer, max_p, seen = entry.get("buffer"), entry.get("max_priority"), entry.get("head")
-    return buffer in (0, 1) and not isinstance(buffer, bool) and \
+    exponents_ok = all(isinstance(entry.get(k, 0.0), (int, float)) and not isinstance(entry.get(k, 0.0), bool)
+                       and 0 <= entry.get(k, 0.0) < float("inf") for k in ("alpha", "eps"))
+    return exponents_ok and buffer in (0, 1) and not isinstance(buffer, bool) and \
         isinstance(max_p, (int, float)) and not isinstance(max_p, bool) and 0 < max_p < float("inf") and \
         isinstance(seen, int) and not isinstance(seen, bool) and 0 <= seen <= head
 
