@@ -49,7 +49,7 @@ class Store(WritePath):
     # -- construction -----------------------------------------------------------------------------
     @classmethod
     def create(cls, path: str | os.PathLike, observation_space, action_space, capacity: int | None = 1_000_000, *,
-               frame_stack: int = 1, reward_values: Sequence[float] | None = None, frame_codec: Any = "lz4",
+               frame_stack: int = 1, reward_values: Sequence[float] | None = None, frame_codec: Any = "lz4hc",
                extras: Sequence[ColumnSpec] = (), columns: Mapping[str, ColumnSpec] | None = None,
                frame_capacity: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                commit_every: int = DEFAULT_COMMIT_EVERY, commit_seconds: float = DEFAULT_COMMIT_SECONDS,

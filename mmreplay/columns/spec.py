@@ -218,7 +218,7 @@ def schema_from_spaces(
     *,
     reward_values: Sequence[float] | None = None,
     frame_stack: int = 1,
-    frame_codec: str | Mapping[str, Any] = "lz4",
+    frame_codec: str | Mapping[str, Any] = "lz4hc",
     extras: Sequence[ColumnSpec] = (),
     columns: Mapping[str, ColumnSpec] | None = None,
     stack_padding: str = "first",

@@ -7,8 +7,11 @@ process encodes at full speed on the other core.
 
 Invariants: a staging buffer handed to ``submit`` lives in shared memory and is not written again until
 its job's ``result()`` returned; a job's shard files are complete (temp file + rename, like every shard
-write) when ``result()`` returns, and a failure there raises ``OSError`` with the child's errno. The
-child exits when its stdin closes, so it never outlives the store (or a crashed parent) for long.
+write) when ``result()`` returns — or, for a job with an output buffer, its first ``head_chunks`` encoded
+chunks lie back to back in that buffer with their sizes returned, and the caller (``FrameRing``, which
+encodes the rest itself while it would otherwise wait) writes the file. A failure raises ``OSError`` with
+the child's errno. The child exits when its stdin closes, so it never outlives the store (or a crashed
+parent) for long.
 
 The child imports only numpy, numcodecs and google_crc32c (``python -m mmreplay.storage.encoder``).
 """
@@ -57,11 +60,17 @@ class ShardEncoder:
         self._segments[array.ctypes.data] = segment
         return array
 
-    def submit(self, jobs: list[dict], arrays: list[np.ndarray]) -> "PendingShard":
-        """Encode ``arrays[i]`` per ``jobs[i]`` (path, rows, chunk_rows, codec) in the child."""
-        for job, array in zip(jobs, arrays):
+    def submit(self, jobs: list[dict], arrays: list[np.ndarray], outputs: list[np.ndarray] | None = None
+               ) -> "PendingShard":
+        """Encode ``arrays[i]`` per ``jobs[i]`` (path, rows, chunk_rows, codec) in the child, which writes the
+        shard file; or, with ``outputs`` (shared uint8 buffers from ``allocate``) and ``jobs[i]["head_chunks"]
+        = m``, only chunks ``[0, m)``, back to back into ``outputs[i]``: ``result()`` then gives their sizes
+        and the caller finishes the shard."""
+        for i, (job, array) in enumerate(zip(jobs, arrays)):
             job.update(segment=self._segments[array.ctypes.data].name, shape=list(array.shape),
                        dtype=array.dtype.name)
+            if outputs is not None:
+                job.update(out_segment=self._segments[outputs[i].ctypes.data].name, out_capacity=outputs[i].size)
         proc = self._child()
         try:
             proc.stdin.write(json.dumps(jobs).encode() + b"\n")
@@ -101,14 +110,16 @@ class PendingShard:
         self._proc = proc
         self.paths = paths
 
-    def result(self) -> list[str]:
+    def result(self) -> list:
+        """The written paths, or (jobs with an output buffer) the encoded chunk sizes per job."""
         line = self._proc.stdout.readline()
         if not line:
             raise OSError(errno.EIO, "the shard encoder process died")
         reply = json.loads(line)
         if not reply["ok"]:
             raise OSError(reply.get("errno") or errno.EIO, reply["message"])
-        return self.paths
+        sizes = reply.get("sizes")
+        return sizes if sizes and sizes[0] is not None else self.paths
 
 
 # -- the child ---------------------------------------------------------------------------------------
@@ -124,20 +135,36 @@ def _attach(name: str):
     return segment
 
 
-def encode_job(job: dict, segments: dict, compressors: dict) -> None:
-    segment = segments.get(job["segment"])
+def _segment(segments: dict, name: str):
+    segment = segments.get(name)
     if segment is None:
-        segment = segments[job["segment"]] = _attach(job["segment"])
-    array = np.ndarray(tuple(job["shape"]), dtype=np.dtype(job["dtype"]), buffer=segment.buf)
+        segment = segments[name] = _attach(name)
+    return segment
+
+
+def encode_job(job: dict, segments: dict, compressors: dict) -> list[int] | None:
+    array = np.ndarray(tuple(job["shape"]), dtype=np.dtype(job["dtype"]), buffer=_segment(segments, job["segment"]).buf)
     key = (json.dumps(job["codec"], sort_keys=True), job["dtype"])
     compressor = compressors.get(key)
     if compressor is None:
         compressor = compressors[key] = numcodecs_compressor(job["codec"], np.dtype(job["dtype"]))
     c, rows, n_chunks = job["chunk_rows"], job["rows"], job["shape"][0] // job["chunk_rows"]
     n_used = -(-rows // c)
+    if "out_segment" in job:  # the head of the shard only, into the caller's buffer
+        out = np.ndarray((job["out_capacity"],), dtype=np.uint8, buffer=_segment(segments, job["out_segment"]).buf)
+        sizes, at = [], 0
+        for i in range(job["head_chunks"]):
+            chunk = encode_chunk(compressor, array[i * c:(i + 1) * c])
+            if at + len(chunk) > out.size:
+                raise ValueError(f"encoded head of {job['path']} overflows its {out.size}-byte buffer")
+            out[at:at + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+            sizes.append(len(chunk))
+            at += len(chunk)
+        return sizes
     encoded = [encode_chunk(compressor, array[i * c:(i + 1) * c]) for i in range(n_used)]
     os.makedirs(os.path.dirname(job["path"]), exist_ok=True)
     atomic_write(job["path"], build_shard(encoded + [None] * (n_chunks - n_used)))
+    return None
 
 
 def main() -> int:
@@ -145,9 +172,7 @@ def main() -> int:
     compressors: dict = {}
     for line in sys.stdin.buffer:
         try:
-            for job in json.loads(line):
-                encode_job(job, segments, compressors)
-            reply = {"ok": True}
+            reply = {"ok": True, "sizes": [encode_job(job, segments, compressors) for job in json.loads(line)]}
         except OSError as exc:
             reply = {"ok": False, "errno": exc.errno, "message": str(exc)}
         except Exception as exc:  # reported to the parent, which raises it
