@@ -68,6 +68,26 @@ def test_shards_sealed_in_the_background_read_back_identical(store_path, fixture
         assert s.verify() == []
 
 
+@pytest.mark.parametrize("child_share", [0.5, 0.85, 1.0])
+def test_shards_split_between_child_and_adding_process_read_back_identical(store_path, fixture, child_share,
+                                                                            monkeypatch):
+    """The encoder child encodes the first part of each sealed shard, the adding process the rest."""
+    import mmreplay.storage.frame_ring as frame_ring
+
+    monkeypatch.setattr(frame_ring, "INITIAL_CHILD_SHARE", child_share)
+    monkeypatch.setattr(frame_ring, "SHARE_STEP", 0.0)  # hold the split where the test put it
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    ref = ReferenceReplay(4, 2000)
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=2000, frame_stack=4,
+                               reward_values=(-1, 0, 1)) as s:
+        replay(fixture, s, ref)
+        assert s._frames._child_share == child_share
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        ids = ref.valid_ids()
+        assert_batch_matches(s.get(ids), ref, ids)
+        assert s.verify() == []
+
+
 def test_encoder_process_failure_is_a_storage_error(store_path, fixture):
     space = spaces.Box(0, 255, (84, 84), np.uint8)
     s = mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=2000, frame_stack=4,
