@@ -20,11 +20,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
 
-import numba
 import numpy as np
 
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.reading.cache import ChunkCache
+from mmreplay.reading.gather import gather_cached, gather_stacks
 from mmreplay.storage.encoder import ShardEncoder
 from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
@@ -42,60 +42,6 @@ MIN_CHILD_SHARE = 0.5  # the split of sealed-shard encoding between the child an
 INITIAL_CHILD_SHARE = 0.85
 SHARE_STEP = 0.05
 _POOL: ThreadPoolExecutor | None = None
-
-
-@numba.njit(cache=True, nogil=True)
-def _gather_stacks(slab, index, k, shifted, out_obs, out_next):  # pragma: no cover (compiled)
-    """Rows ``slab[index[i, j]]`` into the flat (n * k, words) outputs: obs ``i`` from index columns
-    ``[0, k)``, next from ``[1, k + 1)`` (shifted: each frame is read once and written to both while it is
-    in cache; measured 95 vs 223 us for two numpy takes of an Atari batch-32) or ``[k, 2k)``."""
-    width = slab.shape[1]
-    for i in range(index.shape[0]):
-        if shifted:
-            for j in range(k + 1):
-                src = index[i, j]
-                if j < k:
-                    row = i * k + j
-                    for c in range(width):
-                        out_obs[row, c] = slab[src, c]
-                if j > 0:
-                    row = i * k + j - 1
-                    for c in range(width):
-                        out_next[row, c] = slab[src, c]
-        else:
-            for j in range(k):
-                src_obs, src_next, row = index[i, j], index[i, k + j], i * k + j
-                for c in range(width):
-                    out_obs[row, c] = slab[src_obs, c]
-                    out_next[row, c] = slab[src_next, c]
-
-
-@numba.njit(cache=True, nogil=True)
-def _gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted, out_obs,
-                   out_next):  # pragma: no cover (compiled)
-    """``_gather_stacks`` straight from frame ids when every frame's chunk is cached: returns the number of
-    frames looked up (all hits, marked used), or -1 without touching anything if one is missing."""
-    n, k = obs_ids.shape
-    width = k + 1 if shifted else 2 * k
-    index = np.empty((n, width), dtype=np.int64)
-    for i in range(n):
-        for j in range(width):
-            if j < k:
-                fid = obs_ids[i, j]
-            elif shifted:
-                fid = next_ids[i, k - 1]
-            else:
-                fid = next_ids[i, j - k]
-            row = fid % ring_rows if ring_rows else fid
-            slot = slot_of[row // chunk_rows]
-            if slot < 0:
-                return -1
-            index[i, j] = np.int64(slot) * chunk_rows + row % chunk_rows
-    for i in range(n):
-        for j in range(width):
-            last_used[index[i, j] // chunk_rows] = tick
-    _gather_stacks(slab, index, k, shifted, out_obs, out_next)
-    return n * width
 
 
 def decode_pool() -> ThreadPoolExecutor:
@@ -411,7 +357,7 @@ class FrameRing:
         big = n > 1 and n * k * col.row_nbytes >= PARALLEL_GATHER_BYTES
         if not big:  # the common case, every frame cached: lookup, LRU marks and copy in one compiled pass
             cache.tick += 1
-            hits = _gather_cached(cache.slot_of, cache.last_used, cache.tick, 0 if self.unbounded else self.rows,
+            hits = gather_cached(cache.slot_of, cache.last_used, cache.tick, 0 if self.unbounded else self.rows,
                                   col.spec.chunk_rows, slab, obs_ids, next_ids, shifted, obs_words, next_words)
             if hits >= 0:
                 cache.stats.hits += hits
@@ -426,11 +372,11 @@ class FrameRing:
             # became 5-15x slower (e.g. 63 instead of 886 Atari batch-256/s).
             h = n // 2
             parts = ((0, h), (h, n))
-            list(decode_pool().map(lambda p: _gather_stacks(slab, index[p[0]:p[1]], k, shifted,
+            list(decode_pool().map(lambda p: gather_stacks(slab, index[p[0]:p[1]], k, shifted,
                                                             obs_words[p[0] * k:p[1] * k],
                                                             next_words[p[0] * k:p[1] * k]), parts))
         else:
-            _gather_stacks(slab, index, k, shifted, obs_words, next_words)
+            gather_stacks(slab, index, k, shifted, obs_words, next_words)
 
     @staticmethod
     def stack_words(out: np.ndarray, row_nbytes: int) -> np.ndarray:
