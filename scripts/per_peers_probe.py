@@ -55,6 +55,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from bench import rate_windows  # noqa: E402  (the same windows as the benchmark)
+
 
 # --------------------------------------------------------------------------
 # torchrl C++ extension
@@ -107,24 +109,6 @@ def rebuild_torchrl_ext(build_dir="/tmp/mmreplay_torchrl_ext_build") -> str:
 # --------------------------------------------------------------------------
 # one run (fresh process)
 # --------------------------------------------------------------------------
-def rate_windows(fn, n_windows, window_s, warmup_s):
-    t_end = time.perf_counter() + warmup_s
-    fn()
-    while time.perf_counter() < t_end:
-        fn()
-    rates = []
-    for _ in range(n_windows):
-        k, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            k += 1
-            dt = time.perf_counter() - t0
-            if dt >= window_s:
-                break
-        rates.append(k / dt)
-    return rates
-
-
 def _busy_s():
     """CPU-seconds all processes spent busy so far (from /proc/stat)."""
     with open("/proc/stat") as f:
