@@ -79,6 +79,7 @@ class Priorities:
         self.buffer = 1  # the committed buffer; the next commit writes the other one
         self._arrays: dict[int, ShardedArray] = {}
         self._draw_buffers: dict[int, tuple] = {}
+        self._metadata_rows = 0  # rows the buffers' zarr metadata covers, as far as this object made sure
         if entry is not None:
             self._load(entry)
         else:
@@ -233,7 +234,9 @@ class Priorities:
         self.sync()
         target = 1 - self.buffer
         arr = self._array(target)
-        self.store._ensure_priority_arrays(self.name, self.rows, self.shard_rows)
+        if self._metadata_rows != self.rows:  # zarr metadata: once, and again after an unbounded ring grew
+            self.store._ensure_priority_arrays(self.name, self.rows, self.shard_rows)
+            self._metadata_rows = self.rows
         stale = np.flatnonzero(self._shard_tick > self._written_tick[target])
         written = [arr.write_shard(int(s), self.raw[s * self.shard_rows:(s + 1) * self.shard_rows], self.shard_rows)
                    for s in stale]
