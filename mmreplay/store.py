@@ -30,7 +30,8 @@ from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
 from mmreplay.sampling.batch import assemble
 from mmreplay.sampling.nstep import nstep_returns
-from mmreplay.storage.commit import COMMIT_FILE, FORMAT_VERSION, read_commit, write_commit
+from mmreplay.storage.commit import (COMMIT_FILE, FORMAT_VERSION, parse_commit, read_commit, read_commit_bytes,
+                                     write_commit)
 from mmreplay.storage.files import fsync_dir, fsync_files
 from mmreplay.storage.frame_ring import FrameRing
 from mmreplay.storage.meta import plan_geometry, read_meta, validate_capacity  # noqa: F401 (re-exported)
@@ -139,7 +140,11 @@ class Store(WritePath):
         if record is not None:
             self._restore(record)
         self._durable_state = {**self._state_record(), "sequence": self._sequence}
-        self._commit_stat = _stat_key(path) if mode == "r" else None
+        self._seen_commit: bytes | None = None  # readers: the commit file's bytes when last looked at
+        self._reader_floor = (0, 0)  # readers: (oldest, frame_oldest) of the newest commit seen
+        self._needs_reload = False  # readers: a refresh broke off; the next sample or get loads again
+        if mode == "r":
+            self._bound_by_newest_commit()
         self._frames.before_overwrite = self._before_overwrite
         self._ring.before_overwrite = self._before_overwrite
         self._frames.on_invalidate = self._ring.advance_past_frames
@@ -160,22 +165,27 @@ class Store(WritePath):
     # -- readers of a store that another process writes -----------------------------------------
     def refresh(self) -> bool:
         """Read-only stores: catch up with the writer's latest commit (True if there was a newer one).
-        Cached frames of shards written since are dropped; the rest of the cache stays warm."""
+        Cached frames of shards written since are dropped; the rest of the cache stays warm. If loading
+        fails (an I/O error, say), the store refuses to sample until a later refresh loads completely."""
         with self._lock:
             self._check_open()
             if self.mode != "r":
                 return False
             record = read_commit(self.path)
-            self._commit_stat = _stat_key(self.path)
-            if record["sequence"] == self._durable_state["sequence"]:
+            reload = self._needs_reload
+            if record["sequence"] == self._durable_state["sequence"] and not reload:
                 return False
-            old = self._durable_state
+            self._needs_reload = True  # until this load completes: a half-loaded state is never sampled
+            old_frame_head = self._durable_state["frame_head"]
+            if reload:  # an earlier load broke off somewhere: trust no cached frame
+                self._frames.drop_cached()
+                old_frame_head = record["frame_head"]
             for disk in self._ring.disk.values():
                 disk.close()
             self._ring = TransitionRing(self.path, self.schema.transition_columns, record["transition_rows"],
                                         self._meta["transition_shard_rows"], capacity=self.capacity,
                                         head=record["head"], oldest=record["oldest"])
-            self._frames.catch_up(old["frame_head"], record["frame_head"], record["frame_oldest"],
+            self._frames.catch_up(old_frame_head, record["frame_head"], record["frame_oldest"],
                                   record["frame_rows"])
             self._streams = Streams(self.schema.observations)
             self._restore(record)
@@ -184,20 +194,42 @@ class Store(WritePath):
             # sets and samplers made from now on start from this commit (live ones keep their own state)
             self._priority_entries = dict(record.get("priorities", {}))
             self._sampler_states = dict(record.get("samplers", {}))
+            self._bound_by_newest_commit()
+            self._needs_reload = False
             return True
 
-    def _batch_still_valid(self, g: np.ndarray, obs_ids: np.ndarray) -> bool:
-        """Read-only stores: did the writer give up (and maybe overwrite) anything this batch read?
-        The writer commits the new ``oldest`` before it replaces a shard, so checking the newest record
-        after reading catches every overwritten row. One ``stat`` when nothing was committed since."""
+    # Why readers are safe: the writer commits a larger ``oldest`` (``frame_oldest``) *before* it replaces the
+    # files of what it gives up. So a row read at any instant is the committed row if it is not below the
+    # ``oldest`` of a commit record read after the read. The index is read once per refresh (checked by
+    # ``_bound_by_newest_commit``); frames are read per batch (checked by ``_batch_still_valid``).
+
+    def _bound_by_newest_commit(self) -> None:
+        """Readers, right after loading a commit's files: a later commit may have replaced some of them
+        meanwhile. Narrow the valid range to the newest record, read after loading."""
+        raw = read_commit_bytes(self.path)
+        record = parse_commit(raw, os.path.join(self.path, COMMIT_FILE))
+        self._seen_commit = raw
+        self._reader_floor = (record["oldest"], record["frame_oldest"])
+        ring, frames = self._ring, self._frames
+        ring.oldest = min(max(ring.oldest, record["oldest"]), ring.head)
+        frames.oldest = min(max(frames.oldest, record["frame_oldest"]), frames.head)
+        ring.advance_past_frames(frames.oldest)
+
+    def _batch_still_valid(self, g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray) -> bool:
+        """Read-only stores: is every transition and frame this batch read above the ``oldest`` of every
+        commit seen so far (the newest read now, after the batch)? The floor only rises until the next
+        refresh: a commit seen after one batch still bounds the batches after it. Equal file bytes mean no
+        new commit (the record's sequence grows with each), so the common case is one small read."""
         if self.mode != "r":
             return True
-        key = _stat_key(self.path)
-        if key == self._commit_stat:
-            return True
-        record = read_commit(self.path)
-        self._commit_stat = key
-        return int(g.min()) >= record["oldest"] and int(obs_ids.min()) >= record["frame_oldest"]
+        raw = read_commit_bytes(self.path)
+        if raw != self._seen_commit:
+            record = parse_commit(raw, os.path.join(self.path, COMMIT_FILE))
+            self._seen_commit = raw
+            self._reader_floor = (max(self._reader_floor[0], record["oldest"]),
+                                  max(self._reader_floor[1], record["frame_oldest"]))
+        oldest, frame_oldest = self._reader_floor
+        return int(g.min()) >= oldest and min(int(obs_ids.min()), int(next_ids.min())) >= frame_oldest
 
     def _register_sampler(self, sampler) -> None:
         with self._lock:
@@ -374,6 +406,8 @@ class Store(WritePath):
         overwrote what it read."""
         with self._lock:
             self._check_open()
+            if self._needs_reload:
+                self.refresh()
             for _ in range(10):
                 weights = nstep = None
                 if priorities is None:
@@ -385,7 +419,7 @@ class Store(WritePath):
                     nstep = nstep_returns(self._ring, self._encoders["reward"].decode, g, n_step, gamma)
                     next_ids = self._ring.stack_frames(nstep.last, self.frame_stack, self._frames.head)[1]
                 assemble(self, g, obs_ids, next_ids, buf, weights=weights, nstep=nstep)
-                if self._batch_still_valid(g, obs_ids):
+                if self._batch_still_valid(g, obs_ids, next_ids):
                     return
                 self.refresh()
             raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled")
@@ -449,6 +483,8 @@ class Store(WritePath):
         buf = BatchBuffers(self, g.size)
         with self._lock:
             self._check_open()
+            if self._needs_reload:
+                self.refresh()
             self._drain()
             for _ in range(2):
                 obs_ids, next_ids, valid = self._ring.stack_frames(g, self.frame_stack, self._frames.head)
@@ -456,7 +492,7 @@ class Store(WritePath):
                     raise IndexError(f"transition ids {g[~valid][:8].tolist()} are not valid (valid ids lie in "
                                      f"[{self._ring.oldest}, {self._ring.head}) and need their frame stack)")
                 assemble(self, g, obs_ids, next_ids, buf)
-                if self._batch_still_valid(g, obs_ids):
+                if self._batch_still_valid(g, obs_ids, next_ids):
                     break
                 self.refresh()  # then re-check validity against the newer commit
         return buf.batch(self)
@@ -563,9 +599,3 @@ class Store(WritePath):
                                "object; open it with mode='r' to read, or close the writer first") from None
         return fd
 
-
-# -- helpers ---------------------------------------------------------------------------------------
-
-def _stat_key(path: str) -> tuple:
-    st = os.stat(os.path.join(path, COMMIT_FILE))
-    return st.st_ino, st.st_mtime_ns, st.st_size

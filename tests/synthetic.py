@@ -2,6 +2,8 @@
 alone, so a process that reopens a store after a crash (or a concurrent reader) can check every
 transition it finds bit for bit, without talking to the writer."""
 
+from functools import lru_cache
+
 import numpy as np
 from gymnasium import spaces
 
@@ -11,6 +13,7 @@ ACTION_SPACE = spaces.Discrete(4)
 FRAME_STACK = 3
 
 
+@lru_cache(maxsize=1 << 15)  # readers checking millions of rows see the same recent frames again and again
 def _frame(kind: int, g: int) -> np.ndarray:
     return np.random.default_rng([kind, g]).integers(0, 256, SHAPE, dtype=np.uint8)
 
@@ -74,3 +77,20 @@ def check_batch(batch) -> None:
         np.testing.assert_array_equal(batch.next_obs[row].numpy(), want_next, err_msg=f"next_obs of {g}")
         assert int(batch.action[row]) == action(g) and float(batch.reward[row]) == reward(g), g
         assert bool(batch.terminated[row]) == terminated(g) and bool(batch.truncated[row]) == truncated(g), g
+
+
+def wrong_rows(batch) -> list[str]:
+    """Every row of ``batch`` that differs from the ground truth, described (empty: all rows are right).
+    Compares whole arrays first, so a correct batch costs one stack of cached frames per row."""
+    ids = batch.indices.tolist()
+    stacks = [expected_stack(g) for g in ids]
+    want_obs = np.stack([o for o, _ in stacks])
+    want_next = np.stack([n for _, n in stacks])
+    got_obs, got_next = batch.obs.numpy(), batch.next_obs.numpy()
+    scalars_ok = (batch.action.numpy() == np.array([action(g) for g in ids])) & \
+        (batch.reward.numpy() == np.array([reward(g) for g in ids])) & \
+        (batch.terminated.numpy() == np.array([terminated(g) for g in ids])) & \
+        (batch.truncated.numpy() == np.array([truncated(g) for g in ids]))
+    rows_ok = scalars_ok & (got_obs == want_obs).reshape(len(ids), -1).all(axis=1) & \
+        (got_next == want_next).reshape(len(ids), -1).all(axis=1)
+    return [f"transition {ids[i]} (row {i})" for i in np.flatnonzero(~rows_ok)]

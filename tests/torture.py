@@ -27,11 +27,11 @@ WRITER = textwrap.dedent("""
     import mmreplay, synthetic as syn
     path, seed, capacity = {path!r}, {seed}, {capacity}
     try:
-        s = mmreplay.Store.open(path, commit_every=10**9, commit_seconds=1e9)
+        s = mmreplay.Store.open(path, commit_every=10**9, commit_seconds=1e9, durable={durable})
     except mmreplay.NotAStoreError:
         s = mmreplay.Store.create(path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=capacity,
                                   frame_stack=syn.FRAME_STACK, reward_values=(-1, 0, 1), commit_every=10**9,
-                                  commit_seconds=1e9)
+                                  commit_seconds=1e9, durable={durable})
     rng = np.random.default_rng(seed)
     g = s.num_added
     print("start", g, flush=True)
@@ -67,7 +67,7 @@ def kill_trials(path: str, trials: int, capacity: int = 300, seed: int = 0, max_
     results = []
     last_head = 0
     for trial in range(trials):
-        code = WRITER.format(here=HERE, path=path, seed=seed * 1000 + trial, capacity=capacity, max_batch=max_batch)
+        code = WRITER.format(here=HERE, path=path, seed=seed * 1000 + trial, capacity=capacity, max_batch=max_batch, durable=True)
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         first = proc.stdout.readline()  # the child is up (imports done): kill it at a random instant now
@@ -107,7 +107,7 @@ def concurrent_readers(path: str, readers: int = 2, seconds: float = 4.0, capaci
     """One writer child (committing often, wrapping the ring) and ``readers`` reader children that keep
     refreshing and sampling; every batch a reader gets is checked bit for bit."""
     writer = subprocess.Popen([sys.executable, "-c", WRITER.format(here=HERE, path=path, seed=7, capacity=capacity,
-                                                                   max_batch=20)],
+                                                                   max_batch=20, durable=True)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert writer.stdout.readline().startswith("start")
     procs = [subprocess.Popen([sys.executable, "-c", READER.format(here=HERE, path=path, seconds=seconds)],
@@ -120,3 +120,72 @@ def concurrent_readers(path: str, readers: int = 2, seconds: float = 4.0, capaci
     writer.send_signal(signal.SIGKILL)
     writer.communicate()
     return outputs
+
+
+RACE_READER = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    sys.path.insert(0, {here!r})
+    import mmreplay, synthetic as syn
+    while True:
+        try:
+            s = mmreplay.Store.open({path!r}, mode="r", cache_bytes={cache_bytes})
+            break
+        except mmreplay.NotAStoreError:
+            time.sleep(0.01)
+    rng = np.random.default_rng({seed})
+    rows = wrong = refused = batches = 0
+    examples, heads = [], set()
+    sampler = s.sampler({batch}, prefetch=0, seed={seed})
+    deadline = time.monotonic() + {seconds}
+    while time.monotonic() < deadline:
+        s.refresh()
+        oldest, head = s.valid_range()
+        heads.add(head)
+        if len(s) < {batch}:
+            continue
+        try:
+            if batches % 2:
+                b = next(sampler)
+            else:  # get() of ids valid in this reader's view (the writer may give them up meanwhile)
+                ids = [g for g in rng.integers(oldest, head, {batch}).tolist() if syn.needs(g) >= oldest]
+                if not ids:
+                    continue
+                b = s.get(ids)
+        except IndexError:
+            refused += 1  # the writer overwrote what we asked for: a clear error, not wrong data
+            continue
+        bad = syn.wrong_rows(b)
+        rows += len(b.indices)
+        wrong += len(bad)
+        examples.extend(bad[: max(0, 5 - len(examples))])
+        batches += 1
+    print(json.dumps(dict(rows=rows, wrong=wrong, refused=refused, batches=batches, heads=len(heads),
+                          examples=examples)), flush=True)
+""")
+
+
+def reader_race(path: str, readers: int = 2, seconds: float = 10.0, capacity: int = 200, batch: int = 64,
+                max_commit_batch: int = 30, cache_bytes: int = 1 << 16) -> list[dict]:
+    """One writer child on a wrapping ring, committing every 1..``max_commit_batch`` adds, and ``readers``
+    reader children refreshing, sampling and ``get``-ing as fast as they can for ``seconds``, each row
+    checked against the ground truth. Returns each reader's counts (rows, wrong, refused, ...); a tiny
+    cache (``cache_bytes``) keeps the readers going to the files, where the races are."""
+    import json
+
+    writer = subprocess.Popen([sys.executable, "-c", WRITER.format(here=HERE, path=path, seed=11, capacity=capacity,
+                                                                   max_batch=max_commit_batch, durable=False)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", RACE_READER.format(
+            here=HERE, path=path, seconds=seconds, seed=100 + i, batch=batch, cache_bytes=cache_bytes)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(readers)]
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=seconds + 300)
+            assert p.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        writer.kill()
+        writer.communicate()
+    return results

@@ -89,6 +89,13 @@ class ChunkCache:
         self.stats.bytes += need * self.chunk_nbytes
         return slots.astype(np.int32)
 
+    def forget(self, chunks: np.ndarray) -> None:
+        """Drop ``chunks`` (those held): a batch that failed while filling them leaves no trace."""
+        slots = self.slot_of[chunks]
+        held = slots[slots >= 0].astype(np.int64)
+        if held.size:
+            self._release(held)
+
     def invalidate(self, chunk_lo: int, chunk_hi: int) -> None:
         """Forget chunks in [chunk_lo, chunk_hi) (their data is being overwritten)."""
         chunk_hi = min(chunk_hi, self.slot_of.size)

@@ -18,7 +18,7 @@ Invariants (all under the store's lock):
 from __future__ import annotations
 
 import math
-import re
+import os
 from typing import TYPE_CHECKING
 
 import numba
@@ -26,6 +26,8 @@ import numpy as np
 
 from mmreplay.index.ring import stack_frames_into
 from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
+from mmreplay.errors import CorruptDataError
+from mmreplay.storage.commit import NAME_PATTERN
 from mmreplay.storage.layout import INDEX_CODEC, ArrayLayout
 from mmreplay.storage.sharded import ShardedArray
 
@@ -33,7 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from mmreplay.store import Store
 
 PRIORITIES_GROUP = "priorities"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 INITIAL_MAX_PRIORITY = 1.0
 DEFAULT_ALPHA = 0.6
 DEFAULT_PRIORITY_EPS = 1e-6
@@ -224,7 +225,8 @@ class Priorities:
         if arr is None or arr.layout.rows != self.rows:
             if arr is not None:
                 arr.close()  # an unbounded ring grew: the layout's shape changed
-            arr = ShardedArray(self.store.path, buffer_layout(self.name, buffer, self.rows, self.shard_rows))
+            arr = ShardedArray(self.store.path, buffer_layout(self.name, buffer, self.rows, self.shard_rows),
+                               missing_ok=True)  # a shard never written holds no priorities yet
             self._arrays[buffer] = arr
         return arr
 
@@ -259,10 +261,17 @@ class Priorities:
         ring = self.store._ring
         self.buffer = entry["buffer"]
         self.max_priority = entry["max_priority"]
-        # every shard: one never written reads as zeros (zarr's fill value)
-        self.raw[:] = self._array(self.buffer).read_rows(0, self.rows)
-        self._written_tick[self.buffer][:] = 0  # that buffer holds exactly raw
         live_hi = min(entry["head"], ring.head)
+        array = self._array(self.buffer)
+        for shard in sorted({int(s) for s in ring.slot(np.arange(ring.oldest, max(ring.oldest, live_hi))) //
+                             self.shard_rows}):  # a shard holding live priorities must exist
+            path = array.layout.shard_file(self.store.path, shard)
+            if not os.path.exists(path):
+                raise CorruptDataError(f"priorities {self.name!r}: {path} is missing, but the last commit says it "
+                                       "holds priorities of stored transitions")
+        # every other shard: one never written reads as zeros (zarr's fill value)
+        self.raw[:] = array.read_rows(0, self.rows)
+        self._written_tick[self.buffer][:] = 0  # that buffer holds exactly raw
         live = np.arange(ring.oldest, max(ring.oldest, live_hi), dtype=np.int64)
         self.drawable[ring.slot(live)] = True
         self._set_leaves_from_raw()

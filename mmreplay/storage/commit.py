@@ -3,21 +3,31 @@
 Invariant: the commit record describes a state whose data files were all durable before the record was
 (atomically) replaced; reopening reads exactly that state. It is stored as the attributes of an empty
 zarr group, ``<root>/commit/zarr.json`` (key ``mmreplay_commit``), so the whole directory stays a clean
-zarr hierarchy. A record that is missing fields, has wrong types or absurd values raises ``FormatError``.
+zarr hierarchy. The record's crc32c (of its canonical JSON) is stored beside it (``mmreplay_commit_crc32c``)
+and checked on every read, like a shard index's: an edited or damaged record raises ``CorruptDataError``
+(records of stores written before the checksum existed have none and are read as they are). A record that
+is missing fields, has wrong types or absurd values raises ``FormatError``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
-from mmreplay.errors import FormatError, NotAStoreError
+import google_crc32c
+
+from mmreplay.errors import CorruptDataError, FormatError, NotAStoreError
 from mmreplay.storage.files import atomic_write, fsync_dir
 
 COMMIT_GROUP = "commit"
 COMMIT_FILE = os.path.join(COMMIT_GROUP, "zarr.json")
 COMMIT_KEY = "mmreplay_commit"
+CHECKSUM_KEY = "mmreplay_commit_crc32c"
+MAX_RECORD_BYTES = 1 << 26
+# Names of priority sets and samplers: they name directories, so nothing that could leave the store.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 FORMAT_VERSION = 1
 MAX_ROWS = 1 << 40
 
@@ -25,8 +35,14 @@ COMMIT_INT_FIELDS = ("sequence", "head", "oldest", "frame_head", "frame_oldest",
                      "max_prev_delta")
 
 
+def record_checksum(record: dict[str, Any]) -> int:
+    """crc32c of the record's canonical JSON (sorted keys, no spaces)."""
+    return google_crc32c.value(json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+
+
 def write_commit(root: str, record: dict[str, Any], *, durable: bool = True) -> None:
-    group = {"zarr_format": 3, "node_type": "group", "attributes": {COMMIT_KEY: record}}
+    group = {"zarr_format": 3, "node_type": "group",
+             "attributes": {COMMIT_KEY: record, CHECKSUM_KEY: record_checksum(record)}}
     data = json.dumps(group, separators=(",", ":"), allow_nan=False).encode()
     directory = os.path.join(root, COMMIT_GROUP)
     if not os.path.isdir(directory):
@@ -39,19 +55,47 @@ def write_commit(root: str, record: dict[str, Any], *, durable: bool = True) -> 
 
 
 def read_commit(root: str) -> dict[str, Any]:
+    return parse_commit(read_commit_bytes(root), os.path.join(root, COMMIT_FILE))
+
+
+def read_commit_bytes(root: str) -> bytes:
+    """The commit file as it is now (readers compare these bytes to notice a new commit: the record's
+    ``sequence`` grows with every commit, so equal bytes mean the same commit)."""
     path = os.path.join(root, COMMIT_FILE)
     try:
         with open(path, "rb") as f:
-            raw = f.read(1 << 26)
+            raw = f.read(MAX_RECORD_BYTES + 1)
     except FileNotFoundError:
+        if os.path.exists(os.path.join(root, "zarr.json")):
+            raise NotAStoreError(f"{root!r} has no commit record ({COMMIT_FILE} is missing): the store was never "
+                                 "completely created (a crash during Store.create?) or the file was deleted; "
+                                 "Store.create on this path starts it again when no commit record was ever "
+                                 "written") from None
         raise NotAStoreError(f"{root!r} is not an mmreplay store: {COMMIT_FILE} is missing") from None
+    if len(raw) > MAX_RECORD_BYTES:
+        raise FormatError(f"{path}: commit record is larger than {MAX_RECORD_BYTES} bytes")
+    return raw
+
+
+def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
+    """The validated record in ``raw`` (the bytes of ``path``)."""
     try:
         group = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise FormatError(f"{path}: commit record is not valid JSON ({exc})") from None
-    record = group.get("attributes", {}).get(COMMIT_KEY) if isinstance(group, dict) else None
+    attributes = group.get("attributes") if isinstance(group, dict) else None
+    record = attributes.get(COMMIT_KEY) if isinstance(attributes, dict) else None
     if not isinstance(record, dict):
         raise FormatError(f"{path}: no commit record (expected an object under attributes.{COMMIT_KEY})")
+    stored = attributes.get(CHECKSUM_KEY)
+    if stored is not None:
+        try:
+            actual = record_checksum(record)
+        except (TypeError, ValueError) as exc:
+            raise FormatError(f"{path}: commit record holds values JSON cannot hold ({exc})") from None
+        if stored != actual:
+            raise CorruptDataError(f"{path}: commit record checksum mismatch (stored {stored!r}, computed "
+                                   f"{actual}): the record was edited or damaged")
     check_version(record.get("format_version"), path)
     for name in COMMIT_INT_FIELDS:
         value = record.get(name)
@@ -63,22 +107,28 @@ def read_commit(root: str) -> dict[str, Any]:
     for name in ("transition_rows", "frame_rows"):
         if not 8 <= record[name] <= MAX_ROWS:
             raise FormatError(f"{path}: {name} {record[name]} outside [8, {MAX_ROWS}]")
+    if record["max_prev_delta"] >= 1 << 32:  # episode links are stored as uint32
+        raise FormatError(f"{path}: max_prev_delta {record['max_prev_delta']} is not below 2**32")
     streams = record.get("streams")
     if not isinstance(streams, list) or not all(
             isinstance(s, list) and len(s) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
             for s in streams):
         raise FormatError(f"{path}: 'streams' must be a list of [stream, last_transition, ended] integer triples")
     samplers = record.setdefault("samplers", {})
-    if not isinstance(samplers, dict) or not all(valid_rng_state(v) for v in samplers.values()):
-        raise FormatError(f"{path}: 'samplers' must map names to PCG64 states "
+    if not isinstance(samplers, dict) or not all(valid_name(k) and valid_rng_state(v) for k, v in samplers.items()):
+        raise FormatError(f"{path}: 'samplers' must map names (1-64 letters, digits, '_', '-') to PCG64 states "
                           "({'bit_generator': 'PCG64', 'state': {'state': int, 'inc': int}, ...})")
     priorities = record.setdefault("priorities", {})
     if not isinstance(priorities, dict) or not all(
-            isinstance(name, str) and valid_priority_entry(entry, record["head"])
+            valid_name(name) and valid_priority_entry(entry, record["head"])
             for name, entry in priorities.items()):
-        raise FormatError(f"{path}: 'priorities' must map names to {{'buffer': 0 or 1, 'max_priority': a finite "
+        raise FormatError(f"{path}: 'priorities' must map names (1-64 letters, digits, '_', '-') to {{'buffer': 0 or 1, 'max_priority': a finite "
                           f"number > 0, 'head': an integer <= head}}, got {str(priorities)[:200]}")
     return record
+
+
+def valid_name(name: Any) -> bool:
+    return isinstance(name, str) and NAME_PATTERN.match(name) is not None
 
 
 def valid_priority_entry(entry: Any, head: int) -> bool:

@@ -65,9 +65,19 @@ class FrameColumn:
 
     def fill_missing(self, chunks: np.ndarray, slots: np.ndarray, ram_chunk) -> np.ndarray:
         """Bring the chunks the cache lacks into it — copied from RAM (``ram_chunk(name, chunk)``) when
-        they are in the staging or sealed shard, else decoded from their file. Returns all slots."""
+        they are in the staging or sealed shard, else decoded from their file. Returns all slots. If any
+        read fails (I/O error, corrupt chunk), none of the chunks admitted here stays cached: their slots
+        would hold whatever was there before, and later hits would return it as data."""
         missing = np.unique(chunks[slots < 0])
         new_slots = self.cache.admit(missing)
+        try:
+            self._fill_slots(missing, new_slots, ram_chunk)
+        except BaseException:
+            self.cache.forget(missing)
+            raise
+        return self.cache.slot_of[chunks]
+
+    def _fill_slots(self, missing: np.ndarray, new_slots: np.ndarray, ram_chunk) -> None:
         slab = self.cache.slab
         to_decode = []
         for chunk, slot in zip(missing.tolist(), new_slots.tolist()):
@@ -88,7 +98,6 @@ class FrameColumn:
             list(decode_pool().map(decode_all, groups))
         else:
             decode_all(to_decode)
-        return self.cache.slot_of[chunks]
 
 
 class FrameRing:
@@ -321,6 +330,12 @@ class FrameRing:
         self.head, self.oldest = head, oldest
         self.staging_shard = head // self.shard_rows
         self.load_staging()
+
+    def drop_cached(self) -> None:
+        """Forget every cached chunk and shard index (readers, after a load that broke off)."""
+        for col in self.columns.values():
+            col.cache.clear()
+            col.array.forget()
 
     def load_staging(self) -> None:
         """After open: bring the committed rows of the staging shard back into RAM."""

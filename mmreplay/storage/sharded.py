@@ -1,9 +1,11 @@
 """Whole-shard writes and chunk-granular reads of one sharded zarr array, without zarr's per-call cost.
 
 Invariant: ``write_shard`` replaces a shard file atomically (readers see the old or the new file) and
-keeps this object's cached index for that shard equal to the file's; ``read_chunks`` returns exactly
-what ``zarr.open_array(...)`` returns for those chunks (the fill value 0 for empty chunks) or raises
-``CorruptDataError`` naming the array, shard and chunk.
+keeps this object's cached index for that shard equal to the file's; ``read_chunk`` returns exactly
+what ``zarr.open_array(...)`` returns for that chunk (the fill value 0 for a chunk the index marks empty)
+or raises ``CorruptDataError`` naming the array, shard and chunk. A missing shard file is an error too
+(callers only read shards a commit covers), unless the array was made with ``missing_ok`` (priority
+buffers, whose never-written shards are zarr's fill value): zarr would read it as zeros, silently.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ MAX_OPEN_FILES = 128
 
 
 class ShardedArray:
-    def __init__(self, root: str, layout: ArrayLayout):
+    def __init__(self, root: str, layout: ArrayLayout, *, missing_ok: bool = False):
         self.root = root
         self.layout = layout
+        self.missing_ok = missing_ok
         self.compressor = numcodecs_compressor(layout.codec, layout.np_dtype)
         self.chunk_shape = (layout.chunk_rows, *layout.row_shape)
         self._indexes: dict[int, np.ndarray | None] = {}  # shard -> index; None = no file (all empty)
@@ -133,8 +136,10 @@ class ShardedArray:
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            self._indexes[shard] = None
-            return -1, None
+            if not self.missing_ok:
+                raise CorruptDataError(f"array {self.layout.path!r}, shard {shard}: file {path} is missing, but the "
+                                       "last commit says it holds committed data (deleted or moved?)") from None
+            return -1, None  # not remembered: the file may be written later
         try:
             index = self._indexes.get(shard)
             if index is None:

@@ -1,0 +1,143 @@
+"""Injected faults on the read path: a clear error or true data, never silent garbage.
+
+Each test breaks one thing (a read that fails once, a flipped byte, a deleted file, an edited record) and
+then checks every row it can still read against the ground truth of ``synthetic``.
+"""
+
+import errno
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mmreplay
+import mmreplay.storage.sharded as sharded
+import synthetic as syn
+
+N = 1500
+
+
+@pytest.fixture
+def filled(store_path):
+    with mmreplay.Store.create(store_path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=2000,
+                               frame_stack=syn.FRAME_STACK, reward_values=(-1, 0, 1), durable=False) as s:
+        for g in range(N):
+            s.add(*syn.transition(g))
+    return store_path
+
+
+def all_rows_right(store) -> int:
+    oldest, head = store.valid_range()
+    ids = np.array([g for g in range(oldest, head) if syn.needs(g) >= oldest])
+    for lo in range(0, ids.size, 256):
+        assert syn.wrong_rows(store.get(ids[lo:lo + 256])) == []
+    for _ in range(30):
+        assert syn.wrong_rows(store.sample(64)) == []
+    return ids.size
+
+
+def frame_shards(path):
+    """Frame shard files, shard 0 first."""
+    files = glob.glob(os.path.join(path, "frames", "obs", "c", "*", "0", "0"))
+    return sorted(files, key=lambda f: int(f.split(os.sep)[-3]))
+
+
+class FailingPread:
+    """``os.pread`` that raises EIO on calls number ``fail_on`` (a set), and works otherwise."""
+
+    def __init__(self, fail_on):
+        self.calls, self.fail_on, self.real = 0, set(fail_on), os.pread
+
+    def __call__(self, fd, n, offset):
+        self.calls += 1
+        if self.calls in self.fail_on:
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return self.real(fd, n, offset)
+
+
+@pytest.mark.parametrize("mode", ["r", "a"])
+def test_a_read_that_fails_once_leaves_no_garbage_in_the_cache(filled, monkeypatch, mode):
+    with mmreplay.Store.open(filled, mode=mode, cache_bytes=1 << 14) as s:  # a tiny cache: many misses
+        failing = FailingPread(fail_on={3, 4, 5, 40})
+        monkeypatch.setattr(sharded.os, "pread", failing)
+        raised = 0
+        for _ in range(40):
+            try:
+                assert syn.wrong_rows(s.sample(64)) == []
+            except OSError as exc:
+                assert exc.errno == errno.EIO
+                raised += 1
+        assert raised >= 2 and failing.calls > 40
+        monkeypatch.undo()
+        assert all_rows_right(s) == N
+
+
+def test_a_corrupt_chunk_raises_and_is_not_cached(filled):
+    path = frame_shards(filled)[0]
+    original = open(path, "rb").read()
+    damaged = bytearray(original)
+    damaged[10] ^= 0xFF  # inside the first chunk's compressed bytes
+    with mmreplay.Store.open(filled, mode="r", cache_bytes=1 << 14) as s:
+        with open(path, "wb") as f:
+            f.write(damaged)
+        with pytest.raises(mmreplay.CorruptDataError, match=r"frames/obs.*shard 0, chunk 0"):
+            s.get(np.arange(0, 64))
+        with open(path, "wb") as f:  # the file is fine again: so is every row
+            f.write(original)
+        assert all_rows_right(s) == N
+
+
+@pytest.mark.parametrize("what", ["frames", "transitions"])
+def test_a_deleted_committed_shard_is_an_error_not_zeros(filled, what):
+    victim = frame_shards(filled)[0] if what == "frames" else \
+        os.path.join(filled, "transitions", "action", "c", "0")
+    os.unlink(victim)
+    with pytest.raises(mmreplay.CorruptDataError, match="missing"):
+        s = mmreplay.Store.open(filled, mode="r")
+        try:
+            s.get(np.arange(0, 64))
+            for _ in range(20):
+                s.sample(64)
+        finally:
+            s.close()
+
+
+def test_an_edited_commit_record_is_refused(filled):
+    commit = os.path.join(filled, "commit", "zarr.json")
+    group = json.load(open(commit))
+    group["attributes"]["mmreplay_commit"]["frame_head"] -= 5
+    with open(commit, "w") as f:
+        json.dump(group, f)
+    with pytest.raises(mmreplay.CorruptDataError, match="checksum"):
+        mmreplay.Store.open(filled, mode="r")
+
+
+def test_a_record_without_checksum_still_opens(filled):
+    """Stores written before the record had a checksum open as they are."""
+    commit = os.path.join(filled, "commit", "zarr.json")
+    group = json.load(open(commit))
+    del group["attributes"]["mmreplay_commit_crc32c"]
+    with open(commit, "w") as f:
+        json.dump(group, f)
+    with mmreplay.Store.open(filled, mode="r") as s:
+        assert all_rows_right(s) == N
+
+
+def test_a_refresh_that_fails_midway_is_loaded_again(filled, monkeypatch):
+    reader = mmreplay.Store.open(filled, mode="r", cache_bytes=1 << 14)
+    with mmreplay.Store.open(filled) as writer:
+        for g in range(N, N + 700):
+            writer.add(*syn.transition(g))
+    failing = FailingPread(fail_on=set(range(2, 6)))
+    monkeypatch.setattr(sharded.os, "pread", failing)
+    with pytest.raises(OSError):
+        reader.refresh()
+    with pytest.raises(OSError):
+        reader.sample(32)  # loads again first, and fails again: never samples the half-loaded state
+    monkeypatch.undo()
+    assert syn.wrong_rows(reader.sample(32)) == []
+    assert reader.valid_range()[1] == N + 700
+    assert all_rows_right(reader) > 0
+    reader.close()
