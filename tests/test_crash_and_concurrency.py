@@ -13,6 +13,10 @@ from torture import check_store, concurrent_readers, kill_trials
 
 def test_sigkill_at_random_instants(store_path):
     results = kill_trials(store_path, trials=8, capacity=300, seed=1, log=lambda *a: None)
+    for round_ in range(2, 12):  # on a loaded machine the writer gets less done before each kill
+        if results[-1][0] > 300:
+            break
+        results = kill_trials(store_path, trials=4, capacity=300, seed=round_, log=lambda *a: None)
     assert results[-1][0] > 300  # the ring wrapped: overwrite commits were exercised too
 
 

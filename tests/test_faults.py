@@ -141,3 +141,29 @@ def test_a_refresh_that_fails_midway_is_loaded_again(filled, monkeypatch):
     assert reader.valid_range()[1] == N + 700
     assert all_rows_right(reader) > 0
     reader.close()
+
+
+def test_priorities_that_overflow_float32_or_the_tree_are_refused_before_anything_changes(filled):
+    with mmreplay.Store.open(filled) as s:
+        sampler = s.sampler(32, prioritized=True)
+        batch = next(sampler)
+        before = s.priorities().raw.copy()
+        for bad in (1e39, 3.5e38, float("inf"), float("nan"), -1.0):
+            with pytest.raises(ValueError):
+                sampler.update_priorities(batch.indices, np.full(32, bad))
+        np.testing.assert_array_equal(s.priorities().raw, before)
+        with pytest.raises(ValueError, match="overflows"):
+            s.priorities(alpha=1e9)  # (1 + 1e-6) ** 1e9 = e ** 1000
+        sampler.update_priorities(batch.indices, np.full(32, 3e38))  # largest float32-ish: still fine at 0.6
+        with pytest.raises(ValueError, match="overflows"):
+            s.priorities(alpha=10.0)  # (3e38) ** 10 overflows float64
+        assert s.priorities().alpha == 0.6
+        assert syn.wrong_rows(next(sampler)) == []
+        s.flush()  # commits still work
+    with mmreplay.Store.open(filled) as again:  # and the store reopens with everything
+        assert again.valid_range() == (0, N)
+        assert float(again.priorities().raw.max()) == pytest.approx(3e38, rel=1e-6)
+        assert syn.wrong_rows(next(again.sampler(32, prioritized=True))) == []
+    with pytest.raises(ValueError, match="overflows"):
+        with mmreplay.Store.open(filled) as third:
+            third.sampler(32, prioritized=True, alpha=1e9)

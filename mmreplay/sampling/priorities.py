@@ -26,7 +26,7 @@ import numpy as np
 
 from mmreplay.index.ring import stack_frames_into
 from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
-from mmreplay.errors import CorruptDataError
+from mmreplay.errors import CorruptDataError, FormatError
 from mmreplay.storage.commit import NAME_PATTERN
 from mmreplay.storage.layout import INDEX_CODEC, ArrayLayout
 from mmreplay.storage.sharded import ShardedArray
@@ -53,6 +53,26 @@ def check_exponent(value, what: str) -> float:
     return float(value)
 
 
+# Priorities are stored as float32; a leaf (p + eps) ** alpha must stay so far below float64's maximum that
+# the sum of every leaf of the largest ring (2**40 rows) cannot overflow the tree either.
+MAX_PRIORITY = float(np.finfo(np.float32).max)
+MAX_LEAF = float(np.finfo(np.float64).max) / 2.0**41
+
+
+def check_leaf_range(top: float, alpha: float, eps: float, what: str) -> None:
+    """Refuse (before anything changes) priorities or exponents whose largest leaf would overflow."""
+    if top > MAX_PRIORITY:
+        raise ValueError(f"{what}: priority {top!r} is larger than float32 can hold ({MAX_PRIORITY:.4g}); "
+                         "priorities are stored as float32")
+    try:
+        leaf = (top + eps) ** alpha
+    except OverflowError:
+        leaf = float("inf")
+    if not leaf <= MAX_LEAF:
+        raise ValueError(f"{what}: (priority + eps) ** alpha = ({top!r} + {eps!r}) ** {alpha!r} overflows "
+                         f"(must stay <= {MAX_LEAF:.3g}); use a smaller alpha or smaller priorities")
+
+
 def buffer_layout(name: str, buffer: int, rows: int, shard_rows: int) -> ArrayLayout:
     return ArrayLayout(f"{PRIORITIES_GROUP}/{name}/{buffer}", rows, (), "float32", shard_rows, shard_rows,
                        INDEX_CODEC)
@@ -66,6 +86,7 @@ class Priorities:
         self.name = check_name(name)
         self.alpha = check_exponent(alpha, "alpha")
         self.eps = check_exponent(eps, "priority_eps")
+        check_leaf_range(INITIAL_MAX_PRIORITY, self.alpha, self.eps, f"priority set {name!r}")
         self.rows = ring.rows
         self.shard_rows = ring.shard_rows
         self.raw = np.zeros(self.rows, dtype=np.float32)
@@ -158,6 +179,7 @@ class Priorities:
         alpha, eps = check_exponent(alpha, "alpha"), check_exponent(eps, "priority_eps")
         if (alpha, eps) == (self.alpha, self.eps):
             return
+        check_leaf_range(self.max_priority, alpha, eps, f"priority set {self.name!r}")
         self.alpha, self.eps = alpha, eps
         self._set_leaves_from_raw()
 
@@ -199,6 +221,9 @@ class Priorities:
         ring gave up since they were sampled are skipped. Returns how many were updated."""
         g = _as_ids(indices)
         p = _as_priorities(priorities, g.size)
+        top = float(p.max(initial=0.0))
+        if top == top:  # NaN is refused by _apply_update, with the others that are not finite and >= 0
+            check_leaf_range(top, self.alpha, self.eps, "update_priorities")
         ring = self.store._ring
         self.sync()
         self._tick += 1
@@ -271,6 +296,12 @@ class Priorities:
                                        "holds priorities of stored transitions")
         # every other shard: one never written reads as zeros (zarr's fill value)
         self.raw[:] = array.read_rows(0, self.rows)
+        bad = ~np.isfinite(self.raw) | (self.raw < 0)
+        if bad.any():
+            raise FormatError(f"priorities {self.name!r}: {int(bad.sum())} stored priorities are not finite and >= 0 "
+                              f"(e.g. {self.raw[bad][:4].tolist()}); the buffer {self.buffer} is damaged")
+        check_leaf_range(max(self.max_priority, float(self.raw.max(initial=0.0))), self.alpha, self.eps,
+                         f"committed priority set {self.name!r}")
         self._written_tick[self.buffer][:] = 0  # that buffer holds exactly raw
         live = np.arange(ring.oldest, max(ring.oldest, live_hi), dtype=np.int64)
         self.drawable[ring.slot(live)] = True
