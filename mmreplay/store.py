@@ -30,6 +30,7 @@ from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
 from mmreplay.sampling.batch import assemble
 from mmreplay.sampling.nstep import nstep_returns
+from mmreplay.storage import forking
 from mmreplay.storage.commit import (COMMIT_FILE, FORMAT_VERSION, parse_commit, read_commit, read_commit_bytes,
                                      write_commit)
 from mmreplay.storage.files import fsync_dir, fsync_files
@@ -118,7 +119,9 @@ class Store(WritePath):
         self._closed = False
         self._failed: OSError | None = None
         self._lock = threading.RLock()  # adds, flushes and batch assembly never interleave
+        self._forked = False  # this object was inherited by a forked child: unusable there
         self._lock_fd = self._acquire_writer_lock() if mode == "a" else None
+        forking.register(self)
         unbounded = self.capacity is None
         rec = record or {}
         self._ring = TransitionRing(path, self.schema.transition_columns,
@@ -578,7 +581,20 @@ class Store(WritePath):
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._forked:
+                raise StoreClosedError(f"store {self.path!r} was opened before this process was forked from its "
+                                       "parent; open it again in the child (Store.open(path, mode='r') to read), "
+                                       "or use the 'spawn' or 'forkserver' start method")
             raise StoreClosedError(f"store {self.path!r} is closed")
+
+    def _after_fork_in_child(self) -> None:
+        """See storage/forking.py: the parent's store is not this process's to use, nor its lock to hold."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # the parent keeps the lock; it ends with the parent, not with us
+            self._lock_fd = None
+        self._lock = threading.RLock()  # the parent's may be held by a thread that does not exist here
+        self._forked = self._forked or not self._closed
+        self._closed = True
 
     def _check_writable(self) -> None:
         self._check_open()

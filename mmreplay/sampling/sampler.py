@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mmreplay.sampling.batch import Batch, BatchBuffers
+from mmreplay.storage import forking
 
 if TYPE_CHECKING:  # pragma: no cover
     from mmreplay.store import Store
@@ -88,6 +89,7 @@ class Sampler:
         for slot in self._slots:
             self._free.put(slot)
         store._register_sampler(self)
+        forking.register(self)
 
     @property
     def beta(self) -> float:
@@ -167,6 +169,10 @@ class Sampler:
             self._ready.put(slot)
 
     # -- lifecycle --------------------------------------------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        """A forked child has no prefetch thread, and the queues' locks may be held: never touch them."""
+        self._closed = True
+
     def close(self) -> None:
         if self._closed:
             return

@@ -5,7 +5,9 @@ back for every chunk, and the adding thread holds it almost all the time. Measur
 10 image shards encoded with lz4hc took 709 ms in a thread while adds ran, 186 ms alone. A child
 process encodes at full speed on the other core.
 
-Invariants: a staging buffer handed to ``submit`` lives in shared memory and is not written again until
+Invariants: shared buffers are backed by reserved pages (``posix_fallocate``): a /dev/shm too small for
+them is an ``OSError`` when they are allocated, never a SIGBUS later. A staging buffer handed to
+``submit`` lives in shared memory and is not written again until
 its job's ``result()`` returned; a job's shard files are complete (temp file + rename, like every shard
 write) when ``result()`` returns — or, for a job with an output buffer, its first ``head_chunks`` encoded
 chunks lie back to back in that buffer with their sizes returned, and the caller (``FrameRing``, which
@@ -55,6 +57,14 @@ class ShardEncoder:
         dtype = np.dtype(dtype)
         nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
         segment = self._shared_memory.SharedMemory(create=True, size=nbytes)
+        try:
+            # Reserve the pages now: a tmpfs (/dev/shm) too small for them otherwise kills the process with
+            # SIGBUS at the first write to a page it cannot back. This raises OSError (ENOSPC) instead.
+            os.posix_fallocate(segment._fd, 0, nbytes)
+        except BaseException:
+            segment.close()
+            segment.unlink()
+            raise
         array = np.ndarray(shape, dtype=dtype, buffer=segment.buf)
         array[...] = 0
         self._segments[array.ctypes.data] = segment

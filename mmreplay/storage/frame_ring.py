@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
 
@@ -25,6 +26,7 @@ import numpy as np
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.reading.cache import ChunkCache
 from mmreplay.reading.gather import gather_cached, gather_stacks
+from mmreplay.storage import forking
 from mmreplay.storage.encoder import ShardEncoder
 from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
@@ -50,6 +52,14 @@ def decode_pool() -> ThreadPoolExecutor:
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="mmreplay-codec")
     return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # a forked child has none of the pool's threads: make a new pool on first use
+
+
+forking.on_fork(_forget_pool)
 
 
 class FrameColumn:
@@ -127,13 +137,27 @@ class FrameRing:
         self._executor: ThreadPoolExecutor | None = None
         self._encoder = ShardEncoder.for_rows(total_row_bytes) if writable else None
         if self._encoder is not None:
-            try:
-                for col in self.columns.values():
-                    col.staging = self._new_buffer(col)
-                self._encoder.start()  # the child imports numpy & co. while the first shard fills
-            except OSError:  # no usable shared memory: encode in a thread instead
-                self._encoder.close()
-                self._encoder = None
+            self._start_encoder()
+
+    def _start_encoder(self) -> None:
+        """Every shared buffer the encoder child will ever use, allocated now (two staging shards and the
+        encoded head per column), so that too little shared memory shows here, not in the middle of adds:
+        then shards are encoded by a thread instead (slower adds, same files)."""
+        try:
+            for col in self.columns.values():
+                col.staging = self._new_buffer(col)
+                self._spare[col.spec.name] = self._new_buffer(col)
+                self._encoded_out_buffer(col)
+            self._encoder.start()  # the child imports numpy & co. while the first shard fills
+        except OSError as exc:
+            self._encoder.close()
+            self._encoder = None
+            self._spare, self._encoded_out = {}, {}
+            for col in self.columns.values():
+                col.staging = np.zeros((self.shard_rows, *col.spec.shape), dtype=col.spec.np_dtype)
+            warnings.warn(f"mmreplay: no room in shared memory for the shard encoder ({exc}); encoding shards in a "
+                          "thread instead (adds are slower; a larger /dev/shm restores the encoder process)",
+                          RuntimeWarning, stacklevel=4)
 
     # -- geometry ---------------------------------------------------------------------------------
     def row_of(self, frame_ids: np.ndarray) -> np.ndarray:

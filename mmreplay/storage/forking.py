@@ -1,0 +1,43 @@
+"""What a process forked from one that uses mmreplay inherits, made safe.
+
+Invariant: in a child made by ``os.fork`` (DataLoader workers and env workers with the ``fork`` start
+method, ``multiprocessing`` pools), every object registered here has had its ``_after_fork_in_child()``
+run before the child does anything else, so that
+- process-wide thread pools are forgotten (their threads do not exist in the child; a task submitted to
+  them would wait forever) and made anew on first use;
+- a store opened before the fork is unusable in the child, with a clear error (its locks may be held by
+  threads that the child does not have, and two processes must never write one store), and the child's
+  copy of its writer-lock descriptor is closed, so a crashed writer never leaves the store locked for as
+  long as the children it forked live on.
+zarr-python resets its own event loop after a fork; a store opened *in* the child works normally.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Callable
+
+_objects: "weakref.WeakSet" = weakref.WeakSet()
+_resetters: list[Callable[[], None]] = []
+
+
+def register(obj) -> None:
+    """Run ``obj._after_fork_in_child()`` in every child forked while ``obj`` is alive."""
+    _objects.add(obj)
+
+
+def on_fork(reset: Callable[[], None]) -> None:
+    """Run ``reset()`` in every forked child (module-level state: pools, caches of threads)."""
+    _resetters.append(reset)
+
+
+def _after_fork_in_child() -> None:
+    for reset in _resetters:
+        reset()
+    for obj in list(_objects):
+        obj._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
