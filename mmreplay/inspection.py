@@ -35,6 +35,10 @@ def verify_store(store: "Store", progress=None) -> list[str]:
             work += [(array, shard) for array in arrays for shard in shards]
         work += committed_priority_shards(store, record)
     problems = []
+    layouts = store._ring.layouts() + [c.layout for c in store._frames.columns.values()] + \
+        [array.layout for array, _ in work]
+    for layout in {lay.path: lay for lay in layouts}.values():
+        problems += layout.metadata_problems(store.path)
     for i, (array, shard) in enumerate(work):
         problems += array.verify_shard(shard)
         if progress:

@@ -25,8 +25,8 @@ import numpy as np
 
 from mmreplay.columns.encode import ColumnEncoder
 from mmreplay.columns.spec import ColumnSpec, Schema, schema_from_spaces
-from mmreplay.errors import ReadOnlyError, StorageError, StoreClosedError
-from mmreplay.index.ring import TransitionRing
+from mmreplay.errors import FormatError, NotAStoreError, ReadOnlyError, StorageError, StoreClosedError
+from mmreplay.index.ring import TransitionRing, as_transition_ids
 from mmreplay.index.streams import Streams
 from mmreplay.sampling.batch import assemble
 from mmreplay.sampling.nstep import nstep_returns
@@ -35,7 +35,8 @@ from mmreplay.storage.commit import (COMMIT_FILE, FORMAT_VERSION, parse_commit, 
                                      write_commit)
 from mmreplay.storage.files import fsync_dir, fsync_files
 from mmreplay.storage.frame_ring import FrameRing
-from mmreplay.storage.meta import plan_geometry, read_meta, validate_capacity  # noqa: F401 (re-exported)
+from mmreplay.storage.meta import (check_open_memory, check_record, plan_geometry, read_meta,  # noqa: F401
+                                   validate_capacity)
 from mmreplay.storage.pending import PendingBlock
 from mmreplay.writing import WritePath
 
@@ -75,8 +76,10 @@ class Store(WritePath):
             validate_capacity(frame_capacity, "frame_capacity")
         geometry = plan_geometry(schema, capacity, frame_capacity)
         if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-            raise FileExistsError(f"cannot create a store at {path!r}: it exists and is not an empty directory "
-                                  "(use Store.open to continue an existing store)")
+            if not _never_committed(path):
+                raise FileExistsError(f"cannot create a store at {path!r}: it exists and is not an empty directory "
+                                      "(use Store.open to continue an existing store)")
+            _remove_contents(path)  # a create that crashed before its first commit: nothing was ever stored
         os.makedirs(path, exist_ok=True)
         meta = {"format_version": FORMAT_VERSION, "schema": schema.to_json(), **geometry}
         import zarr
@@ -102,8 +105,14 @@ class Store(WritePath):
             raise ValueError(f"mode must be 'a' (read and append) or 'r' (read only), got {mode!r}")
         meta = read_meta(path)
         record = read_commit(path)
-        return cls(path, meta, record=record, mode=mode, cache_bytes=cache_bytes, commit_every=commit_every,
-                   commit_seconds=commit_seconds, durable=durable)
+        check_record(record, meta, path)
+        check_open_memory(meta, record, path, writable=mode == "a")
+        try:
+            return cls(path, meta, record=record, mode=mode, cache_bytes=cache_bytes, commit_every=commit_every,
+                       commit_seconds=commit_seconds, durable=durable)
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
+            # The checks above should leave nothing here; if metadata still slips through, say where it is.
+            raise FormatError(f"store {path!r}: its metadata is inconsistent ({type(exc).__name__}: {exc})") from exc
 
     def __init__(self, path: str, meta: dict, *, record: dict | None, mode: str, cache_bytes: int,
                  commit_every: int, commit_seconds: float, durable: bool):
@@ -175,6 +184,7 @@ class Store(WritePath):
             if self.mode != "r":
                 return False
             record = read_commit(self.path)
+            check_record(record, self._meta, self.path)
             reload = self._needs_reload
             if record["sequence"] == self._durable_state["sequence"] and not reload:
                 return False
@@ -245,8 +255,15 @@ class Store(WritePath):
         return self._sampler_states.get(name)
 
     def _restore(self, record: dict) -> None:
-        self._ring.max_prev_delta = record["max_prev_delta"]
         self._ring.load(record["head"])
+        # The episode links in RAM, not the record, say how far back a link reaches (what n-step and
+        # stack-validity scans need): exact, and immune to an edited record.
+        self._ring.max_prev_delta = self._ring.live_max_prev_delta()
+        lo, hi = self._ring.frame_span(record["frame_head"])
+        if lo < record["frame_oldest"] or hi >= record["frame_head"]:
+            raise FormatError(f"store {self.path!r}: its transitions refer to frames [{lo}, {hi}] but the commit "
+                              f"record keeps frames [{record['frame_oldest']}, {record['frame_head']}) (an edited "
+                              "or mismatched commit record)")
         self._ring.rebuild_shard_min_frame(record["frame_head"])
         self._frames.load_staging()
         self._streams.restore(record["streams"])
@@ -352,6 +369,7 @@ class Store(WritePath):
     def __len__(self) -> int:
         """Number of valid transitions (those a sampler can return)."""
         with self._lock:
+            self._check_open()
             self._drain()
             return self._ring.count_valid(self.frame_stack, self._frames.head)
 
@@ -359,6 +377,7 @@ class Store(WritePath):
     def num_added(self) -> int:
         """Transitions ever added (including those since overwritten)."""
         with self._lock:
+            self._check_open()
             self._drain()
             return self._ring.head
 
@@ -366,20 +385,15 @@ class Store(WritePath):
     def num_frames(self) -> int:
         """Distinct observations ever stored (each frame once, however many stacks it belongs to)."""
         with self._lock:
+            self._check_open()
             self._drain()
             return self._frames.head
 
     def sample_indices(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``batch_size`` valid transition ids drawn uniformly, with their obs / next-obs frame stacks.
         Caller holds the lock."""
-        self._drain()
+        self._check_batch_size(batch_size)
         ring = self._ring
-        n_valid = ring.count_valid(self.frame_stack, self._frames.head)
-        if n_valid == 0:
-            raise ValueError("cannot sample from an empty store (no valid transitions yet)")
-        if batch_size > n_valid:
-            raise ValueError(f"batch_size {batch_size} is larger than the store ({n_valid} valid transitions); "
-                             "wait until it holds at least one batch")
         span = ring.head - ring.oldest
         g = ring.oldest + rng.integers(0, span, size=batch_size)
         obs_ids, next_ids, valid = ring.stack_frames(g, self.frame_stack, self._frames.head)
@@ -398,9 +412,23 @@ class Store(WritePath):
 
         validate_capacity(batch_size, "batch_size")
         rng = rng if rng is not None else self._rng if seed is None else np.random.default_rng(seed)
+        with self._lock:
+            self._check_open()
+            self._check_batch_size(batch_size)  # before allocating the batch (10**6 Atari stacks: 28 GB)
         buf = BatchBuffers(self, batch_size)
         self.fill_batch(buf, rng)
         return buf.batch(self)
+
+    def _check_batch_size(self, batch_size: int) -> int:
+        """The number of valid transitions, if a batch of ``batch_size`` can be drawn from them."""
+        self._drain()
+        n_valid = self._ring.count_valid(self.frame_stack, self._frames.head)
+        if n_valid == 0:
+            raise ValueError("cannot sample from an empty store (no valid transitions yet)")
+        if batch_size > n_valid:
+            raise ValueError(f"batch_size {batch_size} is larger than the store ({n_valid} valid transitions); "
+                             "wait until it holds at least one batch")
+        return n_valid
 
     def fill_batch(self, buf, rng: np.random.Generator, *, priorities=None, beta: float = 0.0, n_step: int = 1,
                    gamma: float = 1.0) -> None:
@@ -482,7 +510,7 @@ class Store(WritePath):
         """The transitions with these global ids (must be valid), as a Batch."""
         from mmreplay.sampling.batch import BatchBuffers, assemble
 
-        g = np.asarray(indices, dtype=np.int64).reshape(-1)
+        g = as_transition_ids(indices)
         buf = BatchBuffers(self, g.size)
         with self._lock:
             self._check_open()
@@ -520,6 +548,7 @@ class Store(WritePath):
     def valid_range(self) -> tuple[int, int]:
         """``(oldest, head)``: valid global ids lie in this range (a few near ``oldest`` may not be)."""
         with self._lock:
+            self._check_open()
             self._drain()
             return self._ring.oldest, self._ring.head
 
@@ -545,6 +574,8 @@ class Store(WritePath):
         return self.schema.spaces()[1]
 
     def cache_stats(self) -> dict[str, dict]:
+        """Per observation key: hits, misses, evictions and bytes of the decoded-frame cache."""
+        self._check_open()
         return {name: col.cache.stats.as_dict() for name, col in self._frames.columns.items()}
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -615,3 +646,23 @@ class Store(WritePath):
                                "object; open it with mode='r' to read, or close the writer first") from None
         return fd
 
+
+def _never_committed(path: str) -> bool:
+    """Is ``path`` what a ``Store.create`` that died before its first commit leaves: the root group of an
+    mmreplay store (and arrays), but no commit record? Such a directory holds no transition."""
+    try:
+        read_meta(path)
+    except (NotAStoreError, FormatError):
+        return False
+    return not os.path.exists(os.path.join(path, COMMIT_FILE))
+
+
+def _remove_contents(path: str) -> None:
+    import shutil
+
+    for entry in os.listdir(path):
+        full = os.path.join(path, entry)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full)
+        else:
+            os.unlink(full)

@@ -167,3 +167,64 @@ def test_priorities_that_overflow_float32_or_the_tree_are_refused_before_anythin
     with pytest.raises(ValueError, match="overflows"):
         with mmreplay.Store.open(filled) as third:
             third.sampler(32, prioritized=True, alpha=1e9)
+
+
+def test_small_things_that_used_to_pass_silently(filled, tmp_path):
+    with mmreplay.Store.open(filled, mode="r") as s:
+        with pytest.raises(TypeError, match="integer transition ids"):
+            s.get([1.7])
+        with pytest.raises(TypeError, match="integer transition ids"):
+            s.get(np.array([True]))
+        with pytest.raises(ValueError, match="larger than the store"):
+            s.sample(10**6)  # checked before 10**6 rows of buffers are allocated
+    closed = mmreplay.Store.open(filled, mode="r")
+    closed.close()
+    for use in (len, lambda x: x.valid_range(), lambda x: x.num_added, lambda x: x.cache_stats()):
+        with pytest.raises(mmreplay.StoreClosedError):
+            use(closed)
+    os.unlink(os.path.join(filled, "transitions", "reward", "zarr.json"))
+    with mmreplay.Store.open(filled, mode="r") as s:
+        problems = s.verify()
+    assert any("transitions/reward" in p and "missing" in p for p in problems), problems
+
+
+def test_a_priority_name_that_leaves_the_store_is_refused(filled):
+    from mmreplay.storage.commit import CHECKSUM_KEY, COMMIT_KEY, record_checksum
+
+    commit = os.path.join(filled, "commit", "zarr.json")
+    group = json.load(open(commit))
+    group["attributes"][COMMIT_KEY]["priorities"] = {"..": {"buffer": 0, "max_priority": 1.0, "head": 5}}
+    group["attributes"][CHECKSUM_KEY] = record_checksum(group["attributes"][COMMIT_KEY])
+    with open(commit, "w") as f:
+        json.dump(group, f)
+    with pytest.raises(mmreplay.FormatError, match="priorities"):
+        mmreplay.Store.open(filled, mode="r")
+
+
+def test_a_create_that_crashed_before_its_first_commit_is_started_again(store_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    # Kill a child inside Store.create, after the arrays exist and before the commit record is written.
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import mmreplay, mmreplay.store as st, synthetic as syn
+        def die(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        st.write_commit = die
+        mmreplay.Store.create({store_path!r}, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=300)
+    """)
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -9
+    assert os.path.exists(os.path.join(store_path, "zarr.json"))
+    with pytest.raises(mmreplay.NotAStoreError, match="never completely created"):
+        mmreplay.Store.open(store_path)
+    with mmreplay.Store.create(store_path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=300, frame_stack=3,
+                               reward_values=(-1, 0, 1)) as s:
+        for g in range(150):
+            s.add(*syn.transition(g))
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        assert all_rows_right(s) == 150
+    with pytest.raises(FileExistsError):  # a store with a commit is never replaced
+        mmreplay.Store.create(store_path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=300)

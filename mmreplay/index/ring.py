@@ -195,6 +195,22 @@ class TransitionRing:
         shards = self.file_shard_array(g // self.shard_rows)
         np.minimum.at(self.shard_min_frame, shards, frames)
 
+    def live_max_prev_delta(self) -> int:
+        """The longest episode link among transitions ``[oldest, head)``."""
+        if self.head == self.oldest:
+            return 0
+        return int(self.arrays["prev_delta"][self.slot(np.arange(self.oldest, self.head, dtype=np.int64))].max())
+
+    def frame_span(self, frame_head: int) -> tuple[int, int]:
+        """Smallest and largest global frame id that transitions ``[oldest, head)`` refer to (their own
+        observation and next observation); ``(frame_head, -1)`` when there are none."""
+        if self.head == self.oldest:
+            return frame_head, -1
+        slots = self.slot(np.arange(self.oldest, self.head, dtype=np.int64))
+        obs = self.frame_globals(self.arrays["obs_frame"][slots], frame_head)
+        nxt = self.frame_globals(self.arrays["next_frame"][slots], frame_head)
+        return int(min(obs.min(), nxt.min())), int(max(obs.max(), nxt.max()))
+
     def file_shard_array(self, global_shards: np.ndarray) -> np.ndarray:
         return global_shards if self.capacity is None else global_shards % (self.rows // self.shard_rows)
 
@@ -249,6 +265,18 @@ class TransitionRing:
             total -= int(window - np.count_nonzero(valid))
         self._valid_count_cache = (key, total)
         return total
+
+
+def as_transition_ids(indices) -> np.ndarray:
+    """``indices`` (a sequence, numpy array or torch tensor of integers) as a flat int64 array; anything
+    else (floats, bools, strings) is a ``TypeError``, never a silently truncated id."""
+    if hasattr(indices, "detach"):
+        indices = indices.detach().cpu().numpy()
+    g = np.asarray(indices)
+    if g.size and g.dtype.kind not in "iu":
+        raise TypeError(f"expected integer transition ids (e.g. Batch.indices), got dtype {g.dtype}: "
+                        f"{g.reshape(-1)[:4].tolist()}")
+    return np.ascontiguousarray(g, dtype=np.int64).reshape(-1)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -7,6 +7,7 @@ to their values — and touches nothing else.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,15 @@ class Batch:
 FLAG_TABLE = np.array([False, True])
 
 
+def check_host_memory(batch_size: int, row_nbytes: int) -> None:
+    """Refuse a batch whose buffers alone would not fit in this machine's memory, before allocating them."""
+    need = batch_size * row_nbytes
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have // 2:
+        raise ValueError(f"batch_size {batch_size} needs {need / 2**30:.1f} GiB of buffers, more than half of this "
+                         f"machine's memory ({have / 2**30:.1f} GiB)")
+
+
 class BatchBuffers:
     """Preallocated host tensors for one batch (pinned when asked), with numpy views onto them."""
 
@@ -63,6 +73,8 @@ class BatchBuffers:
                  nstep: bool = False):
         k = store.frame_stack
         self.batch_size = batch_size
+        check_host_memory(batch_size, (2 * k * sum(s.row_nbytes for s in store.schema.observations)
+                                       + sum(8 * max(1, s.row_nbytes) for s in store.schema.transition_columns) + 32))
 
         def alloc(shape, dtype):
             t = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)

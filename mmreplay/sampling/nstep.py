@@ -80,7 +80,8 @@ def successors(ring: "TransitionRing", g: np.ndarray) -> np.ndarray:
     guess = g + np.where(own > 0, own, 1)
     out = np.where(_is_successor(ring, g, guess), guess, out)
     todo = np.flatnonzero(out < 0)
-    width = max(1, ring.max_prev_delta)
+    # a successor lies within max_prev_delta after g, and before head
+    width = max(1, min(ring.max_prev_delta, ring.head - 1 - int(g.min(initial=ring.head))))
     step = max(1, 4096 // max(1, todo.size))  # bound the (todo, step) scan block
     for lo in range(1, width + 1, step):
         if todo.size == 0:

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
-from mmreplay.index.ring import stack_frames_into
+from mmreplay.index.ring import as_transition_ids, stack_frames_into
 from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
 from mmreplay.errors import CorruptDataError, FormatError
-from mmreplay.storage.commit import NAME_PATTERN
+from mmreplay.storage.commit import NAME_PATTERN, check_leaf_range
 from mmreplay.storage.layout import INDEX_CODEC, ArrayLayout
 from mmreplay.storage.sharded import ShardedArray
 
@@ -51,26 +51,6 @@ def check_exponent(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
     return float(value)
-
-
-# Priorities are stored as float32; a leaf (p + eps) ** alpha must stay so far below float64's maximum that
-# the sum of every leaf of the largest ring (2**40 rows) cannot overflow the tree either.
-MAX_PRIORITY = float(np.finfo(np.float32).max)
-MAX_LEAF = float(np.finfo(np.float64).max) / 2.0**41
-
-
-def check_leaf_range(top: float, alpha: float, eps: float, what: str) -> None:
-    """Refuse (before anything changes) priorities or exponents whose largest leaf would overflow."""
-    if top > MAX_PRIORITY:
-        raise ValueError(f"{what}: priority {top!r} is larger than float32 can hold ({MAX_PRIORITY:.4g}); "
-                         "priorities are stored as float32")
-    try:
-        leaf = (top + eps) ** alpha
-    except OverflowError:
-        leaf = float("inf")
-    if not leaf <= MAX_LEAF:
-        raise ValueError(f"{what}: (priority + eps) ** alpha = ({top!r} + {eps!r}) ** {alpha!r} overflows "
-                         f"(must stay <= {MAX_LEAF:.3g}); use a smaller alpha or smaller priorities")
 
 
 def buffer_layout(name: str, buffer: int, rows: int, shard_rows: int) -> ArrayLayout:
@@ -219,7 +199,7 @@ class Priorities:
     def update(self, indices, priorities) -> int:
         """Set the priorities of transitions ``indices`` (global ids, as in ``Batch.indices``). Ids the
         ring gave up since they were sampled are skipped. Returns how many were updated."""
-        g = _as_ids(indices)
+        g = as_transition_ids(indices)
         p = _as_priorities(priorities, g.size)
         top = float(p.max(initial=0.0))
         if top == top:  # NaN is refused by _apply_update, with the others that are not finite and >= 0
@@ -301,7 +281,7 @@ class Priorities:
             raise FormatError(f"priorities {self.name!r}: {int(bad.sum())} stored priorities are not finite and >= 0 "
                               f"(e.g. {self.raw[bad][:4].tolist()}); the buffer {self.buffer} is damaged")
         check_leaf_range(max(self.max_priority, float(self.raw.max(initial=0.0))), self.alpha, self.eps,
-                         f"committed priority set {self.name!r}")
+                         f"committed priority set {self.name!r}", FormatError)
         self._written_tick[self.buffer][:] = 0  # that buffer holds exactly raw
         live = np.arange(ring.oldest, max(ring.oldest, live_hi), dtype=np.int64)
         self.drawable[ring.slot(live)] = True
@@ -313,16 +293,6 @@ class Priorities:
     def close(self) -> None:
         for arr in self._arrays.values():
             arr.close()
-
-
-def _as_ids(indices) -> np.ndarray:
-    if hasattr(indices, "detach"):
-        indices = indices.numpy() if indices.device.type == "cpu" and not indices.requires_grad else \
-            indices.detach().cpu().numpy()
-    g = np.asarray(indices)
-    if g.dtype.kind not in "iu":
-        raise TypeError(f"indices must be integer transition ids (Batch.indices), got dtype {g.dtype}")
-    return np.ascontiguousarray(g, dtype=np.int64).reshape(-1)
 
 
 def _as_priorities(priorities, n: int) -> np.ndarray:

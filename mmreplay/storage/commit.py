@@ -122,9 +122,30 @@ def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
     if not isinstance(priorities, dict) or not all(
             valid_name(name) and valid_priority_entry(entry, record["head"])
             for name, entry in priorities.items()):
-        raise FormatError(f"{path}: 'priorities' must map names (1-64 letters, digits, '_', '-') to {{'buffer': 0 or 1, 'max_priority': a finite "
-                          f"number > 0, 'head': an integer <= head}}, got {str(priorities)[:200]}")
+        raise FormatError(f"{path}: 'priorities' must map names (1-64 letters, digits, '_', '-') to {{'buffer': 0 "
+                          "or 1, 'max_priority': a number in (0, 3.4e38] whose (max_priority + eps) ** alpha does "
+                          f"not overflow, 'head': an integer <= head}}, got {str(priorities)[:200]}")
     return record
+
+
+# Priorities are stored as float32; a leaf (p + eps) ** alpha must stay so far below float64's maximum that
+# the sum of every leaf of the largest ring (2**40 rows) cannot overflow the tree either.
+MAX_PRIORITY = 3.4028234663852886e38  # float32's largest
+MAX_LEAF = 1.7976931348623157e308 / 2.0**41  # float64's largest, over the most leaves a ring can have
+
+
+def check_leaf_range(top: float, alpha: float, eps: float, what: str, error: type = ValueError) -> None:
+    """Refuse (before anything changes) priorities or exponents whose largest leaf would overflow."""
+    if top > MAX_PRIORITY:
+        raise error(f"{what}: priority {top!r} is larger than float32 can hold ({MAX_PRIORITY:.4g}); "
+                         "priorities are stored as float32")
+    try:
+        leaf = (top + eps) ** alpha
+    except OverflowError:
+        leaf = float("inf")
+    if not leaf <= MAX_LEAF:
+        raise error(f"{what}: (priority + eps) ** alpha = ({top!r} + {eps!r}) ** {alpha!r} overflows "
+                         f"(must stay <= {MAX_LEAF:.3g}); use a smaller alpha or smaller priorities")
 
 
 def valid_name(name: Any) -> bool:
@@ -137,9 +158,16 @@ def valid_priority_entry(entry: Any, head: int) -> bool:
     buffer, max_p, seen = entry.get("buffer"), entry.get("max_priority"), entry.get("head")
     exponents_ok = all(isinstance(entry.get(k, 0.0), (int, float)) and not isinstance(entry.get(k, 0.0), bool)
                        and 0 <= entry.get(k, 0.0) < float("inf") for k in ("alpha", "eps"))
-    return exponents_ok and buffer in (0, 1) and not isinstance(buffer, bool) and \
-        isinstance(max_p, (int, float)) and not isinstance(max_p, bool) and 0 < max_p < float("inf") and \
-        isinstance(seen, int) and not isinstance(seen, bool) and 0 <= seen <= head
+    if not (exponents_ok and buffer in (0, 1) and not isinstance(buffer, bool) and
+            isinstance(max_p, (int, float)) and not isinstance(max_p, bool) and 0 < max_p < float("inf") and
+            isinstance(seen, int) and not isinstance(seen, bool) and 0 <= seen <= head):
+        return False
+    try:
+        # with eps 1 when the entry has none: at least as large as any default a sampler would use
+        check_leaf_range(max_p, entry.get("alpha", 1.0), entry.get("eps", 1.0), "")
+    except ValueError:
+        return False
+    return True
 
 
 def valid_rng_state(state: Any) -> bool:

@@ -8,6 +8,7 @@ Shard ``s`` of an array covers rows ``[s * shard_rows, (s + 1) * shard_rows)`` a
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -49,6 +50,27 @@ class ArrayLayout:
     def shard_file(self, root: str, shard: int) -> str:
         key = "/".join(["c", str(shard)] + ["0"] * len(self.row_shape))
         return os.path.join(root, self.path, *key.split("/"))
+
+    def metadata_problems(self, root: str) -> list[str]:
+        """What is wrong with this array's ``zarr.json`` (empty: present, an array, sharded, shaped as
+        this layout's rows); without it no zarr reader can open the array."""
+        path = os.path.join(root, self.path, "zarr.json")
+        try:
+            with open(path, "rb") as f:
+                meta = json.loads(f.read(1 << 20))
+        except FileNotFoundError:
+            return [f"array {self.path!r}: {path} is missing"]
+        except (OSError, ValueError) as exc:
+            return [f"array {self.path!r}: {path} is unreadable ({exc})"]
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        codecs = meta.get("codecs") if isinstance(meta, dict) else None
+        if meta.get("node_type") != "array" or not isinstance(shape, list) or not shape or \
+                list(shape[1:]) != list(self.row_shape) or \
+                not (isinstance(codecs, list) and any(isinstance(c, dict) and c.get("name") == "sharding_indexed"
+                                                      for c in codecs)):
+            return [f"array {self.path!r}: {path} does not describe a sharded array of rows shaped "
+                    f"{tuple(self.row_shape)}"]
+        return []
 
     def create(self, root_group) -> None:
         from zarr.codecs import BytesCodec, Crc32cCodec

@@ -14,10 +14,13 @@ import numpy as np
 
 from mmreplay.columns.spec import Schema
 from mmreplay.errors import FormatError, NotAStoreError
-from mmreplay.storage.commit import check_version
+from mmreplay.storage.codecs import validate_codec
+from mmreplay.storage.commit import COMMIT_FILE, check_version
 
 FRAME_SHARD_TARGET_BYTES = 8 << 20
 UNBOUNDED_TRANSITION_SHARD = 16384
+MAX_ROW_BYTES = 1 << 30  # one observation of more than a GiB is no observation a replay store holds
+MIN_CACHE_SLOTS = 64  # reading/cache.py's floor: an open allocates at least this many chunks per column
 
 
 def validate_capacity(value, name: str) -> int | None:
@@ -76,7 +79,78 @@ def read_meta(path: str) -> dict:
     if meta["transition_shard_rows"] % 8 or meta["transition_rows"] % meta["transition_shard_rows"] \
             or meta["frame_rows"] % meta["frame_shard_rows"]:
         raise FormatError(f"{zarr_json}: ring rows must be multiples of their shard rows (and of 8)")
+    if isinstance(cap, bool) or (cap is not None and cap > meta["transition_rows"] - meta["transition_shard_rows"]):
+        raise FormatError(f"{zarr_json}: capacity {cap!r} does not fit transition_rows {meta['transition_rows']} "
+                          f"(at most transition_rows - transition_shard_rows = "
+                          f"{meta['transition_rows'] - meta['transition_shard_rows']})")
+    _check_columns(Schema.from_json(meta["schema"]), meta, zarr_json)
     return meta
+
+
+def _check_columns(schema: Schema, meta: dict, where: str) -> None:
+    """What the schema says must be something this code can read with bounded memory."""
+    if not 1 <= schema.frame_stack <= 1024:
+        raise FormatError(f"{where}: frame_stack {schema.frame_stack} outside [1, 1024]")
+    if not schema.observations:
+        raise FormatError(f"{where}: the schema has no observation column")
+    for spec in (*schema.observations, *schema.transition_columns):
+        try:
+            validate_codec(spec.codec)
+        except ValueError as exc:
+            raise FormatError(f"{where}: column {spec.name!r}: {exc}") from None
+    for spec in schema.observations:
+        if spec.row_nbytes > MAX_ROW_BYTES:
+            raise FormatError(f"{where}: observation {spec.name!r} of shape {spec.shape} ({spec.dtype}) takes "
+                              f"{spec.row_nbytes:,} bytes, more than {MAX_ROW_BYTES:,}")
+        if meta["frame_shard_rows"] % spec.chunk_rows:
+            raise FormatError(f"{where}: observation {spec.name!r}: chunk_rows {spec.chunk_rows} does not divide "
+                              f"frame_shard_rows {meta['frame_shard_rows']}")
+
+
+def check_record(record: dict, meta: dict, path: str) -> None:
+    """The commit record must fit the store it belongs to: ring sizes, ranges within them, stream links
+    within the transitions added. Anything else (an edited record, one from another store) is
+    ``FormatError`` before any array is allocated."""
+    where = os.path.join(path, COMMIT_FILE)
+    bounded = meta["capacity"] is not None
+    for rows, shard, head, oldest, what in (
+            ("transition_rows", "transition_shard_rows", "head", "oldest", "transitions"),
+            ("frame_rows", "frame_shard_rows", "frame_head", "frame_oldest", "frames")):
+        n, n0, shard_rows = record[rows], meta[rows], meta[shard]
+        if bounded and n != n0:
+            raise FormatError(f"{where}: {rows} {n} differs from the store's {n0} (zarr.json)")
+        if not bounded and (n % shard_rows or n < n0 or n > max(n0, 4 * (record[head] + shard_rows))):
+            raise FormatError(f"{where}: {rows} {n} does not fit an unbounded ring holding {record[head]} {what} "
+                              f"in shards of {shard_rows}")
+        span = record[head] - record[oldest]
+        if what == "transitions" and bounded and span > meta["capacity"]:
+            raise FormatError(f"{where}: {span} transitions [{record[oldest]}, {record[head]}) are more than the "
+                              f"store's capacity {meta['capacity']}")
+        if span > n or (not bounded and record[head] > n):
+            raise FormatError(f"{where}: {what} [{record[oldest]}, {record[head]}) do not fit a ring of {n} rows")
+    for entry in record["streams"]:
+        stream, last, ended = entry
+        if not (0 <= stream < 1 << 31 and -1 <= last < record["head"] and ended in (0, 1)):
+            raise FormatError(f"{where}: stream entry {entry} is not [stream in [0, 2**31), last transition in "
+                              f"[-1, head={record['head']}), ended 0 or 1]")
+
+
+def check_open_memory(meta: dict, record: dict, path: str, writable: bool) -> None:
+    """Refuse to open a store whose geometry needs more RAM than this machine has, before allocating it:
+    damaged or hostile metadata must not take the machine down."""
+    schema = Schema.from_json(meta["schema"])
+    t_rows, f_rows, f_shard = record["transition_rows"], record["frame_rows"], meta["frame_shard_rows"]
+    per_transition = 13 + sum(max(1, c.row_nbytes) for c in schema.transition_columns)
+    staging = sum(c.row_nbytes for c in schema.observations) * f_shard * (2 if writable else 1)
+    cache_floor = sum(c.row_nbytes * c.chunk_rows * MIN_CACHE_SLOTS + 4 * (f_rows // c.chunk_rows)
+                      for c in schema.observations)
+    need = t_rows * per_transition + staging + cache_floor
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise FormatError(f"{path}: opening this store needs at least {need / 2**30:.1f} GiB of RAM (index of "
+                          f"{t_rows:,} transitions, frame staging and cache of {f_rows:,} frames), more than this "
+                          f"machine has ({have / 2**30:.1f} GiB): its metadata is damaged, or it was made for a "
+                          "much larger machine")
 
 
 def _pow2_clamp(value: int, lo: int, hi: int) -> int:
