@@ -14,10 +14,12 @@ loses at most what was added since the last commit. Reopening restores exactly t
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Mapping, Sequence
 
@@ -131,6 +133,8 @@ class Store(WritePath):
         self._forked = False  # this object was inherited by a forked child: unusable there
         self._lock_fd = self._acquire_writer_lock() if mode == "a" else None
         forking.register(self)
+        if mode == "a":
+            _open_writers.add(self)
         unbounded = self.capacity is None
         rec = record or {}
         self._ring = TransitionRing(path, self.schema.transition_columns,
@@ -580,6 +584,9 @@ class Store(WritePath):
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
+        """Commit what was added (writers) and release everything. Also run for a writer that is garbage
+        collected or still open when the interpreter exits: a normal exit loses nothing."""
+        _open_writers.discard(self)
         if self._closed:
             return
         for sampler in list(self._samplers.values()):  # before taking the lock: they may be waiting on it
@@ -598,6 +605,15 @@ class Store(WritePath):
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True) or getattr(self, "mode", "r") != "a":
+            return
+        try:
+            self.close()
+        except Exception as exc:  # nobody to raise to: say it, at least
+            warnings.warn(f"mmreplay: store {self.path!r} could not commit when it was garbage collected: {exc}",
+                          RuntimeWarning, stacklevel=1)
 
     def __enter__(self) -> "Store":
         return self
@@ -645,6 +661,20 @@ class Store(WritePath):
             raise RuntimeError(f"store {self.path!r} is already open for writing by another process or Store "
                                "object; open it with mode='r' to read, or close the writer first") from None
         return fd
+
+
+_open_writers: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+@atexit.register
+def _commit_open_writers() -> None:
+    """At interpreter exit, commit every writer still open (a script that never called close())."""
+    for store in list(_open_writers):
+        try:
+            store.close()
+        except Exception as exc:
+            warnings.warn(f"mmreplay: store {store.path!r} could not commit at exit: {exc}", RuntimeWarning,
+                          stacklevel=1)
 
 
 def _never_committed(path: str) -> bool:

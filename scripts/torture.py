@@ -1,27 +1,49 @@
-"""Long SIGKILL torture: a writer process killed at random instants, the store reopened and checked bit for
-bit after every kill, many times over (the test suite runs a few trials of the same loop).
+"""Long torture runs, the same loops the test suite runs briefly:
+
+- SIGKILL: a writer process killed at random instants, the store reopened and checked bit for bit after
+  every kill, many times over; then concurrent readers.
+- Reader race (``--reader-race``): one writer on a small wrapping ring committing every few dozen adds,
+  several reader processes refreshing, sampling and ``get``-ing for a given number of minutes, every row
+  checked against the ground truth. Prints rows checked and wrong rows (the target is 0 wrong).
 
     python scripts/torture.py [--trials 200] [--capacity 300] [--path /tmp/mmreplay_torture]
+    python scripts/torture.py --reader-race --minutes 10 --readers 3
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from torture import concurrent_readers, kill_trials  # noqa: E402
+from torture import concurrent_readers, kill_trials, reader_race  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=300)
-    parser.add_argument("--readers", type=int, default=3, help="then run this many concurrent readers")
+    parser.add_argument("--readers", type=int, default=3, help="concurrent reader processes")
     parser.add_argument("--path", default="/tmp/mmreplay_torture")
+    parser.add_argument("--reader-race", action="store_true", help="run the reader race instead of SIGKILLs")
+    parser.add_argument("--minutes", type=float, default=10.0, help="reader race: how long")
+    parser.add_argument("--commit-every", type=int, default=30, help="reader race: commit after 1..N adds")
     args = parser.parse_args()
     shutil.rmtree(args.path, ignore_errors=True)
+    if args.reader_race:
+        t0 = time.monotonic()
+        results = reader_race(args.path, readers=args.readers, seconds=args.minutes * 60, capacity=args.capacity,
+                              max_commit_batch=args.commit_every)
+        rows, wrong = sum(r["rows"] for r in results), sum(r["wrong"] for r in results)
+        for r in results:
+            print("reader:", json.dumps(r))
+        print(f"reader race: {args.readers} readers, {time.monotonic() - t0:.0f} s, {rows:,} rows checked, "
+              f"{wrong} wrong, {sum(r['refused'] for r in results):,} get() calls refused (ids given up)")
+        shutil.rmtree(args.path, ignore_errors=True)
+        return 1 if wrong else 0
     results = kill_trials(args.path, args.trials, capacity=args.capacity, seed=42, max_delay=1.0)
     print(f"{len(results)} kills, every reopened store checked bit-exact; final head {results[-1][0]:,}")
     shutil.rmtree(args.path, ignore_errors=True)
