@@ -20,6 +20,7 @@ from mmreplay.storage.commit import COMMIT_FILE, check_version
 FRAME_SHARD_TARGET_BYTES = 8 << 20
 UNBOUNDED_TRANSITION_SHARD = 16384
 MAX_ROW_BYTES = 1 << 30  # one observation of more than a GiB is no observation a replay store holds
+MAX_FRAMES_PER_TRANSITION = 4  # frame_capacity accepted up to this many per transition (two are ever used)
 MIN_CACHE_SLOTS = 64  # reading/cache.py's floor: an open allocates at least this many chunks per column
 
 
@@ -35,6 +36,10 @@ def validate_capacity(value, name: str) -> int | None:
 def plan_geometry(schema: Schema, capacity: int | None, frame_capacity: int | None) -> dict:
     """Shard and ring sizes. Each ring has one shard more than it needs so that giving up the shard being
     overwritten never drops a transition within ``capacity``."""
+    most = None if capacity is None else MAX_FRAMES_PER_TRANSITION * capacity + 64
+    if most is not None and frame_capacity is not None and frame_capacity > most:
+        raise ValueError(f"frame_capacity {frame_capacity} is far more than a store of capacity {capacity} can use "
+                         f"(each transition adds at most two frames; at most {most} is accepted)")
     row_bytes = sum(max(1, s.row_nbytes) for s in schema.observations)
     if capacity is None:
         t_shard = UNBOUNDED_TRANSITION_SHARD
@@ -83,8 +88,18 @@ def read_meta(path: str) -> dict:
         raise FormatError(f"{zarr_json}: capacity {cap!r} does not fit transition_rows {meta['transition_rows']} "
                           f"(at most transition_rows - transition_shard_rows = "
                           f"{meta['transition_rows'] - meta['transition_shard_rows']})")
+    if cap is not None and meta["frame_rows"] > max_frame_rows(cap, meta["frame_shard_rows"]):
+        raise FormatError(f"{zarr_json}: frame_rows {meta['frame_rows']} is more than a store of capacity {cap} can "
+                          f"use (at most {max_frame_rows(cap, meta['frame_shard_rows'])})")
     _check_columns(Schema.from_json(meta["schema"]), meta, zarr_json)
     return meta
+
+
+def max_frame_rows(capacity: int, frame_shard_rows: int) -> int:
+    """The largest frame ring a store of ``capacity`` transitions may have: each transition adds at most
+    two frames, and ``frame_capacity`` is accepted up to twice that (room to spare, but bounded, so that
+    metadata cannot make an open allocate without limit), in whole shards plus the spare shard."""
+    return _round_up(MAX_FRAMES_PER_TRANSITION * capacity + 64, frame_shard_rows) + frame_shard_rows
 
 
 def _check_columns(schema: Schema, meta: dict, where: str) -> None:
