@@ -161,6 +161,8 @@ class Store(WritePath):
         self._needs_reload = False  # readers: a refresh broke off; the next sample or get loads again
         if mode == "r":
             self._bound_by_newest_commit()
+        if record is not None:
+            self._check_frame_links(record)
         self._frames.before_overwrite = self._before_overwrite
         self._ring.before_overwrite = self._before_overwrite
         self._frames.on_invalidate = self._ring.advance_past_frames
@@ -212,6 +214,7 @@ class Store(WritePath):
             self._priority_entries = dict(record.get("priorities", {}))
             self._sampler_states = dict(record.get("samplers", {}))
             self._bound_by_newest_commit()
+            self._check_frame_links(record)
             self._needs_reload = False
             return True
 
@@ -258,16 +261,21 @@ class Store(WritePath):
     def _saved_sampler_state(self, name: str) -> dict | None:
         return self._sampler_states.get(name)
 
-    def _restore(self, record: dict) -> None:
-        self._ring.load(record["head"])
-        # The episode links in RAM, not the record, say how far back a link reaches (what n-step and
-        # stack-validity scans need): exact, and immune to an edited record.
-        self._ring.max_prev_delta = self._ring.live_max_prev_delta()
+    def _check_frame_links(self, record: dict) -> None:
+        """Every frame a valid transition refers to must lie in the record's frame range (what the record
+        says and what the index holds must be one state). Readers call it once their valid range is
+        bounded by the newest commit: rows below it may already belong to the writer's next lap."""
         lo, hi = self._ring.frame_span(record["frame_head"])
         if lo < record["frame_oldest"] or hi >= record["frame_head"]:
             raise FormatError(f"store {self.path!r}: its transitions refer to frames [{lo}, {hi}] but the commit "
                               f"record keeps frames [{record['frame_oldest']}, {record['frame_head']}) (an edited "
                               "or mismatched commit record)")
+
+    def _restore(self, record: dict) -> None:
+        self._ring.load(record["head"])
+        # The episode links in RAM, not the record, say how far back a link reaches (what n-step and
+        # stack-validity scans need): exact, and immune to an edited record.
+        self._ring.max_prev_delta = self._ring.live_max_prev_delta()
         self._ring.rebuild_shard_min_frame(record["frame_head"])
         self._frames.load_staging()
         self._streams.restore(record["streams"])
