@@ -255,3 +255,18 @@ def test_zero_padding_like_vecframestack(make_store):
     assert b.obs[1, :, 0, 0].tolist() == [0, 0, 1, 2]
     with pytest.raises(ValueError, match="stack_padding must be"):
         mmreplay.Store.create(str(s.path) + "2", IMG, spaces.Discrete(3), stack_padding="ones")
+
+
+def test_dict_observation_with_a_scalar_key_continues_episodes(store_path):
+    """A scalar-shaped key (a Discrete part of a Dict space) across several extends of one stream."""
+    space = spaces.Dict({"image": spaces.Box(0, 255, (4, 4), np.uint8), "mode": spaces.Box(0, 9, (), np.int64)})
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(2), capacity=100, frame_stack=2,
+                               durable=False) as s:
+        for t in range(5):
+            obs = {"image": np.full((1, 4, 4), t, np.uint8), "mode": np.array([t])}
+            nxt = {"image": np.full((1, 4, 4), t + 1, np.uint8), "mode": np.array([t + 1])}
+            s.extend(obs, [0], [0.0], nxt, [False], [False])
+            s.flush()  # each extend its own block: the stream's last next observation is kept between them
+        b = s.get([3, 4])
+        assert s.num_frames == 6  # each observation stored once: the episode continued across extends
+    assert b.obs["mode"].tolist() == [[2, 3], [3, 4]] and b.next_obs["mode"].tolist() == [[3, 4], [4, 5]]

@@ -89,7 +89,8 @@ class Streams:
             else:
                 kept = self._next_obs.get(sid)
                 if kept is None:
-                    self._next_obs[sid] = {k: next_obs[k][i].copy() for k in self.obs_names}
+                    # np.array, not .copy(): a scalar-shaped key's row is a numpy scalar, which is immutable
+                    self._next_obs[sid] = {k: np.array(next_obs[k][i], copy=True) for k in self.obs_names}
                 else:
                     for k in self.obs_names:
                         kept[k][...] = next_obs[k][i]
