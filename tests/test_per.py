@@ -12,6 +12,7 @@ import torch
 from gymnasium import spaces
 
 import mmreplay
+from mmreplay.storage.commit import record_checksum
 from mmreplay.index.sumtree import SumTree
 from reference import assert_batch_matches
 from test_store_semantics import drive
@@ -291,6 +292,11 @@ def test_corrupt_priority_record_is_refused(store_path):
     with open(path) as f:
         group = json.load(f)
     group["attributes"]["mmreplay_commit"]["priorities"]["default"]["buffer"] = 5
+    with open(path, "w") as f:
+        json.dump(group, f)
+    with pytest.raises(mmreplay.CorruptDataError, match="checksum"):  # an edit without the checksum
+        mmreplay.Store.open(store_path)
+    group["attributes"]["mmreplay_commit_crc32c"] = record_checksum(group["attributes"]["mmreplay_commit"])
     with open(path, "w") as f:
         json.dump(group, f)
     with pytest.raises(mmreplay.FormatError, match="'priorities' must map names"):

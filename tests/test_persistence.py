@@ -11,6 +11,7 @@ import pytest
 from gymnasium import spaces
 
 import mmreplay
+from mmreplay.storage.commit import record_checksum
 from test_store_semantics import check_against_reference, drive
 
 IMG = spaces.Box(0, 255, (6, 5), np.uint8)
@@ -139,6 +140,10 @@ def test_broken_commit_record_is_rejected(store_path):
     path = os.path.join(store_path, "commit", "zarr.json")
     record = json.load(open(path))
     record["attributes"]["mmreplay_commit"]["head"] = "many"
+    json.dump(record, open(path, "w"))
+    with pytest.raises(mmreplay.CorruptDataError, match="checksum"):  # an edit without the checksum
+        mmreplay.Store.open(store_path)
+    record["attributes"]["mmreplay_commit_crc32c"] = record_checksum(record["attributes"]["mmreplay_commit"])
     json.dump(record, open(path, "w"))
     with pytest.raises(mmreplay.FormatError, match="'head' must be a non-negative integer"):
         mmreplay.Store.open(store_path)
