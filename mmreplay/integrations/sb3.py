@@ -118,6 +118,9 @@ class MMReplayBuffer(ReplayBuffer):
         self.path = os.fspath(path)
         self.frame_stack = int(frame_stack)
         self.n_steps, self.gamma = _check_nstep(n_steps, gamma)
+        if self.n_steps > 1 and "discounts" not in ReplayBufferSamples._fields:
+            raise RuntimeError(f"n_steps={self.n_steps} needs stable-baselines3 >= 2.7, whose algorithms read "
+                               "ReplayBufferSamples.discounts; this one has no such field")
         if self.frame_stack > 1 and isinstance(observation_space, spaces.Dict):
             raise ValueError(f"frame_stack={self.frame_stack} with a Dict observation space: stacks are rebuilt "
                              "for one image observation (VecFrameStack on a Box); use frame_stack=1")
@@ -266,8 +269,9 @@ class MMReplayBuffer(ReplayBuffer):
         next_dev = {k: to_dev(v) for k, v in next_obs.items()} if isinstance(next_obs, dict) else to_dev(next_obs)
         actions = b.action.reshape(batch_size, -1)
         cls = DictReplayBufferSamples if isinstance(obs, dict) else ReplayBufferSamples
-        return cls(obs_dev, to_dev(actions), next_dev, to_dev(dones.to(torch.float32).reshape(-1, 1)),
-                   to_dev(rewards.to(torch.float32)), to_dev(discounts))
+        data = [obs_dev, to_dev(actions), next_dev, to_dev(dones.to(torch.float32).reshape(-1, 1)),
+                to_dev(rewards.to(torch.float32))]
+        return cls(*data) if discounts is None else cls(*data, to_dev(discounts))  # SB3 < 2.7: no discounts
 
     def _observations(self, x, batch_size: int):
         """SB3's layout: channel-last stacks for VecFrameStack, ``obs_shape`` per key (Discrete: ``(1,)``)."""
