@@ -1,6 +1,7 @@
 """Stable-Baselines3: the on-disk buffer as a drop-in replay_buffer_class."""
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -294,6 +295,9 @@ def test_save_and_load_replay_buffer_in_a_fresh_dqn_load(tmp_path):
 
     with mmreplay.Store.open(path, mode="r") as store:
         assert len(store) == 500
+    shutil.rmtree(path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        again.load_replay_buffer(tmp_path / "buffer")  # never an empty store in place of the saved one
 
 
 def test_reset_empties_the_store_and_keeps_its_columns(tmp_path):

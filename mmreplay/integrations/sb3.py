@@ -310,6 +310,9 @@ def _buffer_from_json(text: str) -> MMReplayBuffer:
     if s.get("version") != SETTINGS_VERSION:
         raise ValueError(f"mmreplay SB3 buffer description version {s.get('version')!r}; this mmreplay reads "
                          f"version {SETTINGS_VERSION}")
+    if _OPEN.get(_key(s["path"])) is None and not os.path.exists(os.path.join(s["path"], "zarr.json")):
+        raise FileNotFoundError(f"the saved replay buffer names the store {s['path']!r}, which does not exist "
+                                "(moved or deleted?); a buffer is never recreated empty on load")
     return MMReplayBuffer(s["buffer_size"], space_from_json(s["observation_space"]),
                           space_from_json(s["action_space"]), s["device"], s["n_envs"], False,
                           s["handle_timeout_termination"], path=s["path"], frame_stack=s["frame_stack"],
