@@ -123,10 +123,11 @@ class ShardClient:
 
     def stats(self) -> dict:
         """Counts: transitions ``added`` (handed to the client), ``sent``, ``committed`` (confirmed durable),
-        ``resent`` (after a shard restart), ``dropped`` (given up: the reported loss), ``retries``,
+        ``resent`` (after a shard restart), ``dropped`` (given up: the reported loss), ``rejected`` (batches
+        the shard refused as bad input; the error was raised), ``retries``,
         ``bytes_sent`` (array bytes of the payloads) and ``unconfirmed`` (in the log now)."""
-        out = {k: int(self._stats[k]) for k in ("added", "sent", "committed", "resent", "dropped", "retries",
-                                                  "bytes_sent", "batches")}
+        out = {k: int(self._stats[k]) for k in ("added", "sent", "committed", "resent", "dropped", "rejected",
+                                                  "retries", "bytes_sent", "batches")}
         out["unconfirmed"] = sum(link.unconfirmed for link in self._links)
         return out
 
@@ -167,7 +168,13 @@ class ShardClient:
                 if _is_unavailable(exc, self._ray):
                     self._recover(shard)
                     continue
-                raise  # the shard refused the batch itself (bad input): the caller's bug, not a fault
+                # The shard refused the batch itself (bad input): the caller's bug, not a fault. The batch
+                # leaves the log (counted as rejected); the shard accepts the gap with the next batch.
+                link.inflight.popleft()
+                self._stats["rejected"] += sum(e.n for e in link.log if e.seq == seq)
+                link.log = collections.deque(e for e in link.log if e.seq != seq)
+                link.reset = True
+                raise
             except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError,
                     self._ray.exceptions.ActorUnavailableError):
                 self._recover(shard)

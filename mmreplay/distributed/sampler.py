@@ -14,8 +14,9 @@ Invariants:
   (``batch.indices``); ``update_priorities`` sends each shard the rows that are its own, and the shard
   persists them with its next commit.
 - Shards whose store directory is on this machine are read in place (``Store.open(path, "r")`` and
-  ``refresh``), committed data only; the others are sampled through their actor, ``prefetch`` batches
-  ahead. Prioritized draws always go through the actors (the writer holds the priorities).
+  ``refresh``), committed data only, into reused buffers (a batch is valid until the next one, as with
+  ``Store.sampler``); the others are sampled through their actor, ``prefetch`` batches ahead.
+  Prioritized draws always go through the actors (the writer holds the priorities).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class ShardedBatch(Batch):
         return ShardedBatch(**{f.name: getattr(moved, f.name) for f in dataclasses.fields(Batch)},
                             shard=self.shard.to(device, non_blocking=non_blocking))
 
+    def pin_memory(self) -> "ShardedBatch":
+        pinned = Batch.pin_memory(self)
+        return ShardedBatch(**{f.name: getattr(pinned, f.name) for f in dataclasses.fields(Batch)},
+                            shard=self.shard.pin_memory())
+
 
 class DistributedSampler:
     def __init__(self, shards: list, batch_size: int, *, prioritized: bool = False, alpha: float | None = None,
@@ -63,6 +69,7 @@ class DistributedSampler:
         self.rng = np.random.default_rng(seed)
         infos = call_all(self.handles, "info", timeout=timeout)
         self.local: dict[int, object] = {}
+        self._local_buffers: dict[tuple[int, int], object] = {}
         if local and not prioritized:
             here = ray.get_runtime_context().get_node_id()
             for i, info in enumerate(infos):
@@ -99,12 +106,25 @@ class DistributedSampler:
             parts[i] = self._get(i, ref, counts[i])
         for i in np.flatnonzero(counts).tolist():
             if i in self.local:
-                store = self.local[i]
-                parts[i] = batch_to_parts(store.sample(int(counts[i]), rng=self.rng))
+                parts[i] = self._read_local(i, int(counts[i]))
         while len(self._planned) < self.prefetch:
             self._planned.append(self._plan())
         self.stats["batches"] += 1
         return self._merge(counts, parts)
+
+    def _read_local(self, i: int, n: int) -> dict:
+        """``n`` rows of local shard ``i`` into reused buffers (valid until the next batch, as with
+        ``Store.sampler``): a learner reading one local shard pays what a single store's sampler pays."""
+        from mmreplay.sampling.batch import BatchBuffers
+
+        store = self.local[i]
+        buf = self._local_buffers.get((i, n))
+        if buf is None:
+            if len(self._local_buffers) > 64:  # counts vary from batch to batch: keep the cache bounded
+                self._local_buffers.clear()
+            buf = self._local_buffers[(i, n)] = BatchBuffers(store, n)
+        store.fill_batch(buf, self.rng)
+        return batch_to_parts(buf.batch(store))
 
     def _weights_of(self) -> np.ndarray:
         return self._mass if self.prioritized else self._sizes
@@ -266,5 +286,6 @@ def _concat(parts: list[dict]) -> dict:
 
 def _tensor(x):
     if isinstance(x, dict):
-        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in x.items()}
-    return torch.from_numpy(np.ascontiguousarray(x))
+        return {k: _tensor(v) for k, v in x.items()}
+    # arrays from Ray's object store are read-only views: torch needs its own writable copy then
+    return torch.from_numpy(x if x.flags.writeable and x.flags.c_contiguous else np.array(x))
