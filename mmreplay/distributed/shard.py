@@ -91,6 +91,7 @@ class ReplayShard:
         self._samplers: dict[str, object] = {}
         self._buffers: dict[tuple, object] = {}
         self._stop = threading.Event()
+        self._closed = False
         self._timer = threading.Thread(target=self._commit_timer, name="mmreplay-shard-commit", daemon=True)
         self._timer.start()
 
@@ -146,7 +147,7 @@ class ReplayShard:
         """Idle clients still get their tail committed (and local readers see it) within commit_seconds."""
         while not self._stop.wait(min(1.0, self.commit_seconds / 2)):
             with self._lock:
-                if self.store._closed:
+                if self._closed:
                     return
                 if self.pending and time.monotonic() - self._last_commit >= self.commit_seconds:
                     self._commit()
@@ -222,10 +223,11 @@ class ReplayShard:
         """Commit and close the store (the actor can then be killed without losing anything)."""
         self._stop.set()
         with self._lock:
-            if not self.store._closed:
+            if not self._closed:
                 self._commit()
                 info = {"num_added": self.store.num_added, "committed_head": self._committed_entry["head"]}
                 self.store.close()
+                self._closed = True
                 return info
         return {}
 
