@@ -123,14 +123,21 @@ def phase(args, number: int) -> dict:
     weights = ray.put({k: v.clone() for k, v in q.state_dict().items()})
     ray.get([a.set_weights.remote(weights) for a in actors])
     running = {a.run.remote(100): a for a in actors}
+    idle: list = []
     sampler = None
     returns: list[float] = []
+    added, learner_steps = 0, 0
     t_end = time.monotonic() + args.seconds
     while time.monotonic() < t_end:
-        done, _ = ray.wait(list(running), num_returns=1, timeout=0.0)
+        done = ray.wait(list(running), num_returns=1, timeout=0.0)[0] if running else []
         for ref in done:
-            actor = running.pop(ref)
+            idle.append(running.pop(ref))
             returns += ray.get(ref)["returns"]
+            added += 100
+        # Ape-X runs actors flat out on their own cores; on a small box they would starve the learner, so
+        # they get new work only while they are less than `--ratio` transitions per learner step ahead.
+        while idle and added < 2000 + args.ratio * learner_steps:
+            actor = idle.pop()
             running[actor.run.remote(100)] = actor
         if sampler is None:
             if sum(i["size"] for i in shards.info()) < 1000:
@@ -151,6 +158,7 @@ def phase(args, number: int) -> dict:
         opt.step()
         sampler.update_priorities(b, td.detach().abs() + 1e-3)
         steps_done += 1
+        learner_steps += 1
         if steps_done % 200 == 0:
             target.load_state_dict(q.state_dict())
             weights = ray.put({k: v.clone() for k, v in q.state_dict().items()})
@@ -176,6 +184,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Ape-X-style DQN on CartPole over mmreplay.distributed")
     p.add_argument("--actors", type=int, default=3)
     p.add_argument("--seconds", type=float, default=45.0, help="training time per phase")
+    p.add_argument("--ratio", type=float, default=16.0, help="env steps per learner step, at most")
     p.add_argument("--root", default="/tmp/apex_cartpole")
     p.add_argument("--keep", action="store_true", help="continue an existing root instead of starting afresh")
     args = p.parse_args(argv)

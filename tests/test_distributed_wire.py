@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from mmreplay.distributed.sampler import global_weights
 from mmreplay.distributed.ledger import clients_at, make_entry, read_ledger, write_ledger
 from mmreplay.distributed.wire import decode_batch, encode_batch, payload_nbytes
 
@@ -82,3 +83,18 @@ def test_ledger_keeps_the_entry_of_the_committed_head_across_a_crash(tmp_path):
     assert [e["head"] for e in read_ledger(d)] == [10, 30]
     with pytest.raises(ValueError, match="no entry for the store's committed head 25"):
         clients_at(read_ledger(d), 25, d)
+
+
+def test_cross_shard_weights_equal_those_of_one_store_holding_every_shard():
+    rng = np.random.default_rng(2)
+    beta = 0.4
+    leaves = [rng.uniform(0.5, 3.0, 50), rng.uniform(0.1, 9.0, 70), rng.uniform(2.0, 4.0, 30)]
+    shard_min = np.array([x.min() for x in leaves] + [np.inf])  # a 4th, empty shard (no leaf yet)
+    shard = rng.integers(0, 3, 40)
+    rows = np.array([rng.integers(0, leaves[s].size) for s in shard])
+    p = np.array([leaves[s][r] for s, r in zip(shard, rows)])
+    own = (p / shard_min[shard]) ** -beta  # what each shard returns
+    expected = (p / np.concatenate(leaves).min()) ** -beta
+    got = global_weights(own, shard, shard_min, beta)
+    assert np.allclose(got, expected, rtol=1e-6)
+    assert got.max() <= 1.0 + 1e-6

@@ -72,10 +72,16 @@ class ReplayShards:
             name = f"{prefix}-{i}"
             if detached:
                 opts["lifetime"] = "detached"
-            handle = actor_cls.options(name=name, namespace=namespace, max_restarts=max_restarts, max_task_retries=0,
-                                       max_concurrency=1, **opts).remote(
-                os.path.join(root, f"shard-{i}"), create, commit_every=commit_every, commit_seconds=commit_seconds,
-                durable=durable, cache_bytes=cache_bytes)
+            try:
+                handle = actor_cls.options(name=name, namespace=namespace, max_restarts=max_restarts,
+                                           max_task_retries=0, max_concurrency=1, **opts).remote(
+                    os.path.join(root, f"shard-{i}"), create, commit_every=commit_every,
+                    commit_seconds=commit_seconds, durable=durable, cache_bytes=cache_bytes)
+            except ValueError as exc:
+                if "already" not in str(exc):
+                    raise
+                raise ValueError(f"a shard actor named {name!r} is already running in namespace {namespace!r}: "
+                                 "use ReplayShards.connect to reach it, or another prefix") from None
             handles.append(handle)
             names.append(name)
         shards = cls(handles, names, namespace)

@@ -207,10 +207,7 @@ class DistributedSampler:
         shard = torch.from_numpy(np.repeat(np.array(order, dtype=np.int64), counts[order]))
         weights = None
         if self.prioritized:
-            # each shard's weights are relative to its own smallest priority: rescale to the global one
-            gmin = self._min[np.isfinite(self._min)].min() if np.isfinite(self._min).any() else 1.0
-            scale = np.repeat((self._min[order] / gmin) ** -self.beta, counts[order]).astype(np.float32)
-            weights = torch.from_numpy(cat["weights"] * scale)
+            weights = torch.from_numpy(global_weights(cat["weights"], shard.numpy(), self._min, self.beta))
         return ShardedBatch(obs=_tensor(cat["obs"]), action=_tensor(cat["action"]), reward=_tensor(cat["reward"]),
                             next_obs=_tensor(cat["next_obs"]), terminated=_tensor(cat["terminated"]),
                             truncated=_tensor(cat["truncated"]), indices=_tensor(cat["indices"]),
@@ -262,6 +259,16 @@ class DistributedSampler:
         for store in self.local.values():
             store.close()
         self.local.clear()
+
+
+def global_weights(weights: np.ndarray, shard: np.ndarray, shard_min: np.ndarray, beta: float) -> np.ndarray:
+    """Importance weights over all shards from each shard's own: a shard returns ``(p / min_s) ** -beta``
+    with ``min_s`` its smallest priority; one store holding every shard would use the smallest over all,
+    ``(p / min) ** -beta = (p / min_s) ** -beta * (min_s / min) ** -beta``."""
+    finite = np.isfinite(shard_min)
+    smallest = shard_min[finite].min() if finite.any() else 1.0
+    scale = (shard_min[shard] / smallest) ** -beta
+    return (np.asarray(weights, dtype=np.float64) * scale).astype(np.float32)
 
 
 def batch_to_parts(batch) -> dict:
