@@ -160,36 +160,42 @@ class ShardClient:
     def _drain(self, shard: int, keep: int) -> None:
         """Wait for replies until at most ``keep`` calls are in flight."""
         link = self._links[shard]
+        failing_since = None  # a shard that keeps failing (or answering too slowly) is given up in the end
         while len(link.inflight) > keep:
             seq, ref = link.inflight[0]
             try:
                 reply = self._ray.get(ref, timeout=self.call_timeout)
-            except self._ray.exceptions.RayTaskError as exc:
-                if _is_unavailable(exc, self._ray):
-                    self._recover(shard)
-                    continue
-                # The shard refused the batch itself (bad input): the caller's bug, not a fault. The batch
-                # leaves the log (counted as rejected); the shard accepts the gap with the next batch.
+            except Exception as exc:  # noqa: BLE001
+                if not _is_fault(exc, self._ray):
+                    if not isinstance(exc, self._ray.exceptions.RayTaskError):
+                        raise  # not from the shard's code: leave the log as it is
+                    # The shard refused the batch itself (bad input): the caller's bug, not a fault. It
+                    # stored nothing and used up its sequence number; it leaves the log, counted.
+                    link.inflight.popleft()
+                    self._stats["rejected"] += sum(e.n for e in link.log if e.seq == seq)
+                    link.log = collections.deque(e for e in link.log if e.seq != seq)
+                    raise
+                reply = None
+            if reply is not None and reply["status"] != "gap":
                 link.inflight.popleft()
-                self._stats["rejected"] += sum(e.n for e in link.log if e.seq == seq)
-                link.log = collections.deque(e for e in link.log if e.seq != seq)
-                link.reset = True
-                raise
-            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError,
-                    self._ray.exceptions.ActorUnavailableError):
-                self._recover(shard)
+                self._confirmed(shard, reply["committed"])
+                failing_since = None
                 continue
-            link.inflight.popleft()
-            if reply["status"] == "gap":  # the shard lost batches before this one (it restarted)
-                self._recover(shard)
-                continue
-            self._confirmed(shard, reply["committed"])
+            # the shard died, restarted (a gap: it lost batches before this one) or is too slow
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > self.retry_seconds:
+                self._give_up(shard)
+                return
+            self._recover(shard)
 
     def _confirm(self, shard: int) -> None:
         """Have the shard commit, then drop what it confirmed from the log."""
         self._drain(shard, 0)
         deadline = time.monotonic() + self.retry_seconds
         while self._links[shard].log:
+            if time.monotonic() > deadline:
+                self._give_up(shard)
+                return
             try:
                 self._ray.get(self._links[shard].handle.commit.remote(), timeout=self.call_timeout)
                 reply = self._ray.get(self._links[shard].handle.attach.remote(self.client_id),
@@ -201,10 +207,9 @@ class ShardClient:
                 continue
             if reply["applied"] < self._links[shard].log[-1].seq:  # restarted in between: resend first
                 self._recover(shard)
+                self._drain(shard, 0)
             else:
                 self._confirmed(shard, reply["committed"])
-            if time.monotonic() > deadline and self._links[shard].log:
-                self._give_up(shard)
 
     def _confirmed(self, shard: int, committed: int) -> None:
         link = self._links[shard]

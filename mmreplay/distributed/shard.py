@@ -9,7 +9,8 @@ Invariants:
   nothing the clients still hold is lost.
 - A client's batches are applied in sequence order exactly once: a batch whose sequence number was
   already applied is acknowledged and skipped; one that skips ahead is refused (``"gap"``) unless the
-  client says it gave the missing ones up (``reset=True``).
+  client says it gave the missing ones up (``reset=True``). A batch the store refuses as bad input
+  stores nothing, uses up its number and raises to the client.
 - Client ``c``'s stream ``s`` is stream ``c * STREAMS_PER_CLIENT + s`` of the store, so each env of each
   actor keeps its own episodes.
 
@@ -107,10 +108,16 @@ class ReplayShard:
                 return self._reply(client, "duplicate")
             if seq != last + 1 and not reset:
                 return self._reply(client, "gap")
-            rows = decode_batch(payload)
-            self.store.extend(rows["obs"], rows["action"], rows["reward"], rows["next_obs"], rows["terminated"],
-                              rows["truncated"], streams=global_streams(client, rows["streams"]),
-                              extras=rows["extras"] or None)
+            try:
+                rows = decode_batch(payload)
+                self.store.extend(rows["obs"], rows["action"], rows["reward"], rows["next_obs"],
+                                  rows["terminated"], rows["truncated"], streams=global_streams(client, rows["streams"]),
+                                  extras=rows["extras"] or None)
+            except (ValueError, TypeError, KeyError):
+                # Bad input: the store validated it before storing anything. The batch still uses up its
+                # sequence number, so the client's next batches follow without a gap; the error goes back.
+                self.applied[client] = seq
+                raise
             self.applied[client] = seq
             self.pending += int(payload["n"])
             if self.pending >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
