@@ -1,0 +1,298 @@
+"""``ShardClient``: what an env actor uses to add transitions to the shards, in batches, never hanging.
+
+Invariants:
+- Each stream (env) of a client always goes to the same shard (``shard_of``), in order, so its episodes
+  stay intact in that shard's store.
+- Every batch carries a per-(client, shard) sequence number and stays in the client's log until the
+  shard reports it *committed*; after a shard restart the client resends, in order, every logged batch
+  after the shard's committed one (the shard skips any it already holds). So as long as the client
+  lives and the shard comes back within ``retry_seconds``, every transition is stored exactly once.
+- No call waits without a bound. A shard that does not come back within ``retry_seconds`` makes the
+  client give its logged batches up: they are counted in ``stats()["dropped"]`` (and reported once with
+  a warning), and the next batch tells the shard to accept the gap. The log holds at most
+  ``max_unconfirmed`` transitions per shard; beyond that the client asks the shard to commit.
+- Bad input (wrong shapes, values a column cannot hold) raises in the caller, as ``Store.extend`` would.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mmreplay.distributed.shard import STREAMS_PER_CLIENT
+from mmreplay.distributed.wire import check_codec, encode_batch, payload_nbytes
+
+
+@dataclass
+class _Logged:
+    seq: int
+    payload: dict
+    n: int
+
+
+@dataclass
+class _Link:
+    """The client's side of one shard: sequence numbers, the unconfirmed log, the calls in flight."""
+    handle: object
+    next_seq: int = 1
+    committed: int = 0
+    log: collections.deque = field(default_factory=collections.deque)
+    inflight: collections.deque = field(default_factory=collections.deque)  # (seq, ObjectRef)
+    reset: bool = False  # the batches before the next one were given up: the shard must accept the gap
+
+    @property
+    def unconfirmed(self) -> int:
+        return sum(e.n for e in self.log)
+
+
+class ShardClient:
+    def __init__(self, client_id: int, shards, *, batch_size: int = 256, max_inflight: int = 2,
+                 max_unconfirmed: int = 50_000, retry_seconds: float = 60.0, call_timeout: float = 30.0,
+                 compress: str | None = None):
+        """``shards``: the shard actor handles (``ReplayShards.handles``). ``client_id`` must be unique
+        among the clients of these shards (it names the client's streams and sequence numbers)."""
+        import ray
+
+        self._ray = ray
+        if not isinstance(client_id, int) or client_id < 0:
+            raise ValueError(f"client_id must be a non-negative integer, got {client_id!r}")
+        if not shards:
+            raise ValueError("a ShardClient needs at least one shard handle")
+        for name, value in (("batch_size", batch_size), ("max_inflight", max_inflight),
+                            ("max_unconfirmed", max_unconfirmed)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.client_id = client_id
+        self.batch_size, self.max_inflight, self.max_unconfirmed = batch_size, max_inflight, max_unconfirmed
+        self.retry_seconds, self.call_timeout = float(retry_seconds), float(call_timeout)
+        self.compress = check_codec(compress)
+        self._links = [_Link(h) for h in shards]
+        self._pending: list[list] = [[] for _ in shards]  # rows waiting to fill a batch, per shard
+        self._pending_n = [0] * len(shards)
+        self._stats = collections.Counter()
+        for i in range(len(shards)):
+            if self._attach(i, time.monotonic() + self.retry_seconds) is None:
+                # Without the shard's answer the client cannot know where its sequence continues.
+                raise TimeoutError(f"shard {i} did not answer within retry_seconds={self.retry_seconds:g}")
+
+    def shard_of(self, stream: int) -> int:
+        """The shard that stores stream ``stream`` of this client (fixed for the client's lifetime)."""
+        if not 0 <= stream < STREAMS_PER_CLIENT:
+            raise ValueError(f"stream must lie in [0, {STREAMS_PER_CLIENT}), got {stream}")
+        return (self.client_id + stream) % len(self._links)
+
+    # -- adding -----------------------------------------------------------------------------------
+    def add(self, obs, action, reward, next_obs, terminated, truncated, *, stream: int = 0, extras=None) -> None:
+        """One transition of env ``stream``."""
+        self.extend(_one(obs), np.asarray(action)[None], np.asarray(reward)[None], _one(next_obs),
+                    np.asarray(terminated)[None], np.asarray(truncated)[None], streams=[stream],
+                    extras={k: np.asarray(v)[None] for k, v in (extras or {}).items()} or None)
+
+    def extend(self, obs, action, reward, next_obs, terminated, truncated, *, streams=None, extras=None) -> None:
+        """Row ``i`` is one transition of env ``streams[i]`` (default ``range(n)``: a vector env)."""
+        action = np.asarray(action)
+        n = action.shape[0]
+        streams = np.arange(n) if streams is None else np.asarray(streams, dtype=np.int64)
+        if streams.shape != (n,):
+            raise ValueError(f"streams: expected {n} stream ids, got shape {streams.shape}")
+        target = np.array([self.shard_of(int(s)) for s in streams])
+        for shard in np.unique(target).tolist():
+            rows = np.flatnonzero(target == shard)
+            self._pending[shard].append((streams[rows], _take(obs, rows), action[rows], np.asarray(reward)[rows],
+                                         _take(next_obs, rows), np.asarray(terminated)[rows],
+                                         np.asarray(truncated)[rows],
+                                         {k: np.asarray(v)[rows] for k, v in (extras or {}).items()}))
+            self._pending_n[shard] += rows.size
+            if self._pending_n[shard] >= self.batch_size:
+                self._send(shard)
+
+    def flush(self, commit: bool = True) -> dict:
+        """Send every pending row and wait for the replies; with ``commit`` also have each shard commit, so
+        that everything added so far is durable. Returns ``stats()``."""
+        for shard in range(len(self._links)):
+            if self._pending_n[shard]:
+                self._send(shard)
+            self._drain(shard, 0)
+            if commit:
+                self._confirm(shard)
+        return self.stats()
+
+    def stats(self) -> dict:
+        """Counts: transitions ``added`` (handed to the client), ``sent``, ``committed`` (confirmed durable),
+        ``resent`` (after a shard restart), ``dropped`` (given up: the reported loss), ``rejected`` (batches
+        the shard refused as bad input; the error was raised), ``retries``,
+        ``bytes_sent`` (array bytes of the payloads) and ``unconfirmed`` (in the log now)."""
+        out = {k: int(self._stats[k]) for k in ("added", "sent", "committed", "resent", "dropped", "rejected",
+                                                  "retries", "bytes_sent", "batches")}
+        out["unconfirmed"] = sum(link.unconfirmed for link in self._links)
+        return out
+
+    # -- sending and confirming -------------------------------------------------------------------
+    def _send(self, shard: int) -> None:
+        parts, self._pending[shard], n = self._pending[shard], [], self._pending_n[shard]
+        self._pending_n[shard] = 0
+        cols = list(zip(*parts))
+        extras = {k: np.concatenate([p[k] for p in cols[7]]) for k in cols[7][0]}
+        payload = encode_batch(np.concatenate(cols[0]), _cat(cols[1]), np.concatenate(cols[2]),
+                               np.concatenate(cols[3]), _cat(cols[4]), np.concatenate(cols[5]),
+                               np.concatenate(cols[6]), extras or None, compress=self.compress)
+        link = self._links[shard]
+        entry = _Logged(link.next_seq, payload, n)
+        link.next_seq += 1
+        link.log.append(entry)
+        self._stats.update(added=n, batches=1, bytes_sent=payload_nbytes(payload))
+        self._submit(shard, entry)
+        self._drain(shard, self.max_inflight)
+        if link.unconfirmed > self.max_unconfirmed:
+            self._confirm(shard)
+
+    def _submit(self, shard: int, entry: _Logged, resend: bool = False) -> None:
+        link = self._links[shard]
+        ref = link.handle.extend.remote(self.client_id, entry.seq, entry.payload, link.reset)
+        link.reset = False
+        link.inflight.append((entry.seq, ref))
+        self._stats["resent" if resend else "sent"] += entry.n
+
+    def _drain(self, shard: int, keep: int) -> None:
+        """Wait for replies until at most ``keep`` calls are in flight."""
+        link = self._links[shard]
+        failing_since = None  # a shard that keeps failing (or answering too slowly) is given up in the end
+        while len(link.inflight) > keep:
+            seq, ref = link.inflight[0]
+            try:
+                reply = self._ray.get(ref, timeout=self.call_timeout)
+            except Exception as exc:  # noqa: BLE001
+                if not _is_fault(exc, self._ray):
+                    if not isinstance(exc, self._ray.exceptions.RayTaskError):
+                        raise  # not from the shard's code: leave the log as it is
+                    # The shard refused the batch itself (bad input): the caller's bug, not a fault. It
+                    # stored nothing and used up its sequence number; it leaves the log, counted.
+                    link.inflight.popleft()
+                    self._stats["rejected"] += sum(e.n for e in link.log if e.seq == seq)
+                    link.log = collections.deque(e for e in link.log if e.seq != seq)
+                    raise
+                reply = None
+            if reply is not None and reply["status"] != "gap":
+                link.inflight.popleft()
+                self._confirmed(shard, reply["committed"])
+                failing_since = None
+                continue
+            # the shard died, restarted (a gap: it lost batches before this one) or is too slow
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > self.retry_seconds:
+                self._give_up(shard)
+                return
+            self._recover(shard)
+
+    def _confirm(self, shard: int) -> None:
+        """Have the shard commit, then drop what it confirmed from the log."""
+        self._drain(shard, 0)
+        deadline = time.monotonic() + self.retry_seconds
+        while self._links[shard].log:
+            if time.monotonic() > deadline:
+                self._give_up(shard)
+                return
+            try:
+                self._ray.get(self._links[shard].handle.commit.remote(), timeout=self.call_timeout)
+                reply = self._ray.get(self._links[shard].handle.attach.remote(self.client_id),
+                                      timeout=self.call_timeout)
+            except Exception as exc:  # noqa: BLE001 (any failure of the shard: retry until the deadline)
+                if not _is_fault(exc, self._ray):
+                    raise
+                self._recover(shard)
+                continue
+            if reply["applied"] < self._links[shard].log[-1].seq:  # restarted in between: resend first
+                self._recover(shard)
+                self._drain(shard, 0)
+            else:
+                self._confirmed(shard, reply["committed"])
+
+    def _confirmed(self, shard: int, committed: int) -> None:
+        link = self._links[shard]
+        link.committed = max(link.committed, committed)
+        while link.log and link.log[0].seq <= link.committed:
+            self._stats["committed"] += link.log.popleft().n
+
+    def _attach(self, shard: int, deadline: float) -> dict | None:
+        """Ask the shard what it holds of this client, retrying until ``deadline``; None if it never answers."""
+        link = self._links[shard]
+        while True:
+            try:
+                reply = self._ray.get(link.handle.attach.remote(self.client_id),
+                                      timeout=max(0.1, min(self.call_timeout, deadline - time.monotonic())))
+            except Exception as exc:  # noqa: BLE001
+                if not _is_fault(exc, self._ray):
+                    raise
+                self._stats["retries"] += 1
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.2)
+                continue
+            if link.next_seq == 1:  # a new client object for an id the shard knows: continue its sequence
+                link.next_seq = reply["applied"] + 1
+                link.committed = reply["committed"]
+            return reply
+
+    def _recover(self, shard: int) -> None:
+        """The shard failed or restarted: reattach, then resend, in order, every batch it does not hold."""
+        link = self._links[shard]
+        link.inflight.clear()  # their outcome is read from the shard itself; duplicates are skipped there
+        deadline = time.monotonic() + self.retry_seconds
+        reply = self._attach(shard, deadline)
+        if reply is None:
+            self._give_up(shard)
+            return
+        self._confirmed(shard, reply["committed"])
+        first = True
+        for entry in link.log:
+            if entry.seq > reply["applied"]:
+                if first:  # batches before it were given up earlier: the shard must accept the gap
+                    link.reset = link.reset or entry.seq != reply["applied"] + 1
+                    first = False
+                self._submit(shard, entry, resend=True)
+
+    def _give_up(self, shard: int) -> None:
+        link = self._links[shard]
+        lost = link.unconfirmed
+        self._stats["dropped"] += lost
+        link.log.clear()
+        link.inflight.clear()
+        link.reset = True
+        warnings.warn(f"mmreplay: shard {shard} did not come back within {self.retry_seconds:g} s; client "
+                      f"{self.client_id} dropped {lost} unconfirmed transitions (stats()['dropped'] counts them)",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _is_unavailable(exc, ray) -> bool:
+    cause = getattr(exc, "cause", None)
+    return isinstance(cause, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
+
+
+def _is_fault(exc, ray) -> bool:
+    """A failure of the shard (dead, restarting, slow), as opposed to an error the call itself raised."""
+    if isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                        ray.exceptions.ActorUnavailableError)):
+        return True
+    return isinstance(exc, ray.exceptions.RayTaskError) and _is_unavailable(exc, ray)
+
+
+def _one(obs):
+    if isinstance(obs, dict):
+        return {k: np.asarray(v)[None] for k, v in obs.items()}
+    return np.asarray(obs)[None]
+
+
+def _take(obs, rows):
+    if isinstance(obs, dict):
+        return {k: np.asarray(v)[rows] for k, v in obs.items()}
+    return np.asarray(obs)[rows]
+
+
+def _cat(parts):
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return np.concatenate(parts)

@@ -1,0 +1,298 @@
+"""``DistributedSampler``: the learner's batches drawn over the union of all shards.
+
+Invariants:
+- Uniform: a batch of ``B`` is split over the shards by a multinomial draw with probabilities
+  ``size_s / sum(size)``, then each shard draws its part uniformly; so every stored transition has the
+  same chance ``1 / sum(size)`` per draw, as in one store holding them all. Sizes are those of the
+  shards' last answers (a local shard's after its last ``refresh``), at most one batch old.
+- Prioritized: the split is proportional to each shard's priority mass ``T_s`` and each shard draws its
+  part proportionally to its priorities, so ``P(i) = p_i / sum(T)``; weights are rescaled from each
+  shard's smallest priority to the smallest over all shards, ``w_i = (p_i / min p) ** -beta``, as a
+  single store would compute them. The masses used are from each shard's previous answer (one batch
+  stale: documented in docs/distributed.md).
+- Every row of a ``ShardedBatch`` carries its shard (``batch.shard``) and its id in that shard's store
+  (``batch.indices``); ``update_priorities`` sends each shard the rows that are its own, and the shard
+  persists them with its next commit.
+- Shards whose store directory is on this machine are read in place (``Store.open(path, "r")`` and
+  ``refresh``), committed data only, into reused buffers (a batch is valid until the next one, as with
+  ``Store.sampler``); the others are sampled through their actor, ``prefetch`` batches ahead.
+  Prioritized draws always go through the actors (the writer holds the priorities).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mmreplay.distributed.cluster import call_all
+from mmreplay.sampling.batch import Batch
+
+
+@dataclass
+class ShardedBatch(Batch):
+    shard: torch.Tensor | None = None  # which shard each row came from (its ``indices`` are in that store)
+
+    def to(self, device, non_blocking: bool = False) -> "ShardedBatch":
+        moved = Batch.to(self, device, non_blocking)
+        return ShardedBatch(**{f.name: getattr(moved, f.name) for f in dataclasses.fields(Batch)},
+                            shard=self.shard.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "ShardedBatch":
+        pinned = Batch.pin_memory(self)
+        return ShardedBatch(**{f.name: getattr(pinned, f.name) for f in dataclasses.fields(Batch)},
+                            shard=self.shard.pin_memory())
+
+
+class DistributedSampler:
+    def __init__(self, shards: list, batch_size: int, *, prioritized: bool = False, alpha: float | None = None,
+                 beta: float = 0.4, name: str = "learner", local: bool = True, prefetch: int = 2,
+                 seed: int | None = None, refresh_seconds: float = 0.5, timeout: float = 60.0):
+        """``shards``: the shard actor handles. ``name`` names the shards' sampler (its RNG state and its
+        priorities are committed with each shard's store: a learner restarted with the same name goes on
+        with them). ``local=False`` samples every shard through its actor."""
+        import ray
+
+        self._ray = ray
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
+        self.handles = list(shards)
+        self.batch_size, self.prioritized, self.alpha, self.beta = batch_size, prioritized, alpha, beta
+        self.name, self.prefetch, self.timeout, self.refresh_seconds = name, prefetch, timeout, refresh_seconds
+        self.rng = np.random.default_rng(seed)
+        infos = call_all(self.handles, "info", timeout=timeout)
+        self.local: dict[int, object] = {}
+        self._local_buffers: dict[tuple[int, int], object] = {}
+        if local and not prioritized:
+            here = ray.get_runtime_context().get_node_id()
+            for i, info in enumerate(infos):
+                if info["node_id"] == here and os.path.isdir(info["store_path"]):
+                    from mmreplay.store import Store
+
+                    self.local[i] = Store.open(info["store_path"], "r")
+        self._sizes = np.array([info["size"] for info in infos], dtype=np.float64)
+        self._noted_at = np.full(len(self.handles), time.monotonic())
+        self._mass = np.ones(len(self.handles)) if prioritized else None
+        self._min = np.ones(len(self.handles)) if prioritized else None
+        if prioritized:  # the shards' current priority masses (a draw of 0 rows returns them)
+            for i, reply in enumerate(call_all(self.handles, "sample", 0, name, True, beta, alpha, timeout=timeout)):
+                self._note(i, reply)
+        self._last_refresh = time.monotonic()
+        self._planned: collections.deque = collections.deque()  # (counts, {shard: ObjectRef})
+        self._updates: list = []
+        self.stats = collections.Counter()
+
+    # -- drawing ----------------------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> ShardedBatch:
+        return self.sample()
+
+    def sample(self) -> ShardedBatch:
+        self._refresh_local()
+        while len(self._planned) < self.prefetch + 1:
+            self._planned.append(self._plan())
+        counts, refs = self._planned.popleft()
+        parts = {}
+        for i, ref in refs.items():
+            parts[i] = self._get(i, ref, counts[i])
+        for i in np.flatnonzero(counts).tolist():
+            if i in self.local:
+                parts[i] = self._read_local(i, int(counts[i]))
+        while len(self._planned) < self.prefetch:
+            self._planned.append(self._plan())
+        self.stats["batches"] += 1
+        return self._merge(counts, parts)
+
+    def _read_local(self, i: int, n: int) -> dict:
+        """``n`` rows of local shard ``i`` into reused buffers (valid until the next batch, as with
+        ``Store.sampler``): a learner reading one local shard pays what a single store's sampler pays."""
+        from mmreplay.sampling.batch import BatchBuffers
+
+        store = self.local[i]
+        buf = self._local_buffers.get((i, n))
+        if buf is None:
+            if len(self._local_buffers) > 64:  # counts vary from batch to batch: keep the cache bounded
+                self._local_buffers.clear()
+            buf = self._local_buffers[(i, n)] = BatchBuffers(store, n)
+        store.fill_batch(buf, self.rng)
+        return batch_to_parts(buf.batch(store))
+
+    def _weights_of(self) -> np.ndarray:
+        return self._mass if self.prioritized else self._sizes
+
+    def _plan(self) -> tuple[np.ndarray, dict]:
+        """Split the next batch over the shards and ask the remote ones for their parts now (prefetch)."""
+        w = self._weights_of()
+        total = w.sum()
+        if total <= 0 or (not self.prioritized and self._sizes.sum() < self.batch_size):
+            self._wait_for_data()
+            w, total = self._weights_of(), self._weights_of().sum()
+        for _ in range(100):
+            counts = self.rng.multinomial(self.batch_size, w / total)
+            if self.prioritized or (counts <= self._sizes).all():
+                break
+        else:
+            raise ValueError(f"cannot split a batch of {self.batch_size} over shards of sizes "
+                             f"{self._sizes.astype(int).tolist()}")
+        now = time.monotonic()
+        # shards given no rows this time are still asked for their size / mass now and then (0 rows), or a
+        # shard that was empty once would never be drawn from again
+        refs = {i: self._ask(i, int(c)) for i, c in enumerate(counts.tolist()) if i not in self.local and
+                (c or now - self._noted_at[i] >= self.refresh_seconds)}
+        return counts, refs
+
+    def _ask(self, i: int, n: int):
+        return self.handles[i].sample.remote(n, self.name, self.prioritized, self.beta, self.alpha)
+
+    def _get(self, i: int, ref, n: int) -> dict:
+        """Shard ``i``'s part; a shard that died is asked again until it is back (bounded by ``timeout``)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                reply = self._ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.ActorUnavailableError) as exc:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"shard {i} did not come back within {self.timeout:g} s") from exc
+                self.stats["retries"] += 1
+                time.sleep(0.2)
+                ref = self._ask(i, n)
+        self._note(i, reply)
+        return reply["batch"]
+
+    def _note(self, i: int, reply: dict) -> None:
+        self._noted_at[i] = time.monotonic()
+        self._sizes[i] = reply["size"]
+        if self.prioritized:
+            self._mass[i], self._min[i] = reply["mass"]
+
+    def _refresh_local(self, force: bool = False) -> None:
+        if not self.local or (not force and time.monotonic() - self._last_refresh < self.refresh_seconds):
+            return
+        for i, store in self.local.items():
+            store.refresh()
+            self._sizes[i] = len(store)
+        self._last_refresh = time.monotonic()
+
+    def _wait_for_data(self) -> None:
+        """Until the shards hold a batch (committed, for the local ones), bounded by ``timeout``."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self._refresh_local(force=True)
+            remote = [i for i in range(len(self.handles)) if i not in self.local]
+            replies = call_all([self.handles[i] for i in remote], "sample", 0, self.name, self.prioritized, self.beta,
+                               self.alpha, timeout=self.timeout)
+            for i, reply in zip(remote, replies):
+                self._note(i, reply)
+            w = self._weights_of()
+            if w.sum() > 0 and (self.prioritized or self._sizes.sum() >= self.batch_size):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the shards hold {int(self._sizes.sum())} transitions after {self.timeout:g} s; "
+                                   f"a batch needs {self.batch_size}")
+            time.sleep(0.2)
+
+    def _merge(self, counts: np.ndarray, parts: dict) -> ShardedBatch:
+        order = [i for i in range(len(self.handles)) if counts[i]]
+        cat = _concat([parts[i] for i in order])
+        shard = torch.from_numpy(np.repeat(np.array(order, dtype=np.int64), counts[order]))
+        weights = None
+        if self.prioritized:
+            weights = torch.from_numpy(global_weights(cat["weights"], shard.numpy(), self._min, self.beta))
+        return ShardedBatch(obs=_tensor(cat["obs"]), action=_tensor(cat["action"]), reward=_tensor(cat["reward"]),
+                            next_obs=_tensor(cat["next_obs"]), terminated=_tensor(cat["terminated"]),
+                            truncated=_tensor(cat["truncated"]), indices=_tensor(cat["indices"]),
+                            extras=_tensor(cat["extras"] or {}), weights=weights, shard=shard)
+
+    # -- priorities -------------------------------------------------------------------------------
+    def update_priorities(self, batch: ShardedBatch, priorities) -> None:
+        """Send each shard the new priorities of its rows of ``batch`` (``|TD error|``). Asynchronous: an
+        error a shard raised surfaces at a later call."""
+        if not self.prioritized:
+            raise RuntimeError("this sampler is uniform; make it with prioritized=True to update priorities")
+        p = priorities.detach().cpu().numpy() if hasattr(priorities, "detach") else np.asarray(priorities)
+        p = p.reshape(-1)
+        shard, idx = batch.shard.numpy(), batch.indices.numpy()
+        if p.size != idx.size:
+            raise ValueError(f"got {p.size} priorities for a batch of {idx.size}")
+        self._check_updates()
+        for i in np.unique(shard).tolist():
+            rows = shard == i
+            self._updates.append(self.handles[i].update_priorities.remote(idx[rows], p[rows], self.name, self.alpha))
+        self.stats["priority_updates"] += idx.size
+
+    def _check_updates(self) -> None:
+        """Collect finished updates (raising the first error); at most a few hundred stay in flight."""
+        if not self._updates:
+            return
+        done, self._updates = self._ray.wait(self._updates, num_returns=len(self._updates), timeout=0)
+        for ref in done:
+            try:
+                self._ray.get(ref)
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.ActorUnavailableError):
+                self.stats["updates_lost"] += 1  # the shard restarted before committing them: documented
+        if len(self._updates) > 256:
+            self._ray.wait(self._updates, num_returns=len(self._updates) - 256, timeout=self.timeout)
+
+    def state_dict(self) -> dict:
+        """The learner side's RNG state (JSON-able; the shards commit their own)."""
+        return {"rng": self.rng.bit_generator.state, "beta": self.beta}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.beta = state["beta"]
+
+    def close(self) -> None:
+        """Wait for the priority updates in flight; close the local readers."""
+        if self._updates:
+            self._ray.wait(self._updates, num_returns=len(self._updates), timeout=self.timeout)
+            self._check_updates()
+        for store in self.local.values():
+            store.close()
+        self.local.clear()
+
+
+def global_weights(weights: np.ndarray, shard: np.ndarray, shard_min: np.ndarray, beta: float) -> np.ndarray:
+    """Importance weights over all shards from each shard's own: a shard returns ``(p / min_s) ** -beta``
+    with ``min_s`` its smallest priority; one store holding every shard would use the smallest over all,
+    ``(p / min) ** -beta = (p / min_s) ** -beta * (min_s / min) ** -beta``."""
+    finite = np.isfinite(shard_min)
+    smallest = shard_min[finite].min() if finite.any() else 1.0
+    scale = (shard_min[shard] / smallest) ** -beta
+    return (np.asarray(weights, dtype=np.float64) * scale).astype(np.float32)
+
+
+def batch_to_parts(batch) -> dict:
+    from mmreplay.distributed.shard import batch_to_numpy
+
+    return batch_to_numpy(batch)
+
+
+def _concat(parts: list[dict]) -> dict:
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for key, first in parts[0].items():
+        if first is None:
+            out[key] = None
+        elif isinstance(first, dict):
+            out[key] = {k: np.concatenate([p[key][k] for p in parts]) for k in first}
+        else:
+            out[key] = np.concatenate([p[key] for p in parts])
+    return out
+
+
+def _tensor(x):
+    if isinstance(x, dict):
+        return {k: _tensor(v) for k, v in x.items()}
+    # arrays from Ray's object store are read-only views: torch needs its own writable copy then
+    return torch.from_numpy(x if x.flags.writeable and x.flags.c_contiguous else np.array(x))
