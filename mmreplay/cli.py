@@ -6,6 +6,8 @@
     mmreplay bench [--n N]
     mmreplay demo [--out DIR]
     mmreplay export PATH OUT --format minari|d4rl|d3rlpy [--episodes 0:100] [--include-partial]
+                    [--compression gzip|lzf|none] [--env-id ID --author NAME --author-email E
+                    --code-permalink URL --algorithm-name A --description TEXT --data-format hdf5|arrow]
     mmreplay import SRC PATH --format minari|d4rl|d3rlpy [--capacity N] [--frame-stack K]
 """
 
@@ -120,15 +122,27 @@ def _print_summary(summary: dict) -> None:
     print(json.dumps(summary))
 
 
+#: export options that only a Minari dataset can hold (CLI flag -> export_minari keyword)
+MINARI_ONLY = {"dataset_id": "--dataset-id", "env_id": "--env-id", "author": "--author",
+               "author_email": "--author-email", "code_permalink": "--code-permalink",
+               "algorithm_name": "--algorithm-name", "description": "--description", "data_format": "--data-format"}
+
+
 def cmd_export(args) -> int:
     from mmreplay.datasets import export_dataset
 
     kwargs = {"include_partial": args.include_partial, "episodes": _episode_selection(args.episodes),
-              "block_rows": args.block_rows, "progress": Progress(f"exporting to {args.format}")}
+              "block_rows": args.block_rows, "progress": Progress(f"exporting to {args.format}"),
+              "compression": args.compression}
     if args.format == "minari":
-        kwargs["dataset_id"] = args.dataset_id
-    elif args.dataset_id:
-        raise ValueError("--dataset-id applies to --format minari only")
+        kwargs.update(dataset_id=args.dataset_id, env_spec=args.env_id, author=args.author,
+                      author_email=args.author_email, code_permalink=args.code_permalink,
+                      algorithm_name=args.algorithm_name, description=args.description,
+                      data_format=args.data_format or "hdf5")
+    else:
+        given = [flag for key, flag in MINARI_ONLY.items() if getattr(args, key)]
+        if given:
+            raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --format minari only")
     _print_summary(export_dataset(args.path, args.out, args.format, **kwargs))
     return 0
 
@@ -176,7 +190,20 @@ def main(argv=None) -> int:
     p.add_argument("--include-partial", action="store_true",
                    help="also episodes whose start the ring overwrote (from their first readable step) and "
                         "unfinished ones")
-    p.add_argument("--dataset-id", help="minari: the dataset id (default: from OUT)")
+    p.add_argument("--compression", choices=("gzip", "lzf", "none"),
+                   help="HDF5 filter, lossless (default gzip; lzf is faster, larger; minari arrow: none)")
+    m = p.add_argument_group("Minari metadata (--format minari)")
+    m.add_argument("--dataset-id", help="the dataset id (default: from OUT)")
+    m.add_argument("--env-id", help="gymnasium env id of the env that made the data (CartPole-v1; "
+                                    "module:Id for a package that registers it, e.g. ale_py:ALE/Pong-v5): "
+                                    "stored as env_spec, so dataset.recover_environment() works")
+    m.add_argument("--author", action="append", help="author name (repeat for several)")
+    m.add_argument("--author-email", action="append", help="author contact (repeat for several)")
+    m.add_argument("--code-permalink", help="link to the versioned code that made the data")
+    m.add_argument("--algorithm-name", help="the policy or algorithm that made the data")
+    m.add_argument("--description", help="free text (default: names the source store)")
+    m.add_argument("--data-format", choices=("hdf5", "arrow"), help="Minari's storage (default hdf5; arrow needs "
+                                                                     "pyarrow)")
     p.add_argument("--block-rows", type=int, default=4096, help="transitions read per block (bounds memory)")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("import", help="make a new store from a Minari, D4RL-style or d3rlpy dataset")
