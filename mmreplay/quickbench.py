@@ -68,7 +68,10 @@ def run(n: int = 20_000, batch_sizes=(32, 256), seconds: float = 2.0, progress=N
         disk = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
         out(f"data: {n:,} real Atari transitions (Pong, Breakout; the packaged fixture's 635 replayed), stack 4")
         out(f"reference: {REFERENCE['where']}; peers are not run here (scripts/bench.py runs them)")
-        out(f"add: {add_rate:,.0f} transitions/s (reference mmreplay {REFERENCE['add_per_s']['mmreplay']:,}/s), "
+        out(f"this machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other processes "
+            "competing for the CPUs slow every figure below)")
+        out(f"add: {add_rate:,.0f} transitions/s, create and close included (reference mmreplay "
+            f"{REFERENCE['add_per_s']['mmreplay']:,}/s over 100k), "
             f"{disk / n:.0f} bytes/transition on disk (reference {REFERENCE['bytes_per_transition']['mmreplay']})")
         result = {"n": n, "add_per_s": add_rate, "disk_bytes_per_transition": disk / n, "reference": REFERENCE}
         with Store.open(path, mode="r", cache_bytes=n * 84 * 84 * 2) as store:
