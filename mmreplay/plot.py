@@ -16,7 +16,7 @@ from mmreplay.store import Store
 
 #: rows of a float column (continuous actions, float rewards) histogrammed: an evenly strided sample
 MAX_SAMPLE = 1_000_000
-#: frames decoded for the observation histograms of a low-dim store
+#: transitions sampled (uniformly) for the observation histograms of a low-dim store
 MAX_OBS_ROWS = 20_000
 THUMBNAILS = 8
 
@@ -60,10 +60,9 @@ def image_key(store: Store) -> str | None:
 def thumbnails(store: Store, key: str, n: int = THUMBNAILS) -> tuple[np.ndarray, np.ndarray]:
     """``n`` frames (the newest of each stack) evenly spaced over the valid transitions, and their ids."""
     oldest, head = store.valid_range()
-    lo = oldest + (store.frame_stack - 1) * 4  # clear of stacks that may reach overwritten steps
-    ids = np.unique(np.linspace(min(lo, head - 1), head - 1, n).astype(np.int64)) if head > oldest else \
-        np.zeros(0, np.int64)
-    ids = np.asarray([g for g in ids if _readable(store, g)], np.int64)
+    ids = np.unique(np.linspace(oldest, head - 1, n).astype(np.int64)) if head > oldest else np.zeros(0, np.int64)
+    ids = [_readable_from(store, int(g), head) for g in ids]  # a stack may reach overwritten steps
+    ids = np.unique(np.asarray([g for g in ids if g is not None], np.int64))
     if ids.size == 0:
         return np.zeros((0,)), ids
     obs = store.get(ids).obs
@@ -72,12 +71,15 @@ def thumbnails(store: Store, key: str, n: int = THUMBNAILS) -> tuple[np.ndarray,
     return (obs[:, -1] if store.frame_stack > 1 else obs), ids
 
 
-def _readable(store: Store, g: int) -> bool:
-    try:
-        store.get([g])
-    except IndexError:
-        return False
-    return True
+def _readable_from(store: Store, g: int, head: int, tries: int = 64) -> int | None:
+    """The first transition id from ``g`` whose frame stack is still kept (None within ``tries``)."""
+    for c in range(g, min(head, g + tries)):
+        try:
+            store.get([c])
+        except IndexError:
+            continue
+        return c
+    return None
 
 
 def _log_bars(ax, values, counts, title: str, xlabel: str) -> None:
@@ -171,20 +173,18 @@ def _rewards_panel(ax, store) -> None:
 
 
 def _observations_panel(ax, store) -> None:
-    oldest, head = store.valid_range()
-    ids = np.unique(np.linspace(oldest, head - 1, min(MAX_OBS_ROWS, head - oldest)).astype(np.int64))
-    ids = ids[ids >= oldest + (store.frame_stack - 1) * 4] if store.frame_stack > 1 else ids
     spec = store.schema.observations[0]
-    if ids.size == 0:
+    n = min(MAX_OBS_ROWS, len(store))
+    if n == 0:
         ax.set_title("observations: none readable")
         return
-    obs = store.get(ids).obs
+    obs = store.sample(n, seed=0).obs  # uniform over the valid transitions (with replacement)
     obs = (obs[spec.name] if isinstance(obs, dict) else obs).numpy()
     obs = obs[:, -1] if store.frame_stack > 1 else obs
     obs = obs.reshape(obs.shape[0], -1)
     _dims_hist(ax, obs, "value")
     more = f", first 8 of {obs.shape[1]} dims" if obs.shape[1] > 8 else ""
-    ax.set_title(f"observation '{spec.name}' values ({ids.size:,} transitions{more})")
+    ax.set_title(f"observation '{spec.name}' values ({n:,} sampled transitions{more})")
 
 
 def plot_store(path: str, out: str) -> str:

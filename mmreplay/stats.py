@@ -44,11 +44,8 @@ class ColumnReader:
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         if hi <= lo:
-            return self._decode(np.zeros(0, np.int64), 0)
-        parts = []
-        for a, b in self._slot_ranges(lo, hi):
-            parts.append(self._read_slots(a, b))
-        return np.concatenate(parts)
+            return self.values[:0] if self.bits else np.zeros((0, *self.array.shape[1:]), self.array.dtype)
+        return np.concatenate([self._read_slots(a, b) for a, b in self._slot_ranges(lo, hi)])
 
     def _slot_ranges(self, lo: int, hi: int):
         """Contiguous slot ranges covering ids ``[lo, hi)`` in id order (a ring wraps at most once a lap)."""
@@ -70,11 +67,6 @@ class ColumnReader:
         raw = np.asarray(self.array[first:last], dtype=np.uint8)
         pos = np.arange(a, b, dtype=np.int64) * self.bits
         codes = (raw[(pos // 8) - first] >> (pos % 8).astype(np.uint8)) & ((1 << self.bits) - 1)
-        return self._decode(codes, b - a)
-
-    def _decode(self, codes, n):
-        if self.values is None:
-            return np.zeros(0, self.array.dtype) if n == 0 else codes
         return self.values[codes]
 
 
