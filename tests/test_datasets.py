@@ -273,6 +273,167 @@ def test_minari_selected_episodes(tmp_path, minari_root):
     assert_episodes_equal(minari_episodes(minari.load_dataset("head-v1")), started[:4])
 
 
+def cartpole_store(path, n_episodes, seed=0):
+    """A store recorded from CartPole-v1 with a fixed policy; returns the ground-truth episodes too."""
+    import gymnasium as gym
+
+    from mmreplay.integrations.gymnasium import RecordToStore, create_store_for
+
+    env = gym.make("CartPole-v1")
+    store = create_store_for(env, path, capacity=None, durable=False)
+    rec = RecordToStore(env, store)
+    eps = []
+    obs, _ = rec.reset(seed=seed)
+    for _ in range(n_episodes):
+        ep = {"obs": [obs], "actions": [], "rewards": [], "term": [], "trunc": []}
+        while True:
+            action = int(obs[2] > 0)
+            obs, reward, term, trunc, _ = rec.step(action)
+            for k, v in (("obs", obs), ("actions", action), ("rewards", reward), ("term", term), ("trunc", trunc)):
+                ep[k].append(v)
+            if term or trunc:
+                break
+        eps.append({"obs": np.array(ep["obs"], np.float32), "actions": np.array(ep["actions"], np.int64),
+                    "rewards": np.array(ep["rewards"], np.float32), "term": np.array(ep["term"]),
+                    "trunc": np.array(ep["trunc"])})
+        obs, _ = rec.reset()
+    return eps, store
+
+
+def test_minari_env_spec_recovers_the_environment_and_provenance_is_recorded(tmp_path, minari_root):
+    minari = pytest.importorskip("minari")
+    eps, store = cartpole_store(str(tmp_path / "s"), 4)
+    with store:
+        export_dataset(store, minari_root / "cp" / "random-v0", "minari", env_spec="CartPole-v1",
+                       author=["Ada Lovelace", "Alan Turing"], author_email="ada@example.org",
+                       code_permalink="https://example.org/repo/commit/abc123", algorithm_name="sign-of-angle",
+                       description="CartPole, fixed policy", requirements=["gymnasium>=1.0"])
+        export_dataset(store, minari_root / "cp" / "bare-v0", "minari")
+    dataset = minari.load_dataset("cp/random-v0")
+    assert dataset.env_spec.id == "CartPole-v1"
+    env = dataset.recover_environment()
+    assert env.spec.id == "CartPole-v1" and env.observation_space == dataset.observation_space
+    env.reset(seed=0)
+    env.close()
+    assert dataset.recover_environment(eval_env=True).spec.id == "CartPole-v1"
+    meta = dataset.storage.metadata
+    assert meta["author"] == {"Ada Lovelace", "Alan Turing"} and meta["author_email"] == {"ada@example.org"}
+    assert meta["code_permalink"] == "https://example.org/repo/commit/abc123"
+    assert meta["algorithm_name"] == "sign-of-angle" and meta["description"] == "CartPole, fixed policy"
+    assert meta["requirements"] == ["gymnasium>=1.0"]
+    assert_episodes_equal(minari_episodes(dataset), eps)
+    # Without the options: no placeholders, and no env to recover (Minari says so).
+    bare = minari.load_dataset("cp/bare-v0")
+    assert not {"author", "author_email", "code_permalink", "algorithm_name"} & set(bare.storage.metadata)
+    with pytest.raises(ValueError, match="env_spec is None"):
+        bare.recover_environment()
+
+
+def test_minari_env_spec_must_match_the_store(tmp_path, minari_root):
+    pytest.importorskip("minari")
+    _, store = cartpole_store(str(tmp_path / "s"), 2)
+    with store:
+        with pytest.raises(ValueError, match="env 'Pendulum-v1' has observation space .* the store has"):
+            export_dataset(store, minari_root / "wrong-v0", "minari", env_spec="Pendulum-v1")
+        with pytest.raises(ValueError, match="env id 'NoSuchEnv-v9' is not registered"):
+            export_dataset(store, minari_root / "wrong-v0", "minari", env_spec="NoSuchEnv-v9")
+        with pytest.raises(ValueError, match="env id 'no_such_module:X-v0': cannot import 'no_such_module'"):
+            export_dataset(store, minari_root / "wrong-v0", "minari", env_spec="no_such_module:X-v0")
+        with pytest.raises(ValueError, match="author must be a non-empty string"):
+            export_dataset(store, minari_root / "wrong-v0", "minari", author=[""])
+    assert not (minari_root / "wrong-v0").exists()
+
+
+def h5_filters(path):
+    """{dataset name: its compression filter (None: uncompressed)} of every dataset in an HDF5 file."""
+    found = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: found.__setitem__(name, obj.compression)
+                     if isinstance(obj, h5py.Dataset) and obj.ndim >= 1 and obj.size > 1 and obj.dtype.kind not in "OSU"
+                     else None)
+    return found
+
+
+@pytest.mark.parametrize("fmt", ["minari", "d4rl", "d3rlpy"])
+def test_hdf5_exports_are_compressed_losslessly(tmp_path, minari_root, fmt):
+    if fmt == "minari":
+        pytest.importorskip("minari")
+    rng = np.random.default_rng(60)
+    eps = make_episodes("image", rng, 6, max_len=40)
+    for e in eps:  # frames with few distinct values, like real screens: something to compress
+        e["obs"] //= 64
+        e["obs"][:, 42:] = 0
+    started, store = build_store(str(tmp_path / "s"), "image", eps, rng=rng)
+    sizes = {}
+    with store:
+        for compression in ("gzip", "lzf", "none"):
+            out = minari_root / f"{compression}-v0" if fmt == "minari" else tmp_path / f"{compression}.h5"
+            summary = export_dataset(store, out, fmt, compression=compression)
+            assert summary["compression"] == compression
+            sizes[compression] = summary["bytes"]
+            h5 = out / "data" / "main_data.hdf5" if fmt == "minari" else out
+            filters = h5_filters(h5)
+            assert filters and set(filters.values()) == {None if compression == "none" else compression}, filters
+            import_dataset(out, tmp_path / f"back-{compression}", fmt)
+            with mmreplay.Store.open(tmp_path / f"back-{compression}", mode="r") as back:
+                assert_episodes_equal(store_episodes(back), started)
+        assert export_dataset(store, tmp_path / "default.h5" if fmt != "minari" else minari_root / "default-v0",
+                              fmt)["compression"] == "gzip"
+        with pytest.raises(ValueError, match=r"unknown HDF5 compression 'zstd': expected one of \['gzip', 'lzf'"):
+            export_dataset(store, tmp_path / "bad.h5" if fmt != "minari" else minari_root / "bad-v0", fmt,
+                           compression="zstd")
+    assert sizes["gzip"] < sizes["none"] / 3 and sizes["lzf"] < sizes["none"] / 2, sizes
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_minari_arrow_format_round_trips(tmp_path, minari_root, kind):
+    minari = pytest.importorskip("minari")
+    pytest.importorskip("pyarrow")
+    rng = np.random.default_rng(61)
+    eps = make_episodes(kind, rng, 6 if kind == "image" else 12)
+    started, store = build_store(str(tmp_path / "s"), kind, eps, rng=rng)
+    with store:
+        summary = export_dataset(store, minari_root / f"arrow-{kind}-v0", "minari", data_format="arrow",
+                                 block_rows=32)
+        with pytest.raises(ValueError, match="arrow writer has no compression option"):
+            export_dataset(store, minari_root / "never-v0", "minari", data_format="arrow", compression="gzip")
+    assert summary["data_format"] == "arrow" and summary["episodes"] == len(eps)
+    meta = json.loads((minari_root / f"arrow-{kind}-v0" / "data" / "metadata.json").read_text())
+    assert meta["data_format"] == "arrow" and meta["jpeg_encoding"] is False
+    for dataset in (minari.load_dataset(f"arrow-{kind}-v0"),
+                    minari.MinariDataset(str(minari_root / f"arrow-{kind}-v0" / "data"))):
+        assert dataset.observation_space == KINDS[kind]["obs_space"]
+        assert dataset.total_steps == sum(len(e["rewards"]) for e in eps)
+        assert_episodes_equal(minari_episodes(dataset), started)
+    import_dataset(f"arrow-{kind}-v0", tmp_path / "back", "minari")
+    with mmreplay.Store.open(tmp_path / "back", mode="r") as back:
+        assert_episodes_equal(store_episodes(back), started)
+
+
+def test_collect_minari_records_an_env_into_a_dataset(tmp_path, minari_root):
+    minari = pytest.importorskip("minari")
+    from mmreplay.datasets import collect_minari
+
+    truth, ref = cartpole_store(str(tmp_path / "truth"), 3, seed=7)  # the same env, seed and policy by hand
+    ref.close()
+    summary = collect_minari("CartPole-v1", minari_root / "col" / "cp-v0", episodes=3, seed=7,
+                             policy=lambda obs: int(obs[2] > 0), author="Ada", store=tmp_path / "kept")
+    assert summary["episodes"] == 3 and summary["env_spec"] == "CartPole-v1"
+    dataset = minari.load_dataset("col/cp-v0")
+    assert_episodes_equal(minari_episodes(dataset), truth)
+    assert dataset.recover_environment().spec.id == "CartPole-v1"
+    assert dataset.storage.metadata["author"] == {"Ada"}
+    assert "CartPole-v1" in dataset.storage.metadata["description"]
+    with mmreplay.Store.open(summary["store"], mode="r") as kept:  # the store it recorded through is kept
+        assert len(kept) == sum(len(e["rewards"]) for e in truth)
+    # steps=: whole episodes until the budget; a temporary store is removed
+    summary = collect_minari("CartPole-v1", minari_root / "col" / "cp-v1", steps=30, seed=1)
+    assert summary["steps"] >= 30 and summary["store"] is None
+    assert minari.load_dataset("col/cp-v1").total_steps == summary["steps"]
+    with pytest.raises(ValueError, match="exactly one of episodes= and steps="):
+        collect_minari("CartPole-v1", minari_root / "col" / "cp-v2")
+
+
 # -- D4RL-style flat HDF5 ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["lowdim", "image"])
@@ -563,3 +724,31 @@ def test_hdf5_exports_create_missing_folders(tmp_path, fmt):
     import_dataset(out, tmp_path / "back", fmt)
     with mmreplay.Store.open(tmp_path / "back", mode="r") as back:
         assert_episodes_equal(store_episodes(back), started)
+
+
+def test_cli_export_options(tmp_path, minari_root, capsys):
+    minari = pytest.importorskip("minari")
+    pytest.importorskip("pyarrow")
+    _, store = cartpole_store(str(tmp_path / "s"), 3)
+    store.close()
+    assert main(["export", str(tmp_path / "s"), str(minari_root / "cli" / "cp-v0"), "--format", "minari",
+                 "--env-id", "CartPole-v1", "--author", "Ada", "--author", "Alan", "--author-email", "ada@example.org",
+                 "--code-permalink", "https://example.org/c/1", "--algorithm-name", "sign-of-angle",
+                 "--description", "three episodes", "--compression", "lzf"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["compression"] == "lzf" and summary["env_spec"] == "CartPole-v1"
+    dataset = minari.load_dataset("cli/cp-v0")
+    meta = dataset.storage.metadata
+    assert meta["author"] == {"Ada", "Alan"} and meta["author_email"] == {"ada@example.org"}
+    assert (meta["code_permalink"], meta["algorithm_name"], meta["description"]) == \
+        ("https://example.org/c/1", "sign-of-angle", "three episodes")
+    assert dataset.recover_environment().spec.id == "CartPole-v1"
+    assert set(h5_filters(minari_root / "cli" / "cp-v0" / "data" / "main_data.hdf5").values()) == {"lzf"}
+    assert main(["export", str(tmp_path / "s"), str(minari_root / "cli" / "cp-v1"), "--format", "minari",
+                 "--data-format", "arrow"]) == 0
+    assert json.loads(capsys.readouterr().out)["data_format"] == "arrow"
+    assert minari.load_dataset("cli/cp-v1").total_episodes == 3
+    assert main(["export", str(tmp_path / "s"), str(tmp_path / "x.h5"), "--format", "d4rl", "--env-id",
+                 "CartPole-v1", "--author", "Ada"]) == 2
+    assert "--env-id, --author apply to --format minari only" in capsys.readouterr().err
+    assert not (tmp_path / "x.h5").exists()

@@ -1,7 +1,8 @@
 """Offline-RL datasets: export a store to Minari, D4RL-style HDF5 or d3rlpy, and import them back.
 
 Every exporter reads episodes through ``episodes.py`` (episode links, single frames, bounded blocks);
-every importer writes through ``importing.py`` (a new store, episodes in order, bounded blocks). Each
+every importer writes through ``importing.py`` (a new store, episodes in order, bounded blocks);
+``collect.py`` records an env straight to a Minari dataset through a store. Each
 format module states what its format can and cannot hold. Optional dependencies (minari, h5py) are
 imported only when a format needs them.
 """
@@ -37,6 +38,13 @@ def export_dataset(store, out, format: str, **kwargs) -> dict[str, Any]:
         return export_d4rl(store, out, **kwargs)
     from mmreplay.datasets.d3rlpy import export_d3rlpy
     return export_d3rlpy(store, out, **kwargs)
+
+
+def collect_minari(env, out, **kwargs) -> dict[str, Any]:
+    """Record ``env`` into a store and export it as a Minari dataset (``mmreplay.datasets.collect``)."""
+    from mmreplay.datasets.collect import collect_minari as collect
+
+    return collect(env, out, **kwargs)
 
 
 def import_dataset(src, path, format: str, **kwargs) -> dict[str, Any]:

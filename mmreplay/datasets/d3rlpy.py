@@ -15,6 +15,7 @@ Invariants:
   a round trip is exact; a foreign file's terminal next observation is zeros, as d3rlpy uses.
 - Streaming: each episode's datasets are resizable and written ``block_rows`` at a time; import reads
   ``block_rows`` rows at a time.
+- Compressed losslessly by default (gzip + shuffle; ``compression="lzf"`` or ``"none"``: ``hdf5.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from mmreplay.datasets import hdf5
 from mmreplay.datasets.d4rl import _h5py
 from mmreplay.datasets.episodes import iter_pieces, list_episodes
 from mmreplay.datasets.importing import (
@@ -41,9 +43,11 @@ COLUMNS = ["observations", "actions", "rewards", "terminated"]
 
 
 def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequence[int] | slice | None = None,
-                  block_rows: int = 4096, progress=None) -> dict[str, Any]:
-    """Write the store's episodes to ``out`` (must not exist) in d3rlpy's ReplayBuffer HDF5 layout."""
+                  block_rows: int = 4096, progress=None, compression: str | None = None) -> dict[str, Any]:
+    """Write the store's episodes to ``out`` (must not exist) in d3rlpy's ReplayBuffer HDF5 layout.
+    ``compression``: ``"gzip"`` (default), ``"lzf"`` or ``"none"``."""
     h5py = _h5py()
+    compression = hdf5.check_compression(compression)
     out = os.fspath(out)
     if os.path.exists(out):
         raise FileExistsError(f"cannot export to {out!r}: the file exists")
@@ -55,7 +59,7 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
     act_dtype = np.dtype(store.action_space.dtype)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # like `mmreplay export` into a new folder
     tmp = out + ".partial"
-    with h5py.File(tmp, "w") as f:
+    with h5py.File(tmp, "w", libver=hdf5.LIBVER) as f:
         f.create_dataset("columns", data=COLUMNS)
         f.create_dataset("num_episodes", data=len(listing.episodes))
         f.create_dataset("version", data=VERSION)
@@ -64,23 +68,19 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
         rows = 0
 
         def grow(name, values):
-            ds = cols[name]
-            ds.resize(ds.shape[0] + values.shape[0], axis=0)
-            ds[ds.shape[0] - values.shape[0]:] = np.ascontiguousarray(values)
+            hdf5.append(cols[name], values)
 
         for piece in iter_pieces(store, listing.episodes, block_rows, progress):
             i = piece.episode
             if piece.start:
                 cols, rows = {}, 0
+                cap = max(1, min(block_rows, len(listing.episodes[i]) + 1))  # rows: steps + final observation
                 for j, k in enumerate(keys):
                     name = f"observations_{i}_{j}" if dict_obs else f"observations_{i}"
                     shape, dtype = obs_specs[k]
-                    cols[k] = f.create_dataset(name, (0, *shape), dtype=dtype, maxshape=(None, *shape),
-                                               chunks=(max(1, min(block_rows, (1 << 20) // max(1, dtype.itemsize * int(np.prod(shape))))), *shape))
-                cols["actions"] = f.create_dataset(f"actions_{i}", (0, *act_shape), dtype=act_dtype,
-                                                   maxshape=(None, *act_shape), chunks=True)
-                cols["rewards"] = f.create_dataset(f"rewards_{i}", (0, 1), dtype=np.float32, maxshape=(None, 1),
-                                                   chunks=True)
+                    cols[k] = hdf5.resizable(f, name, shape, dtype, cap, compression)
+                cols["actions"] = hdf5.resizable(f, f"actions_{i}", act_shape, act_dtype, cap, compression)
+                cols["rewards"] = hdf5.resizable(f, f"rewards_{i}", (1,), np.float32, cap, compression)
             for k in keys:
                 grow(k, piece.obs[k])
             grow("actions", piece.action.reshape(len(piece), *act_shape))
@@ -91,7 +91,7 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
                 if terminated:
                     for j, k in enumerate(keys):
                         name = f"mmreplay_final_observation_{i}_{j}" if dict_obs else f"mmreplay_final_observation_{i}"
-                        f.create_dataset(name, data=piece.next_obs[k][-1])
+                        f.create_dataset(name, data=piece.next_obs[k][-1], **hdf5.filters(compression))
                 else:  # the final observation as one more row: d3rlpy's next observation of the last step
                     for k in keys:
                         grow(k, piece.next_obs[k][-1:])
@@ -100,7 +100,7 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
                 f.create_dataset(f"terminated_{i}", data=np.bool_(terminated))
     os.replace(tmp, out)
     return {"format": "d3rlpy", "path": out, "episodes": len(listing.episodes), "steps": listing.steps,
-            "notes": listing.notes}
+            "compression": compression, "bytes": os.path.getsize(out), "notes": listing.notes}
 
 
 def _episode_obs(f, i: int, keys: list[str] | None):

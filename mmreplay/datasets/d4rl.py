@@ -12,6 +12,7 @@ Invariants:
   ``timeouts`` row has no known next observation and is dropped, and the step before it becomes the
   episode's last, marked truncated; the file's last row is dropped unless it has a next observation.
 - Streaming: rows are read and written ``block_rows`` at a time (datasets are chunked and resizable).
+- Compressed losslessly by default (gzip + shuffle; ``compression="lzf"`` or ``"none"``: ``hdf5.py``).
 - Dict observations have no flat form here: refused, naming the keys.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from mmreplay.datasets import hdf5
 from mmreplay.datasets.episodes import iter_pieces, list_episodes
 from mmreplay.datasets.importing import (
     EpisodeWriter,
@@ -46,8 +48,10 @@ def _h5py():
 
 def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence[int] | slice | None = None,
                 block_rows: int = 4096, progress=None, compression: str | None = None) -> dict[str, Any]:
-    """Write the store's episodes to the flat HDF5 file ``out`` (which must not exist)."""
+    """Write the store's episodes to the flat HDF5 file ``out`` (which must not exist). ``compression``:
+    ``"gzip"`` (default), ``"lzf"`` or ``"none"``."""
     h5py = _h5py()
+    compression = hdf5.check_compression(compression)
     out = os.fspath(out)
     if store.schema.dict_obs:
         raise ValueError(f"D4RL-style files hold one observation array; this store has Dict observations "
@@ -58,13 +62,11 @@ def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence
     obs_shape = store.observation_space.shape
     obs_dtype = np.dtype(store.observation_space.dtype)
     act_shape, act_dtype = store.action_space.shape, np.dtype(store.action_space.dtype)
-    chunk = max(1, min(block_rows, (1 << 20) // max(1, obs_dtype.itemsize * int(np.prod(obs_shape)))))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # like `mmreplay export` into a new folder
     tmp = out + ".partial"
-    with h5py.File(tmp, "w") as f:
+    with h5py.File(tmp, "w", libver=hdf5.LIBVER) as f:
         def column(name, shape, dtype):
-            return f.create_dataset(name, (0, *shape), dtype=dtype, maxshape=(None, *shape),
-                                    chunks=(chunk, *shape), compression=compression)
+            return hdf5.resizable(f, name, shape, dtype, max(1, min(block_rows, listing.steps)), compression)
         cols = {"observations": column("observations", obs_shape, obs_dtype),
                 "next_observations": column("next_observations", obs_shape, obs_dtype),
                 "actions": column("actions", act_shape, act_dtype),
@@ -80,12 +82,10 @@ def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence
             for name, values in (("observations", piece.obs["obs"]), ("next_observations", piece.next_obs["obs"]),
                                  ("actions", piece.action), ("rewards", piece.reward),
                                  ("terminals", piece.terminated), ("timeouts", timeouts)):
-                cols[name].resize(n + m, axis=0)
-                cols[name][n:n + m] = np.ascontiguousarray(values)
-            n += m
+                hdf5.append(cols[name], values)
     os.replace(tmp, out)
     return {"format": "d4rl", "path": out, "episodes": len(listing.episodes), "steps": listing.steps,
-            "notes": listing.notes}
+            "compression": compression, "bytes": os.path.getsize(out), "notes": listing.notes}
 
 
 def infer_spaces(f, meta):

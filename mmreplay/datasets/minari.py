@@ -1,20 +1,30 @@
 """Minari datasets (HDF5, or arrow where pyarrow is installed) to and from a store.
 
 Invariants:
-- Export writes through Minari's own storage writer (``MinariStorage.new`` + ``update_episodes``), so the
-  result is what ``minari.load_dataset`` / ``MinariDataset`` read: per episode, ``observations`` with
+- The result is what ``minari.load_dataset`` / ``MinariDataset`` read: per episode, ``observations`` with
   ``N + 1`` rows (the last is the final observation), ``actions``, ``rewards``, ``terminations``,
-  ``truncations`` with ``N`` rows, and the store's spaces.
+  ``truncations`` with ``N`` rows, and the store's spaces. ``metadata.json`` is made by Minari's own
+  ``MinariStorage.new`` / ``update_metadata`` (so ``env_spec`` is Minari's ``EnvSpec.to_json()`` and
+  ``recover_environment()`` works when an env is given). Arrow episodes go through Minari's own
+  ``ArrowStorage.update_episodes``. HDF5 episodes are written here, in the exact layout of Minari's
+  ``HDF5Storage`` (``episode_<i>`` groups with ``id`` / ``total_steps`` attributes, a group per key of a
+  Dict space), because Minari's HDF5 writer takes no compression option and holds whole episodes in RAM:
+  here each dataset is compressed (``hdf5.py``: gzip by default, lossless) and grows piece by piece.
 - Never lossy: Minari >= 0.5.4 JPEG-encodes uint8 "image" Box spaces (2-D/3-D, >= 32x32, bounds 0..255)
-  unless asked not to. Export always passes ``jpeg_encoding=False`` and refuses, before writing anything,
+  unless asked not to. Export always records ``jpeg_encoding=False`` and refuses, before writing anything,
   when the installed Minari cannot be told so; import refuses a JPEG-encoded dataset with image spaces
   (its frames are not the recorded ones).
-- Memory: episodes are buffered until ``block_rows`` steps are pending (Minari writes whole episodes, so
-  one episode longer than that is held alone).
+- Memory: HDF5 export holds one block of ``block_rows`` steps (an episode's datasets are created at its
+  known length and filled block by block). Arrow export buffers whole episodes until
+  ``block_rows`` steps are pending (Minari's arrow writer takes whole episodes, so one episode longer than
+  that is held alone).
+- Placeholders are never written: author, email, code link and algorithm name are recorded only when
+  given; the description defaults to naming the source store.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import os
@@ -24,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from mmreplay.datasets import hdf5
 from mmreplay.datasets.episodes import as_space_value, iter_pieces, list_episodes
 from mmreplay.datasets.importing import (
     EpisodeWriter,
@@ -71,19 +82,114 @@ def _minari_root() -> str:
     return os.environ.get("MINARI_DATASETS_PATH") or os.path.join(os.path.expanduser("~"), ".minari", "datasets")
 
 
+def env_spec_of(env):
+    """A gymnasium ``EnvSpec`` from an env id (``"CartPole-v1"``, or ``"module:Id"`` for an env that
+    importing ``module`` registers), an ``EnvSpec``, or an env made with ``gymnasium.make`` (its ``spec``)."""
+    import gymnasium as gym
+    from gymnasium.envs.registration import EnvSpec
+
+    if env is None or isinstance(env, EnvSpec):
+        return env
+    if isinstance(env, str):
+        module, _, name = env.rpartition(":")
+        try:
+            if module:  # "module:Id", as gymnasium.make takes it: importing the module registers the env
+                importlib.import_module(module)
+            return gym.spec(name)
+        except ImportError as exc:
+            raise ValueError(f"env id {env!r}: cannot import {module!r} ({exc})") from None
+        except gym.error.Error as exc:
+            raise ValueError(f"env id {env!r} is not registered with gymnasium ({exc}); import the package "
+                             "that registers it, or pass an EnvSpec") from None
+    spec = getattr(env, "spec", None)
+    if isinstance(spec, EnvSpec):
+        return spec
+    raise TypeError(f"env_spec must be an env id, a gymnasium EnvSpec or an env made by gymnasium.make; "
+                    f"got {type(env).__name__} (with spec {spec!r})")
+
+
+def check_env_spaces(spec, observation_space, action_space) -> str | None:
+    """Make the env once and compare its spaces with the store's: a dataset whose recovered environment
+    does not match its data is refused. Returns a note when the env cannot be made here (not checked)."""
+    import gymnasium as gym
+
+    try:
+        env = gym.make(spec)
+    except Exception as exc:  # noqa: BLE001 - any failure to build a foreign env only skips the check
+        return f"env {spec.id!r} could not be made here ({type(exc).__name__}: {exc}): its spaces were not checked"
+    try:
+        for what, env_space, store_space in (("observation", env.observation_space, observation_space),
+                                             ("action", env.action_space, action_space)):
+            if not _same_layout(env_space, store_space):
+                raise ValueError(f"env {spec.id!r} has {what} space {env_space}, the store has {store_space}: "
+                                 "recover_environment() would give an env that does not match the data")
+    finally:
+        env.close()
+    return None
+
+
+def _same_layout(a, b) -> bool:
+    """Same kind, shape and dtype (bounds may differ: a store made with unbounded Boxes is fine)."""
+    from gymnasium import spaces
+
+    if isinstance(a, spaces.Dict) or isinstance(b, spaces.Dict):
+        return isinstance(a, spaces.Dict) and isinstance(b, spaces.Dict) and set(a.spaces) == set(b.spaces) and \
+            all(_same_layout(a[k], b[k]) for k in a.spaces)
+    if isinstance(a, spaces.Discrete) or isinstance(b, spaces.Discrete):
+        return isinstance(a, spaces.Discrete) and isinstance(b, spaces.Discrete) and a.n == b.n
+    return type(a) is type(b) and a.shape == b.shape and np.dtype(a.dtype) == np.dtype(b.dtype)
+
+
+def provenance(*, description, author, author_email, code_permalink, algorithm_name, requirements) -> dict:
+    """Minari's provenance metadata, only what was given (Minari stores authors and emails as sets)."""
+    def as_set(value, name):
+        if value is None:
+            return None
+        values = {value} if isinstance(value, str) else set(value)
+        if not all(isinstance(v, str) and v for v in values):
+            raise ValueError(f"{name} must be a non-empty string or strings, got {value!r}")
+        return values
+
+    meta = {"author": as_set(author, "author"), "author_email": as_set(author_email, "author_email"),
+            "code_permalink": code_permalink, "algorithm_name": algorithm_name, "description": description,
+            "requirements": list(requirements) if requirements is not None else None}
+    for key in ("code_permalink", "algorithm_name", "description"):
+        if meta[key] is not None and not isinstance(meta[key], str):
+            raise ValueError(f"{key} must be a string, got {meta[key]!r}")
+    return {k: v for k, v in meta.items() if v is not None}
+
+
 def export_minari(store, out, *, dataset_id: str | None = None, include_partial: bool = False,
                   episodes: Sequence[int] | slice | None = None, data_format: str = "hdf5",
-                  block_rows: int = 4096, progress=None, description: str | None = None) -> dict[str, Any]:
+                  compression: str | None = None, env_spec=None, author=None, author_email=None,
+                  code_permalink: str | None = None, algorithm_name: str | None = None,
+                  description: str | None = None, requirements: Sequence[str] | None = None,
+                  block_rows: int = 4096, progress=None) -> dict[str, Any]:
     """Write the store's episodes as a Minari dataset in directory ``out`` (which must not exist).
     ``MinariDataset(out + "/data")`` reads it; so does ``minari.load_dataset(dataset_id)`` when ``out`` is
-    ``<minari root>/<dataset_id>``. Returns a summary (episodes, steps, what was skipped and why)."""
+    ``<minari root>/<dataset_id>``.
+
+    ``env_spec``: the env that made the data (an id such as ``"CartPole-v1"``, an ``EnvSpec`` or an env),
+    stored so that ``dataset.recover_environment()`` works; its spaces must match the store's.
+    ``author`` / ``author_email`` (a string or several), ``code_permalink``, ``algorithm_name``,
+    ``description``, ``requirements`` (pip requirement strings): Minari's provenance metadata.
+    ``data_format``: ``"hdf5"`` or ``"arrow"`` (needs pyarrow). ``compression`` (HDF5): ``"gzip"``
+    (default), ``"lzf"`` or ``"none"``; Minari's arrow writer has no compression option.
+    Returns a summary (episodes, steps, bytes on disk, what was skipped and why)."""
     minari, MinariStorage = _minari()
-    from minari.data_collector import EpisodeBuffer
 
     out = os.fspath(out)
     dataset_id = dataset_id or default_dataset_id(out)
     if not ID_RE.match(dataset_id):
         raise ValueError(f"Minari dataset id {dataset_id!r} is not of the form '[namespace/]name-v<N>'")
+    if data_format not in ("hdf5", "arrow"):
+        raise ValueError(f"Minari data_format {data_format!r}: expected 'hdf5' or 'arrow'")
+    if data_format == "arrow":
+        if compression not in (None, "none"):
+            raise ValueError(f"compression {compression!r}: Minari's arrow writer has no compression option; "
+                             "use data_format='hdf5' to compress, or compression='none'")
+        _require_pyarrow()
+    compression = "none" if data_format == "arrow" else hdf5.check_compression(compression)
     if os.path.exists(out):
         raise FileExistsError(f"cannot export to {out!r}: it exists (choose a new dataset directory)")
     obs_space, act_space = store.observation_space, store.action_space
@@ -92,20 +198,91 @@ def export_minari(store, out, *, dataset_id: str | None = None, include_partial:
         raise ValueError(f"the installed Minari {minari.__version__} JPEG-encodes uint8 image spaces ({images}) "
                          "on disk, which is lossy and would corrupt frame stacks; install minari>=0.5.4, "
                          "which can store raw arrays")
+    spec = env_spec_of(env_spec)
     listing = list_episodes(store, include_partial=include_partial, select=episodes)
-    dict_obs = store.schema.dict_obs
-    os.makedirs(out)
-    kwargs = {"jpeg_encoding": False} if "jpeg_encoding" in inspect.signature(MinariStorage.new).parameters else {}
-    storage = MinariStorage.new(os.path.join(out, "data"), observation_space=obs_space, action_space=act_space,
-                                data_format=data_format, **kwargs)
     meta = export_metadata(store, listing)
-    storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__,
-                             "description": description or f"exported by mmreplay from {meta['source']}",
-                             "algorithm_name": "mmreplay-export", "mmreplay": json.dumps(meta)})
+    given = provenance(description=description or f"exported by mmreplay from {meta['source']}", author=author,
+                       author_email=author_email, code_permalink=code_permalink, algorithm_name=algorithm_name,
+                       requirements=requirements)
+    notes = list(listing.notes)
+    if spec is not None:
+        note = check_env_spaces(spec, obs_space, act_space)
+        notes += [note] if note else []
+    os.makedirs(out)
+    raw = {"jpeg_encoding": False} if "jpeg_encoding" in inspect.signature(MinariStorage.new).parameters else {}
+    storage = MinariStorage.new(os.path.join(out, "data"), observation_space=obs_space, action_space=act_space,
+                                env_spec=spec, data_format=data_format, **raw)
+    storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__, **given,
+                             "mmreplay": json.dumps({**meta, "compression": compression})})
+    pieces = iter_pieces(store, listing.episodes, block_rows, progress)
+    if data_format == "hdf5":
+        steps = _write_hdf5_episodes(storage, pieces, listing, store.schema.dict_obs, compression)
+    else:
+        steps = _write_arrow_episodes(storage, pieces, store.schema.dict_obs, block_rows)
+    storage.update_metadata({"total_episodes": len(listing.episodes), "total_steps": steps,
+                             "dataset_size": storage.get_size()})
+    return {"format": "minari", "path": out, "dataset_id": dataset_id, "data_format": data_format,
+            "compression": compression, "episodes": len(listing.episodes), "steps": listing.steps,
+            "bytes": _dir_bytes(out), "env_spec": None if spec is None else spec.id, "notes": notes}
+
+
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ImportError("Minari's arrow data format needs pyarrow; pip install 'mmreplay[minari]' or "
+                          "pyarrow, or export with data_format='hdf5'") from None
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def _write_hdf5_episodes(storage, pieces, listing, dict_obs: bool, compression: str) -> int:
+    """Episodes in Minari's ``HDF5Storage`` layout (see the module invariants), streamed piece by piece
+    into datasets created at the episode's known size."""
+    h5py = hdf5.h5py_module()
+    steps = 0
+    path = os.path.join(os.fspath(storage.data_path), "main_data.hdf5")
+    with h5py.File(path, "a", track_order=True, libver=hdf5.LIBVER) as f:
+        cols: dict[str, Any] = {}
+        at = 0
+        for piece in pieces:
+            i = piece.episode
+            if piece.start:
+                n = len(listing.episodes[i])
+                group = f.create_group(f"episode_{i}")
+                group.attrs["id"] = i
+                group.attrs["total_steps"] = n
+                obs_group = group.create_group("observations") if dict_obs else group
+                cols = {f"obs/{k}": hdf5.fixed(obs_group, k if dict_obs else "observations", n + 1, v.shape[1:],
+                                               v.dtype, compression) for k, v in piece.obs.items()}
+                for name, v in (("actions", piece.action), ("rewards", piece.reward),
+                                ("terminations", piece.terminated), ("truncations", piece.truncated)):
+                    cols[name] = hdf5.fixed(group, name, n, v.shape[1:], v.dtype, compression)
+                at = 0
+            m = len(piece)
+            for k, v in piece.obs.items():
+                cols[f"obs/{k}"][at:at + m] = v
+            for name, v in (("actions", piece.action), ("rewards", piece.reward),
+                            ("terminations", piece.terminated), ("truncations", piece.truncated)):
+                cols[name][at:at + m] = v
+            at += m
+            steps += m
+            if piece.end:
+                for k, v in piece.next_obs.items():
+                    cols[f"obs/{k}"][at] = v[-1]  # the final observation: row N
+    return steps
+
+
+def _write_arrow_episodes(storage, pieces, dict_obs: bool, block_rows: int) -> int:
+    """Whole episodes through Minari's own arrow writer, ``block_rows`` steps at a time."""
+    from minari.data_collector import EpisodeBuffer
+
     pending: list = []
-    pending_rows = 0
+    pending_rows = steps = 0
     cur: dict[str, list] = {}
-    for piece in iter_pieces(store, listing.episodes, block_rows, progress):
+    for piece in pieces:
         if piece.start:
             cur = {"obs": [], "action": [], "reward": [], "term": [], "trunc": []}
         cur["obs"].append(piece.obs)
@@ -113,6 +290,7 @@ def export_minari(store, out, *, dataset_id: str | None = None, include_partial:
         cur["reward"].append(piece.reward)
         cur["term"].append(piece.terminated)
         cur["trunc"].append(piece.truncated)
+        steps += len(piece)
         if piece.end:
             frames = {k: np.concatenate([o[k] for o in cur["obs"]] + [piece.next_obs[k][-1:]]) for k in piece.obs}
             pending.append(EpisodeBuffer(
@@ -124,9 +302,9 @@ def export_minari(store, out, *, dataset_id: str | None = None, include_partial:
             if pending_rows >= block_rows:
                 storage.update_episodes(pending)
                 pending, pending_rows = [], 0
-    storage.update_episodes(pending)
-    return {"format": "minari", "path": out, "dataset_id": dataset_id, "episodes": len(listing.episodes),
-            "steps": listing.steps, "notes": listing.notes}
+    if pending:
+        storage.update_episodes(pending)
+    return steps
 
 
 def open_minari(src):
