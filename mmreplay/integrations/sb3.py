@@ -37,6 +37,7 @@ from stable_baselines3.common.type_aliases import DictReplayBufferSamples, Repla
 from mmreplay.columns.spaces import space_from_json, space_to_json
 from mmreplay.errors import StoreClosedError
 from mmreplay.sampling.batch import Batch
+from mmreplay.sampling.nstep import check_nstep
 from mmreplay.store import Store
 
 SETTINGS_FORMAT = "mmreplay.sb3-buffer"
@@ -117,7 +118,7 @@ class MMReplayBuffer(ReplayBuffer):
         self.handle_timeout_termination = handle_timeout_termination
         self.path = os.fspath(path)
         self.frame_stack = int(frame_stack)
-        self.n_steps, self.gamma = _check_nstep(n_steps, gamma)
+        self.n_steps, self.gamma = check_nstep(n_steps, gamma, name="n_steps")
         if self.n_steps > 1 and "discounts" not in ReplayBufferSamples._fields:
             raise RuntimeError(f"n_steps={self.n_steps} needs stable-baselines3 >= 2.7, whose algorithms read "
                                "ReplayBufferSamples.discounts; this one has no such field")
@@ -348,14 +349,6 @@ def load_replay_buffer(model, path: str | os.PathLike) -> MMReplayBuffer:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-def _check_nstep(n_steps, gamma) -> tuple[int, float]:
-    if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
-        raise ValueError(f"n_steps must be an integer >= 1, got {n_steps!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
-    return int(n_steps), float(gamma)
-
 
 def _copy_batch(b: Batch) -> Batch:
     def copy(x):

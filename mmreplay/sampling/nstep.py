@@ -36,9 +36,10 @@ class NStepResult:
     discount: np.ndarray  # float64 gamma ** m
 
 
-def check_nstep(n_step, gamma) -> tuple[int, float]:
+def check_nstep(n_step, gamma, name: str = "n_step") -> tuple[int, float]:
+    """``(n_step, gamma)`` checked; ``name`` is what the caller's users call n (SB3 says ``n_steps``)."""
     if isinstance(n_step, bool) or not isinstance(n_step, (int, np.integer)) or n_step < 1:
-        raise ValueError(f"n_step must be an integer >= 1, got {n_step!r}")
+        raise ValueError(f"{name} must be an integer >= 1, got {n_step!r}")
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
     return int(n_step), float(gamma)
