@@ -63,8 +63,7 @@ def read_commit_bytes(root: str) -> bytes:
     ``sequence`` grows with every commit, so equal bytes mean the same commit)."""
     path = os.path.join(root, COMMIT_FILE)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RECORD_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         if os.path.exists(os.path.join(root, "zarr.json")):
             raise NotAStoreError(f"{root!r} has no commit record ({COMMIT_FILE} is missing): the store was never "
@@ -72,9 +71,20 @@ def read_commit_bytes(root: str) -> bytes:
                                  "Store.create on this path starts it again when no commit record was ever "
                                  "written") from None
         raise NotAStoreError(f"{root!r} is not an mmreplay store: {COMMIT_FILE} is missing") from None
-    if len(raw) > MAX_RECORD_BYTES:
-        raise FormatError(f"{path}: commit record is larger than {MAX_RECORD_BYTES} bytes")
-    return raw
+    try:  # readers call this after every batch: read what is there, not into a buffer of the maximum size
+        size = os.fstat(fd).st_size
+        if size > MAX_RECORD_BYTES:
+            raise FormatError(f"{path}: commit record is larger than {MAX_RECORD_BYTES} bytes")
+        parts = []
+        while True:
+            part = os.read(fd, size + 1)
+            if not part:
+                break
+            parts.append(part)
+            size = 1 << 16
+    finally:
+        os.close(fd)
+    return b"".join(parts)
 
 
 def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
