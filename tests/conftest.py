@@ -32,3 +32,15 @@ def make_store(store_path):
     yield make
     for s in opened:
         s.close()
+
+
+def record_random_steps(env, store, steps: int, seed: int = 0) -> None:
+    """``steps`` random-action steps of ``env`` recorded into ``store`` (episodes reset as they end)."""
+    from mmreplay.integrations.gymnasium import RecordToStore
+
+    rec = RecordToStore(env, store)
+    rec.reset(seed=seed)
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = rec.step(env.action_space.sample())
+        if terminated or truncated:
+            rec.reset()

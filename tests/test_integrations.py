@@ -8,6 +8,7 @@ import torch
 import mmreplay
 from mmreplay.integrations.gymnasium import RecordToStore, RecordVectorToStore, create_store_for
 from mmreplay.integrations.torch_data import StoreDataset
+from conftest import record_random_steps
 from reference import ReferenceReplay, assert_batch_matches
 
 
@@ -74,12 +75,7 @@ def test_record_vector_env_keeps_final_observations(store_path, mode):
 def test_dataloader_workers_do_not_duplicate_batches(store_path):
     env = gym.make("CartPole-v1")
     with create_store_for(env, store_path, capacity=10_000) as store:
-        rec = RecordToStore(env, store)
-        rec.reset(seed=0)
-        for _ in range(2000):
-            _, _, te, tr, _ = rec.step(env.action_space.sample())
-            if te or tr:
-                rec.reset()
+        record_random_steps(env, store, 2000)
     ds = StoreDataset(store_path, 32, num_batches=8, seed=5)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
     batches = list(loader)

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import mmreplay
-from mmreplay.integrations.gymnasium import RecordToStore, create_store_for
+from mmreplay.integrations.gymnasium import create_store_for
 from mmreplay.integrations.torch_data import StoreDataset
 from mmreplay.sampling.batch import Batch
+from conftest import record_random_steps
 
 
 @pytest.fixture
@@ -17,12 +18,7 @@ def cartpole_store(store_path):
     """A committed CartPole store, still open for writing (what a training process holds)."""
     env = gym.make("CartPole-v1")
     store = create_store_for(env, store_path, capacity=10_000, durable=False)
-    rec = RecordToStore(env, store)
-    rec.reset(seed=0)
-    for _ in range(1500):
-        _, _, te, tr, _ = rec.step(env.action_space.sample())
-        if te or tr:
-            rec.reset()
+    record_random_steps(env, store, 1500)
     store.flush()
     yield store
     store.close()
