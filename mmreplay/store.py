@@ -36,6 +36,7 @@ from mmreplay.storage import forking
 from mmreplay.storage.commit import (COMMIT_FILE, FORMAT_VERSION, parse_commit, read_commit, read_commit_bytes,
                                      write_commit)
 from mmreplay.storage.files import fsync_dir, fsync_files
+from mmreplay.reading.frames import FrameReader
 from mmreplay.storage.frame_ring import FrameRing
 from mmreplay.storage.meta import (check_open_memory, check_record, plan_geometry, read_meta,  # noqa: F401
                                    validate_capacity)
@@ -43,7 +44,7 @@ from mmreplay.storage.pending import PendingBlock
 from mmreplay.writing import WritePath
 
 MIB = 1 << 20
-DEFAULT_CACHE_BYTES = 512 * MIB
+DEFAULT_CACHE_BYTES = 1024 * MIB  # frames: compressed shards held in RAM + decoded frames (reading/frames.py)
 DEFAULT_COMMIT_EVERY = 25_000
 DEFAULT_COMMIT_SECONDS = 30.0
 
@@ -142,9 +143,10 @@ class Store(WritePath):
                                     meta["transition_shard_rows"], capacity=self.capacity,
                                     head=rec.get("head", 0), oldest=rec.get("oldest", 0))
         self._frames = FrameRing(path, self.schema.observations, rec.get("frame_rows", meta["frame_rows"]),
-                                 meta["frame_shard_rows"], unbounded=unbounded, cache_bytes=cache_bytes,
+                                 meta["frame_shard_rows"], unbounded=unbounded,
                                  head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0),
                                  writable=mode == "a")
+        self._reader = FrameReader(self._frames, cache_bytes, preload=False)
         self._encoders = {c.name: ColumnEncoder(c) for c in self.schema.transition_columns}
         self._streams = Streams(self.schema.observations)
         self._sequence = rec.get("sequence", 0)
@@ -163,6 +165,7 @@ class Store(WritePath):
             self._bound_by_newest_commit()
         if record is not None:
             self._check_frame_links(record)
+        self._reader.start_preload()
         self._frames.before_overwrite = self._before_overwrite
         self._ring.before_overwrite = self._before_overwrite
         self._frames.on_invalidate = self._ring.advance_past_frames
@@ -588,7 +591,7 @@ class Store(WritePath):
     def cache_stats(self) -> dict[str, dict]:
         """Per observation key: hits, misses, evictions and bytes of the decoded-frame cache."""
         self._check_open()
-        return {name: col.cache.stats.as_dict() for name, col in self._frames.columns.items()}
+        return {name: col.stats() for name, col in self._reader.columns.items()}
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -605,7 +608,9 @@ class Store(WritePath):
                 self.flush()
         finally:
             self._closed = True
+            self._reader.stop_preload()
             self._frames.close()
+            self._reader.cleared()
             for disk in self._ring.disk.values():
                 disk.close()
             for prio in self._priorities.values():

@@ -167,7 +167,7 @@ class WritePath:
         ring, frames = self._ring, self._frames
         g = ring.head + np.arange(n, dtype=np.int64)
         done = (term | trunc).astype(bool)
-        cont, pred_row, pred_g = self._streams.resolve(stream_ids, obs, next_obs, done, ring, frames)
+        cont, pred_row, pred_g = self._streams.resolve(stream_ids, obs, next_obs, done, ring, self._reader)
         in_block = pred_row >= 0
         pred_frame = np.zeros(n, dtype=np.int64)  # global id of the frame the observation continues
         earlier = cont & ~in_block

@@ -17,7 +17,7 @@ from gymnasium import spaces
 import mmreplay
 import synthetic as syn
 from mmreplay.storage import encoder as encoder_module
-from mmreplay.storage.frame_ring import decode_pool
+from mmreplay.reading.pool import decode_pool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATARI = spaces.Box(0, 255, (84, 84), np.uint8)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mmreplay.storage.frame_ring import FrameRing
+from mmreplay.reading.frames import FrameReader
 
 if TYPE_CHECKING:  # pragma: no cover
     from mmreplay.sampling.nstep import NStepResult
@@ -86,8 +86,8 @@ class BatchBuffers:
             shape = (batch_size, k, *spec.shape) if k > 1 else (batch_size, *spec.shape)
             self.obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
             self.next_obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
-            self.stack_words[spec.name] = (FrameRing.stack_words(self.obs[spec.name][1], spec.row_nbytes),
-                                           FrameRing.stack_words(self.next_obs[spec.name][1], spec.row_nbytes))
+            self.stack_words[spec.name] = (FrameReader.stack_words(self.obs[spec.name][1], spec.row_nbytes),
+                                           FrameReader.stack_words(self.next_obs[spec.name][1], spec.row_nbytes))
         self.columns = {}
         self.decode_tables = {}  # packed columns: code -> value, in the output's dtype
         for spec in store.schema.transition_columns:
@@ -122,7 +122,7 @@ def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.nd
     """Fill ``buf`` with transitions ``g`` whose frame stacks are ``obs_ids`` / ``next_ids`` (n, k); with
     ``nstep``, reward, flags and discount come from the n-step windows (``next_ids`` are then the stacks
     after each window's last transition)."""
-    frames = store._frames
+    frames = store._reader
     zero_pad = store.schema.stack_padding == "zeros" and store.frame_stack > 1
     for name, (obs_t, _) in buf.obs.items():
         next_t = buf.next_obs[name][0]

@@ -11,11 +11,13 @@ Invariants:
   past the shard, ``on_invalidate`` tells the store) and drops them from the cache; the file itself is
   replaced only after ``before_overwrite`` returned (the store commits the new ``oldest`` first, so a
   crash never leaves a commit pointing at overwritten frames).
+- Whoever reads frames (``reading/frames.py``) is told through ``listener`` (a ``FrameEvents``) of every
+  shard written (with its bytes), every shard whose file changed elsewhere, rows about to be replaced, and
+  growth; this module never reads frames back except the staging rows it reloads at open.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -24,95 +26,50 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from mmreplay.columns.spec import ColumnSpec
-from mmreplay.reading.cache import ChunkCache
-from mmreplay.reading.gather import gather_cached, gather_stacks
-from mmreplay.storage import forking
 from mmreplay.storage.encoder import ShardEncoder
 from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
 from mmreplay.storage.shardfile import build_shard, encode_chunk
 
-# Below this, handing the copy to two threads costs more than it saves. Measured with PER steps on Atari
-# stacks: batch-32 (0.9 MB per output) 4,010 steps/s inline vs 2,613 split; batch-256 (7.2 MB) 852 split vs
-# 665 inline.
-PARALLEL_GATHER_BYTES = 4 << 20
-# Misses are decoded inline: half of a miss is GIL-holding Python, so pool threads mostly took turns
-# (17.8 us per miss through the pool vs 6.9 us inline; batch-256 1.5x faster inline at a 75% hit rate).
-# Only very large miss counts (a cold store, big batches) are split across the codec threads.
-PARALLEL_MIN_CHUNKS = 4096
 MIN_CHILD_SHARE = 0.5  # the split of sealed-shard encoding between the child and the adding process
 INITIAL_CHILD_SHARE = 0.85
 SHARE_STEP = 0.05
-_POOL: ThreadPoolExecutor | None = None
 
 
-def decode_pool() -> ThreadPoolExecutor:
-    """One process-wide pool: numcodecs releases the GIL, so decoding scales across cores."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="mmreplay-codec")
-    return _POOL
+class FrameEvents:
+    """What a frame reader needs to hear from the ring (all no-ops here). ``shard_written`` comes while the
+    shard's rows are still readable from RAM (staging or sealed), possibly from the writer thread."""
 
+    def shard_written(self, name: str, shard: int, raw: bytes) -> None:
+        """File shard ``shard`` of column ``name`` now holds ``raw``."""
 
-def _forget_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has none of the pool's threads: make a new pool on first use
+    def shards_changed(self, shards) -> None:
+        """These file shards' files were (or are about to be) replaced: anything read from them is stale."""
 
+    def rows_replaced(self, lo: int, hi: int) -> None:
+        """Array rows [lo, hi) are about to get new frames."""
 
-forking.on_fork(_forget_pool)
+    def grown(self, rows: int) -> None:
+        """The (unbounded) ring now has ``rows`` rows."""
+
+    def cleared(self) -> None:
+        """Forget everything read so far."""
 
 
 class FrameColumn:
-    """One observation key: its on-disk array, staging block and decoded-chunk cache."""
+    """One observation key: its on-disk array and staging block."""
 
-    def __init__(self, root: str, spec: ColumnSpec, rows: int, shard_rows: int, cache_bytes: int):
+    def __init__(self, root: str, spec: ColumnSpec, rows: int, shard_rows: int):
         self.spec = spec
         self.row_nbytes = spec.row_nbytes  # a property that costs microseconds: read per batch
         self.layout = frame_layout(spec, rows, shard_rows)
         self.array = ShardedArray(root, self.layout)
         self.staging = np.zeros((shard_rows, *spec.shape), dtype=spec.np_dtype)
-        self.cache = ChunkCache(rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape), spec.np_dtype, cache_bytes)
-
-    def fill_missing(self, chunks: np.ndarray, slots: np.ndarray, ram_chunk) -> np.ndarray:
-        """Bring the chunks the cache lacks into it — copied from RAM (``ram_chunk(name, chunk)``) when
-        they are in the staging or sealed shard, else decoded from their file. Returns all slots. If any
-        read fails (I/O error, corrupt chunk), none of the chunks admitted here stays cached: their slots
-        would hold whatever was there before, and later hits would return it as data."""
-        missing = np.unique(chunks[slots < 0])
-        new_slots = self.cache.admit(missing)
-        try:
-            self._fill_slots(missing, new_slots, ram_chunk)
-        except BaseException:
-            self.cache.forget(missing)
-            raise
-        return self.cache.slot_of[chunks]
-
-    def _fill_slots(self, missing: np.ndarray, new_slots: np.ndarray, ram_chunk) -> None:
-        slab = self.cache.slab
-        to_decode = []
-        for chunk, slot in zip(missing.tolist(), new_slots.tolist()):
-            in_ram = ram_chunk(self.spec.name, chunk)
-            if in_ram is None:
-                to_decode.append((chunk, slot))
-            else:
-                slab[slot] = in_ram
-        read = self.array.read_chunk
-
-        def decode_all(pairs) -> None:
-            for chunk, slot in pairs:
-                read(chunk, slab[slot])
-
-        if len(to_decode) >= PARALLEL_MIN_CHUNKS:  # one task per worker: per-task overhead is ~20 us
-            workers = decode_pool()._max_workers
-            groups = [to_decode[i::workers] for i in range(workers)]
-            list(decode_pool().map(decode_all, groups))
-        else:
-            decode_all(to_decode)
 
 
 class FrameRing:
     def __init__(self, root: str, specs: Sequence[ColumnSpec], rows: int, shard_rows: int, *, unbounded: bool,
-                 cache_bytes: int, head: int = 0, oldest: int = 0, writable: bool = True):
+                 head: int = 0, oldest: int = 0, writable: bool = True):
         if rows % shard_rows:
             raise ValueError(f"frame rows {rows} must be a multiple of shard rows {shard_rows}")
         self.root = root
@@ -120,8 +77,7 @@ class FrameRing:
         self.shard_rows = shard_rows
         self.unbounded = unbounded
         total_row_bytes = sum(max(1, s.row_nbytes) for s in specs)
-        self.columns = {s.name: FrameColumn(root, s, rows, shard_rows, cache_bytes * max(1, s.row_nbytes)
-                                            // total_row_bytes) for s in specs}
+        self.columns = {s.name: FrameColumn(root, s, rows, shard_rows) for s in specs}
         self.head = head
         self.oldest = oldest
         self.staging_shard = head // shard_rows  # global shard number (not modulo the ring)
@@ -129,6 +85,7 @@ class FrameRing:
         self.before_overwrite: Callable[[], None] = lambda: None
         self.on_invalidate: Callable[[int], None] = lambda oldest: None
         self.on_grow: Callable[[int], None] = lambda rows: None
+        self.listener = FrameEvents()
         self.written: list[str] = []  # files written since the last commit (to fsync)
         self._sealed: tuple | None = None  # (global shard, buffers, future, file shard, head chunks) being written
         self._child_share = INITIAL_CHILD_SHARE  # fraction of a sealed shard's chunks the child encodes
@@ -188,23 +145,20 @@ class FrameRing:
     def _forget_open_chunks(self, lo: int, hi: int) -> None:
         """Cached copies of chunks that rows [lo, hi) are about to extend are stale (multi-row chunks only;
         staging rows are cached straight from RAM, so a chunk may have been cached half filled)."""
-        if hi <= lo:
+        if hi <= lo or max(col.spec.chunk_rows for col in self.columns.values()) == 1:
             return
-        for col in self.columns.values():
-            c = col.spec.chunk_rows
-            if c > 1:
-                first_row = int(self.row_of(np.int64(lo)))
-                col.cache.invalidate(first_row // c, first_row // c + -(-(hi - lo) // c) + 1)
+        first_row = int(self.row_of(np.int64(lo)))
+        self.listener.rows_replaced(first_row, first_row + (hi - lo))
 
     def flush(self) -> None:
         """Write the staging shard (partial) so a commit can cover every frame up to ``head``."""
         self.wait_sealed()
         if self.dirty:
             self._check_overwrite(self.staging_shard)
-            shard = self._file_shard(self.staging_shard)
+            shard = self.file_shard(self.staging_shard)
             n_rows = self.head - self.shard_start(self.staging_shard)
-            for col in self.columns.values():
-                self.written.append(col.array.write_shard(shard, col.staging, n_rows))
+            for name, col in self.columns.items():
+                self.written.append(self._install(name, shard, col.array.encode_shard(col.staging, n_rows)))
             self.dirty = False
 
     def _finish_staging_shard(self) -> None:
@@ -213,7 +167,7 @@ class FrameRing:
         self.wait_sealed()
         self._check_overwrite(self.staging_shard)
         buffers = {name: col.staging for name, col in self.columns.items()}
-        shard = self._file_shard(self.staging_shard)
+        shard = self.file_shard(self.staging_shard)
         head_chunks = None
         if self._encoder is not None:
             # The child encodes the first chunks of the shard; this process encodes the rest when it next
@@ -243,7 +197,14 @@ class FrameRing:
         return np.zeros(shape, dtype=col.spec.np_dtype)
 
     def _write_buffers(self, shard: int, buffers: Mapping[str, np.ndarray]) -> list[str]:
-        return [col.array.write_shard(shard, buffers[name], self.shard_rows) for name, col in self.columns.items()]
+        return [self._install(name, shard, col.array.encode_shard(buffers[name], self.shard_rows))
+                for name, col in self.columns.items()]
+
+    def _install(self, name: str, shard: int, raw: bytes) -> str:
+        """Write a shard's bytes and tell the listener; returns the file's path (to fsync)."""
+        path = self.columns[name].array.install_shard(shard, raw)
+        self.listener.shard_written(name, shard, raw)
+        return path
 
     def wait_sealed(self) -> None:
         """Block until the sealed shard is on disk (raising what its write raised)."""
@@ -261,6 +222,7 @@ class FrameRing:
             if head_chunks is None and self._encoder is not None:  # another process wrote the file
                 for col in self.columns.values():
                     col.array.forget([shard])
+                self.listener.shards_changed([shard])
 
     def _encoded_out_buffer(self, col: FrameColumn) -> np.ndarray:
         """Shared buffer the child encodes a shard's head chunks into (worst case: incompressible)."""
@@ -292,7 +254,7 @@ class FrameRing:
             out = self._encoded_out[name]
             ends = np.cumsum(col_sizes)
             head = [out[e - s:e].tobytes() for s, e in zip(col_sizes, ends.tolist())]
-            self.written.append(col.array.install_shard(shard, build_shard(head + tails[name])))
+            self.written.append(self._install(name, shard, build_shard(head + tails[name])))
         # Feedback: waited for the child -> take more chunks here; the child was done first -> give it more.
         tail_s = t1 - t0
         if waited > 0.1 * tail_s + 1e-4:
@@ -317,21 +279,17 @@ class FrameRing:
         elif start >= self.rows:  # this shard's rows held frames of the previous lap: give them up
             self.oldest = max(self.oldest, start + self.shard_rows - self.rows)
             self.on_invalidate(self.oldest)
-            file_shard = self._file_shard(global_shard)
-            for col in self.columns.values():
-                c = col.spec.chunk_rows
-                col.cache.invalidate(file_shard * self.shard_rows // c, (file_shard + 1) * self.shard_rows // c)
+            self.listener.shards_changed([self.file_shard(global_shard)])
         for col in self.columns.values():
             col.staging[...] = 0
 
-    def _file_shard(self, global_shard: int) -> int:
+    def file_shard(self, global_shard: int) -> int:
         return global_shard if self.unbounded else global_shard % (self.rows // self.shard_rows)
 
     def _grow(self, rows: int) -> None:
         rows = -(-rows // self.shard_rows) * self.shard_rows
         self.rows = rows
-        for col in self.columns.values():
-            col.cache.grow_address_space(rows // col.spec.chunk_rows)
+        self.listener.grown(rows)
         self.on_grow(rows)
 
     def catch_up(self, old_head: int, head: int, oldest: int, rows: int) -> None:
@@ -345,12 +303,10 @@ class FrameRing:
         if not self.unbounded and last_shard - first_shard >= n_files:
             changed = set(range(n_files))  # the writer went round the whole ring
         else:
-            changed = {self._file_shard(s) for s in range(first_shard, last_shard)}
+            changed = {self.file_shard(s) for s in range(first_shard, last_shard)}
         for col in self.columns.values():
             col.array.forget(changed)
-            c = col.spec.chunk_rows
-            for fs in changed:
-                col.cache.invalidate(fs * self.shard_rows // c, (fs + 1) * self.shard_rows // c)
+        self.listener.shards_changed(sorted(changed))
         self.head, self.oldest = head, oldest
         self.staging_shard = head // self.shard_rows
         self.load_staging()
@@ -358,97 +314,26 @@ class FrameRing:
     def drop_cached(self) -> None:
         """Forget every cached chunk and shard index (readers, after a load that broke off)."""
         for col in self.columns.values():
-            col.cache.clear()
             col.array.forget()
+        self.listener.cleared()
 
     def load_staging(self) -> None:
         """After open: bring the committed rows of the staging shard back into RAM."""
         offset = self.head - self.shard_start(self.staging_shard)
         if offset == 0:
             return
-        row0 = self._file_shard(self.staging_shard) * self.shard_rows
+        row0 = self.file_shard(self.staging_shard) * self.shard_rows
         for col in self.columns.values():
             col.staging[:offset] = col.array.read_rows(row0, row0 + offset)
 
-    # -- reading ----------------------------------------------------------------------------------
-    def gather(self, name: str, frame_ids: np.ndarray, out: np.ndarray) -> None:
-        """``out[...] = frame[frame_ids]`` (``out`` shaped ``frame_ids.shape + frame shape``).
-
-        The caller guarantees ``oldest <= frame_ids < head``.
-        """
-        col = self.columns[name]
-        flat = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
-        index = self._slab_index(col, frame_ids.reshape(-1))
-        out[...] = np.take(flat, index, axis=0, mode="clip").reshape(out.shape)
-
-    def gather_stacks(self, name: str, obs_ids: np.ndarray, next_ids: np.ndarray, obs_words: np.ndarray,
-                      next_words: np.ndarray, *, shifted: bool = True) -> None:
-        """Frames ``obs_ids[i, j]`` into row ``i * k + j`` of ``obs_words`` and likewise for ``next_ids``:
-        the outputs are (n * k, words) views of the batch tensors in the words of ``stack_words``. With
-        ``shifted`` (as a transition's two stacks are) ``next_ids[:, :-1] == obs_ids[:, 1:]`` and only the
-        last column of ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's)
-        all of it. Each frame is looked up once, and both outputs are filled straight from the cache slab."""
-        col = self.columns[name]
-        cache = col.cache
-        n, k = obs_ids.shape
-        # 8-byte words when rows allow (Atari's 7,056-byte frames do): the copy loops run at memcpy speed
-        slab = cache.slab_words(col.row_nbytes)
-        big = n > 1 and n * k * col.row_nbytes >= PARALLEL_GATHER_BYTES
-        if not big:  # the common case, every frame cached: lookup, LRU marks and copy in one compiled pass
-            cache.tick += 1
-            hits = gather_cached(cache.slot_of, cache.last_used, cache.tick, 0 if self.unbounded else self.rows,
-                                  col.spec.chunk_rows, slab, obs_ids, next_ids, shifted, obs_words, next_words)
-            if hits >= 0:
-                cache.stats.hits += hits
-                return
-        union = np.concatenate([obs_ids, next_ids[:, -1:] if shifted else next_ids], axis=1)
-        index = self._slab_index(col, union.reshape(-1)).reshape(n, union.shape[1])
-        slab = cache.slab_words(col.row_nbytes)  # filling misses may have grown the slab
-        if big:
-            # Big copies: the two halves of the batch at once on the codec threads (the kernel releases the
-            # GIL). Not torch.index_select: its OpenMP workers spin while idle, and measured here, whenever
-            # the codec threads or other processes (env workers, a trainer) wanted the cores too, the copy
-            # became 5-15x slower (e.g. 63 instead of 886 Atari batch-256/s).
-            h = n // 2
-            parts = ((0, h), (h, n))
-            list(decode_pool().map(lambda p: gather_stacks(slab, index[p[0]:p[1]], k, shifted,
-                                                            obs_words[p[0] * k:p[1] * k],
-                                                            next_words[p[0] * k:p[1] * k]), parts))
-        else:
-            gather_stacks(slab, index, k, shifted, obs_words, next_words)
-
-    @staticmethod
-    def stack_words(out: np.ndarray, row_nbytes: int) -> np.ndarray:
-        """A batch buffer of stacks ``(n, [k,] *frame shape)`` as (n * k, words) for ``gather_stacks``."""
-        word = np.uint64 if row_nbytes % 8 == 0 else np.uint8
-        return out.view(np.uint8).reshape(-1, row_nbytes).view(word)
-
-    def _slab_index(self, col: FrameColumn, ids: np.ndarray) -> np.ndarray:
-        """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first)."""
-        c = col.spec.chunk_rows
-        slab_rows, chunks, n_hit = col.cache.lookup_rows(ids, 0 if self.unbounded else self.rows, c)
-        if n_hit < ids.size:
-            rows = self.row_of(ids)
-            slots = col.cache.slot_of[chunks]
-            slots = col.fill_missing(chunks, slots, self._ram_chunk).astype(np.int64)
-            slab_rows = slots if c == 1 else slots * c + rows % c
-        return slab_rows
-
-    def _ram_chunk(self, name: str, chunk: int) -> np.ndarray | None:
-        """Chunk ``chunk`` (file rows) if it lies in the staging or the sealed shard, else None."""
-        c = self.columns[name].spec.chunk_rows
-        file_shard, offset = divmod(chunk * c, self.shard_rows)
-        if file_shard == self._file_shard(self.staging_shard):
-            return self.columns[name].staging[offset:offset + c]
-        if self._sealed is not None and file_shard == self._file_shard(self._sealed[0]):
-            return self._sealed[1][name][offset:offset + c]
-        return None
-
-    def read_frame(self, name: str, frame_id: int) -> np.ndarray:
-        col = self.columns[name]
-        out = np.empty((1, *col.spec.shape), dtype=col.spec.np_dtype)
-        self.gather(name, np.array([frame_id], dtype=np.int64), out)
-        return out[0]
+    # -- rows still in RAM -------------------------------------------------------------------------
+    def ram_shards(self, name: str) -> dict[int, np.ndarray]:
+        """{file shard: its rows} for the shards of ``name`` whose rows are read from RAM, not their file:
+        the staging shard and the sealed one until its write finished."""
+        shards = {self.file_shard(self.staging_shard): self.columns[name].staging}
+        if self._sealed is not None:
+            shards[self.file_shard(self._sealed[0])] = self._sealed[1][name]
+        return shards
 
     def close(self) -> None:
         try:

@@ -1,0 +1,441 @@
+"""Frame ids in, decoded pixels out: the read half of the frame ring.
+
+Invariant: ``gather``/``gather_stacks`` write exactly the frames the ring stores under the ids asked
+for (the caller guarantees ``ring.oldest <= id < ring.head``), or raise; a failed read leaves no chunk
+of that batch in the cache. Each frame passes through at most three tiers:
+
+1. the **decoded cache** (``reading/cache.py``), a hit costs a copy;
+2. the **compressed tier** (``reading/resident.py``), whole shard files held in RAM: a miss there is
+   decoded by compiled code (``reading/native.py``) with no Python per chunk and the GIL released,
+   split over the codec threads when a batch has many;
+3. the **file**, chunk by chunk (``storage/sharded.py``): only when the compressed tier cannot hold the
+   store, or for rows still in the writer's RAM (the staging and sealed shards, copied from there).
+
+The reader learns of writes through ``FrameEvents`` (it is the ring's listener): shards written or
+changed elsewhere, rows about to be overwritten, a ring that grew. The budget (``cache_bytes``) is split
+between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the frames,
+frames are decoded straight into the batch instead (``_decode_into_batch``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmreplay.errors import CorruptDataError
+from mmreplay.reading import native
+from mmreplay.reading.cache import ChunkCache
+from mmreplay.reading.gather import gather_cached, gather_stacks
+from mmreplay.reading.resident import EMPTY_CHUNK, ResidentShards
+from mmreplay.storage.frame_ring import FrameColumn, FrameEvents, FrameRing
+from mmreplay.reading.pool import decode_pool
+
+# Below this, handing the copy to two threads costs more than it saves. Measured with PER steps on Atari
+# stacks: batch-32 (0.9 MB per output) 4,010 steps/s inline vs 2,613 split; batch-256 (7.2 MB) 852 split vs
+# 665 inline.
+PARALLEL_GATHER_BYTES = 4 << 20
+# Compiled decodes of a batch are split over the codec threads from this many chunks (a task costs ~20-50
+# us to hand over; one 84x84 frame decodes in ~1 us).
+PARALLEL_MIN_DECODES = 256
+# The compressed tier's share of the budget is at most this; the decoded cache keeps the rest.
+MAX_RESIDENT_SHARE = 0.6
+# The decoded cache is used when it holds at least this share of the ring's frames. Measured on Atari
+# frames (1M store, 2 cores): a frame decoded into a random slot of a large slab and copied out costs ~2.5 us
+# with the LRU bookkeeping, decoded straight into the (cache-hot) batch ~1.1 us, a hit ~0.3 us: the cache
+# pays off above a ~64% hit rate, which uniform sampling reaches when it holds that share of the frames.
+MIN_DECODED_SHARE = 0.65
+# What a frame compresses to before any shard of it was written (Atari frames: ~13x with lz4).
+ASSUMED_RATIO = 8.0
+
+
+@dataclass
+class TierStats:
+    """The compressed tier of one column: decoded-cache misses served from it (hits) or from the file."""
+    hits: int = 0  # chunks decoded from bytes held in RAM
+    misses: int = 0  # chunks read from their file
+    capacity_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    resident_bytes: int  # compressed tier
+    decoded_bytes: int  # decoded cache
+    direct: bool  # decode misses straight into the batch; the decoded cache is not used
+
+
+def plan_tiers(total: int, compressed_bytes: int, decoded_bytes: int) -> TierPlan:
+    """How ``total`` bytes serve a ring whose frames take ``compressed_bytes`` on disk and
+    ``decoded_bytes`` decoded. The compressed ring is held whole when it fits in ``MAX_RESIDENT_SHARE``
+    of the budget: a miss then costs ~1 us of decoding instead of a file read (a tier holding part of
+    the store would load whole shards for single frames, so it holds all or nothing). The decoded
+    cache gets the rest, and is used only if it holds at least ``MIN_DECODED_SHARE`` of the frames:
+    below that, frames are decoded straight into the batch."""
+    if compressed_bytes > MAX_RESIDENT_SHARE * total:
+        return TierPlan(0, total, False)
+    rest = total - compressed_bytes
+    if rest >= MIN_DECODED_SHARE * decoded_bytes:
+        return TierPlan(compressed_bytes, rest, False)
+    return TierPlan(compressed_bytes, 0, True)
+
+
+class ColumnReader:
+    """One observation key's decoded cache and compressed tier."""
+
+    def __init__(self, column: FrameColumn, ring: FrameRing, decoded_bytes: int, resident_bytes: int,
+                 direct: bool):
+        spec = column.spec
+        self.column = column
+        self.spec = spec
+        self.row_nbytes = spec.row_nbytes
+        self.cache = ChunkCache(ring.rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape), spec.np_dtype,
+                                decoded_bytes)
+        kind = native.codec_kind(column.array.compressor.spec)
+        self.codec = kind if native.AVAILABLE else None
+        self.resident = ResidentShards(ring.root, column.layout, ring.rows // spec.chunk_rows) \
+            if resident_bytes > 0 and self.codec is not None else None
+        self.tier = TierStats(capacity_bytes=resident_bytes if self.resident is not None else 0)
+        # frames decoded straight into batches (only for one-frame chunks: images)
+        self.direct = direct and self.resident is not None and spec.chunk_rows == 1
+
+    def stats(self) -> dict:
+        """``cache_stats()`` of this key: the decoded cache, and under ``"compressed"`` the tier below it."""
+        res = self.resident
+        return {**self.cache.stats.as_dict(),
+                "compressed": {"hits": self.tier.hits, "misses": self.tier.misses,
+                               "shard_loads": 0 if res is None else res.loads,
+                               "bytes": 0 if res is None else res.nbytes,
+                               "capacity_bytes": self.tier.capacity_bytes,
+                               "compiled": self.codec is not None, "direct": self.direct}}
+
+    def invalidate_rows(self, lo: int, hi: int) -> None:
+        c = self.spec.chunk_rows
+        self.cache.invalidate(lo // c, -(-hi // c))
+
+
+class FrameReader(FrameEvents):
+    def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True):
+        self.ring = ring
+        ring_bytes = self._compressed_ring_bytes(ring)
+        decoded_ring = sum(max(1, c.spec.row_nbytes) * ring.rows for c in ring.columns.values())
+        self.plan = plan_tiers(int(cache_bytes), sum(ring_bytes.values()), decoded_ring)
+        total_row_bytes = sum(max(1, c.spec.row_nbytes) for c in ring.columns.values())
+        self.columns = {}
+        for name, col in ring.columns.items():
+            share = max(1, col.spec.row_nbytes) / total_row_bytes
+            resident = ring_bytes[name] if self.plan.resident_bytes else 0
+            self.columns[name] = ColumnReader(col, ring, int(self.plan.decoded_bytes * share), resident,
+                                              self.plan.direct)
+        self._preloader: threading.Thread | None = None
+        self._stop = threading.Event()
+        ring.listener = self
+        if preload:
+            self.start_preload()
+
+    @staticmethod
+    def _compressed_ring_bytes(ring: FrameRing) -> dict[str, int]:
+        """Per column, what the whole ring would take compressed: from the shard files there are (their
+        mean size), else ``ASSUMED_RATIO``."""
+        n_files = ring.rows // ring.shard_rows
+        out = {}
+        for name, col in ring.columns.items():
+            sizes = []
+            for shard in range(n_files):
+                try:
+                    sizes.append(os.stat(col.layout.shard_file(ring.root, shard)).st_size)
+                except OSError:
+                    pass
+                if len(sizes) >= 32:  # a sample is enough: shards of one store are alike
+                    break
+            raw = ring.shard_rows * max(1, col.spec.row_nbytes)
+            mean = float(np.mean(sizes)) if sizes else raw / ASSUMED_RATIO
+            out[name] = int(mean * n_files * 1.05)  # + 5%: later shards may compress a little worse
+        return out
+
+    @property
+    def head(self) -> int:
+        return self.ring.head
+
+    @property
+    def oldest(self) -> int:
+        return self.ring.oldest
+
+    # -- events from the ring (FrameEvents) -----------------------------------------------------
+    def shard_written(self, name: str, shard: int, raw: bytes) -> None:
+        res = self.columns[name].resident
+        if res is None:
+            return
+        held = res.buffers.get(shard)
+        if res.nbytes - (0 if held is None else held.nbytes) + len(raw) <= self.columns[name].tier.capacity_bytes:
+            res.install(shard, raw)  # replaces the older copy
+        else:
+            res.drop([shard])  # an older copy (the previous lap, or a partial flush) must not stay
+
+    def shards_changed(self, shards) -> None:
+        shards = list(shards)
+        for col in self.columns.values():
+            if col.resident is not None:
+                col.resident.drop(shards)
+            per = self.ring.shard_rows
+            for shard in shards:
+                col.invalidate_rows(shard * per, (shard + 1) * per)
+
+    def rows_replaced(self, lo: int, hi: int) -> None:
+        for col in self.columns.values():
+            col.invalidate_rows(lo, hi)
+
+    def grown(self, rows: int) -> None:
+        for col in self.columns.values():
+            col.cache.grow_address_space(rows // col.spec.chunk_rows)
+            if col.resident is not None:
+                col.resident.grow_address_space(rows // col.spec.chunk_rows)
+
+    def cleared(self) -> None:
+        for col in self.columns.values():
+            col.cache.clear()
+            if col.resident is not None:
+                col.resident.drop()
+
+    # -- the compressed tier filled in the background --------------------------------------------
+    def start_preload(self) -> None:
+        """Read every committed shard into the compressed tier, in file order, on a daemon thread: right
+        after a restart one sequential pass (~0.5 GB for 1M Atari transitions, ~2 s here) replaces
+        hundreds of thousands of small random reads."""
+        if not any(c.resident is not None for c in self.columns.values()) or self._preloader is not None:
+            return
+        shards = self._committed_file_shards()
+        self._preloader = threading.Thread(target=self._preload, args=(shards,), name="mmreplay-preload",
+                                           daemon=True)
+        self._preloader.start()
+
+    def _committed_file_shards(self) -> list[int]:
+        ring = self.ring
+        first, last = ring.oldest // ring.shard_rows, ring.staging_shard
+        return sorted({ring.file_shard(s) for s in range(first, last)})
+
+    def _preload(self, shards: list[int]) -> None:
+        for shard in shards:
+            for col in self.columns.values():
+                if self._stop.is_set():
+                    return
+                res = col.resident
+                if res is None or shard in res.buffers or res.nbytes >= col.tier.capacity_bytes:
+                    continue
+                res.load(shard, col.tier.capacity_bytes)
+
+    def stop_preload(self) -> None:
+        self._stop.set()
+        if self._preloader is not None:
+            self._preloader.join()
+
+    # -- reading ----------------------------------------------------------------------------------
+    def gather(self, name: str, frame_ids: np.ndarray, out: np.ndarray) -> None:
+        """``out[...] = frame[frame_ids]`` (``out`` shaped ``frame_ids.shape + frame shape``)."""
+        col = self.columns[name]
+        index = self._slab_index(col, frame_ids.reshape(-1))
+        flat = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
+        out[...] = np.take(flat, index, axis=0, mode="clip").reshape(out.shape)
+
+    def read_frame(self, name: str, frame_id: int) -> np.ndarray:
+        col = self.columns[name]
+        out = np.empty((1, *col.spec.shape), dtype=col.spec.np_dtype)
+        self.gather(name, np.array([frame_id], dtype=np.int64), out)
+        return out[0]
+
+    def gather_stacks(self, name: str, obs_ids: np.ndarray, next_ids: np.ndarray, obs_words: np.ndarray,
+                      next_words: np.ndarray, *, shifted: bool = True) -> None:
+        """Frames ``obs_ids[i, j]`` into row ``i * k + j`` of ``obs_words`` and likewise for ``next_ids``:
+        the outputs are (n * k, words) views of the batch tensors in the words of ``stack_words``. With
+        ``shifted`` (as a transition's two stacks are) ``next_ids[:, :-1] == obs_ids[:, 1:]`` and only the
+        last column of ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's)
+        all of it. Each frame is looked up once, and both outputs are filled straight from the cache slab."""
+        col = self.columns[name]
+        if col.direct:
+            return self._decode_into_batch(col, obs_ids, next_ids, obs_words, next_words, shifted)
+        cache = col.cache
+        n, k = obs_ids.shape
+        ring_rows = 0 if self.ring.unbounded else self.ring.rows
+        # 8-byte words when rows allow (Atari's 7,056-byte frames do): the copy loops run at memcpy speed
+        slab = cache.slab_words(col.row_nbytes)
+        big = n > 1 and n * k * col.row_nbytes >= PARALLEL_GATHER_BYTES
+        if not big:  # the common case, every frame cached: lookup, LRU marks and copy in one compiled pass
+            cache.tick += 1
+            hits = gather_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows, slab,
+                                 obs_ids, next_ids, shifted, obs_words, next_words)
+            if hits >= 0:
+                cache.stats.hits += hits
+                return
+        union = np.concatenate([obs_ids, next_ids[:, -1:] if shifted else next_ids], axis=1)
+        index = self._slab_index(col, union.reshape(-1)).reshape(n, union.shape[1])
+        slab = cache.slab_words(col.row_nbytes)  # filling misses may have grown the slab
+        if big:
+            # Big copies: the two halves of the batch at once on the codec threads (the kernel releases the
+            # GIL). Not torch.index_select: its OpenMP workers spin while idle, and measured here, whenever
+            # the codec threads or other processes (env workers, a trainer) wanted the cores too, the copy
+            # became 5-15x slower (e.g. 63 instead of 886 Atari batch-256/s).
+            h = n // 2
+            parts = ((0, h), (h, n))
+            list(decode_pool().map(lambda p: gather_stacks(slab, index[p[0]:p[1]], k, shifted,
+                                                            obs_words[p[0] * k:p[1] * k],
+                                                            next_words[p[0] * k:p[1] * k]), parts))
+        else:
+            gather_stacks(slab, index, k, shifted, obs_words, next_words)
+
+    def _decode_into_batch(self, col: ColumnReader, obs_ids, next_ids, obs_words, next_words, shifted) -> None:
+        """``gather_stacks`` without the decoded cache: every frame decoded from the compressed tier straight
+        into its place in the batch (frames not held there go through the cache). A shifted next stack is
+        the obs stack moved by one, copied within the batch."""
+        n, k = obs_ids.shape
+        nbytes = col.row_nbytes
+        obs_pos = np.arange(n * k, dtype=np.int64)
+        if shifted:
+            ids = np.concatenate([obs_ids.reshape(-1), next_ids[:, -1]])
+            next_pos = obs_pos[k - 1::k]
+        else:
+            ids = np.concatenate([obs_ids.reshape(-1), next_ids.reshape(-1)])
+            next_pos = obs_pos
+        dst = np.concatenate([obs_words.ctypes.data + obs_pos * nbytes, next_words.ctypes.data + next_pos * nbytes])
+        rows = self.ring.row_of(ids)
+        res = col.resident
+        addr = res.chunk_addr[rows]
+        if not (addr > 0).all():
+            addr = self._resolve_absent(col, ids, rows, addr, dst, n * k, obs_words, next_words, next_pos)
+        held = addr > 0
+        n_held = int(np.count_nonzero(held))
+        if n_held < addr.size:
+            addr, dst, rows = addr[held], dst[held], rows[held]
+        self._run_decodes(col, rows, addr, res.chunk_size[rows], dst, nbytes)
+        col.tier.hits += n_held
+        col.cache.stats.misses += ids.size
+        if shifted and k > 1:
+            obs3, next3 = obs_words.reshape(n, k, -1), next_words.reshape(n, k, -1)
+            next3[:, :-1] = obs3[:, 1:]
+
+    def _resolve_absent(self, col, ids, rows, addr, dst, n_obs, obs_words, next_words, next_pos) -> np.ndarray:
+        """Frames whose chunk the compressed tier does not hold: load their shards whole while it has room;
+        the rest (rows in the writer's RAM, a tier that is full) come through the decoded cache. Returns
+        ``addr`` with those frames marked done (0)."""
+        res = col.resident
+        absent = addr == 0
+        for shard in np.unique(rows[absent] // res.per_shard).tolist():
+            if shard in self.ring.ram_shards(col.spec.name):
+                continue
+            if res.nbytes >= col.tier.capacity_bytes or not res.load(shard, col.tier.capacity_bytes):
+                break
+        addr = res.chunk_addr[rows]
+        rest = np.flatnonzero(addr <= 0)
+        if rest.size:
+            slab_rows = self._slab_index(col, ids[rest])
+            slab = col.cache.slab_words(col.row_nbytes)
+            in_obs = rest < n_obs
+            obs_words[rest[in_obs]] = slab[slab_rows[in_obs]]
+            next_words[next_pos[rest[~in_obs] - n_obs]] = slab[slab_rows[~in_obs]]
+            addr = addr.copy()
+            addr[rest] = 0
+        return addr
+
+    def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, nbytes) -> None:
+        """Compiled decodes, split over the codec threads when there are many; raises on the first bad one."""
+        status = np.empty(src.size, dtype=np.int8)
+        if src.size >= PARALLEL_MIN_DECODES:
+            workers = decode_pool()._max_workers
+            parts = [slice(i, src.size, workers) for i in range(workers)]
+            bad = sum(decode_pool().map(lambda p: native.decode_chunks(src[p], sizes[p], dst[p], nbytes, col.codec,
+                                                                       status[p]), parts))
+        else:
+            bad = native.decode_chunks(src, sizes, dst, nbytes, col.codec, status)
+        if bad:
+            i = int(np.flatnonzero(status != native.OK)[0])
+            shard, inner = divmod(int(chunks[i]), col.resident.per_shard)
+            raise CorruptDataError(f"{col.column.array.where(shard, inner)}: "
+                                   f"{native.STATUS_TEXT.get(int(status[i]), 'unreadable')}")
+
+    @staticmethod
+    def stack_words(out: np.ndarray, row_nbytes: int) -> np.ndarray:
+        """A batch buffer of stacks ``(n, [k,] *frame shape)`` as (n * k, words) for ``gather_stacks``."""
+        word = np.uint64 if row_nbytes % 8 == 0 else np.uint8
+        return out.view(np.uint8).reshape(-1, row_nbytes).view(word)
+
+    def _slab_index(self, col: ColumnReader, ids: np.ndarray) -> np.ndarray:
+        """Rows of the cache's flat slab holding frames ``ids`` (decoding the missing chunks first)."""
+        c = col.spec.chunk_rows
+        slab_rows, chunks, n_hit = col.cache.lookup_rows(ids, 0 if self.ring.unbounded else self.ring.rows, c)
+        if n_hit < ids.size:
+            rows = self.ring.row_of(ids)
+            slots = self._fill_missing(col, chunks, slab_rows < 0).astype(np.int64)
+            slab_rows = slots if c == 1 else slots * c + rows % c
+        return slab_rows
+
+    def _fill_missing(self, col: ColumnReader, chunks: np.ndarray, missed: np.ndarray) -> np.ndarray:
+        """Bring the chunks the cache lacks into it; returns the slots of all ``chunks``. If any read
+        fails (I/O error, corrupt chunk), none of the chunks admitted here stays cached: their slots
+        would hold whatever was there before, and later hits would return it as data."""
+        missing = np.unique(chunks[missed])
+        slots = col.cache.admit(missing)
+        try:
+            from_ram = self._copy_from_ram(col, missing, slots)
+            self._decode(col, missing[~from_ram], slots[~from_ram])
+        except BaseException:
+            col.cache.forget(missing)
+            raise
+        return col.cache.slot_of[chunks]
+
+    def _copy_from_ram(self, col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Chunks of the staging or sealed shard copied from the writer's RAM; returns which were."""
+        ram = self.ring.ram_shards(col.spec.name)  # {file shard: rows of the shard in RAM}, one or two
+        c, per = col.spec.chunk_rows, self.ring.shard_rows
+        shard_of = chunks * c // per
+        in_ram = np.zeros(chunks.size, dtype=bool)
+        for shard in ram:
+            in_ram |= shard_of == shard
+        if not in_ram.any():
+            return in_ram
+        slab = col.cache.slab
+        for chunk, slot, shard in zip(chunks[in_ram].tolist(), slots[in_ram].tolist(), shard_of[in_ram].tolist()):
+            offset = chunk * c - shard * per
+            slab[slot] = ram[shard][offset:offset + c]
+        return in_ram
+
+    def _decode(self, col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
+        if not chunks.size:
+            return
+        res = col.resident
+        if res is None:
+            return self._read_files(col, chunks, slots)
+        addr = res.chunk_addr[chunks]
+        absent = addr == 0
+        if absent.any():  # shards not held yet: load them whole while the tier has room
+            for shard in np.unique(chunks[absent] // res.per_shard).tolist():
+                if res.nbytes >= col.tier.capacity_bytes or not res.load(shard, col.tier.capacity_bytes):
+                    break  # full: the rest is read from the files
+            addr = res.chunk_addr[chunks]
+            absent = addr == 0
+        empty = addr == EMPTY_CHUNK
+        if empty.any():
+            col.cache.slab[slots[empty]] = 0  # the index marks the chunk empty: zarr's fill value
+        held = addr > 0
+        n_held = int(np.count_nonzero(held))
+        if n_held:
+            self._decode_native(col, chunks[held], addr[held], res.chunk_size[chunks[held]], slots[held])
+        col.tier.hits += n_held
+        if absent.any():
+            self._read_files(col, chunks[absent], slots[absent])
+
+    def _decode_native(self, col: ColumnReader, chunks, src, sizes, slots) -> None:
+        cache = col.cache
+        dst = cache.slab.ctypes.data + slots.astype(np.int64) * cache.chunk_nbytes
+        self._run_decodes(col, chunks, src, sizes, dst, cache.chunk_nbytes)
+
+    @staticmethod
+    def _read_files(col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
+        slab, read = col.cache.slab, col.column.array.read_chunk
+        col.tier.misses += int(chunks.size)
+        for chunk, slot in zip(chunks.tolist(), slots.tolist()):
+            read(chunk, slab[slot])
+
+    def close(self) -> None:
+        self.stop_preload()
+        self.cleared()
+

@@ -1,0 +1,98 @@
+"""Compiled chunk decoding: checksum and decompress many chunks in one call, with the GIL released.
+
+Invariant: ``decode_chunks`` writes chunk ``i`` into ``dst_addrs[i]`` only after its crc32c matched the
+4 checksum bytes that end it, and sets ``status[i]`` to ``OK`` only when the codec produced exactly
+``dst_nbytes`` bytes; any other outcome is a nonzero status and the caller raises (never returns the
+destination as data). The bytes are the same ``compressor(bytes) + crc32c`` chunks that zarr writes
+(see ``storage/shardfile.py``), so nothing about the format changes.
+
+Why compiled: the Python path spends ~7 us per 84x84 frame (pread, crc32c, blosc and the Python around
+them), the codec itself ~1 us. The C functions come from the libraries the package already depends on —
+c-blosc and zstd inside numcodecs' extension modules, crc32c inside google-crc32c — linked by name into
+numba kernels, so a batch of misses is one call without Python per chunk. If a build of those packages
+does not export the symbols, ``AVAILABLE`` is False and the reader keeps the Python path.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+from numba import types
+
+OK, BAD_CHECKSUM, BAD_SIZE, BAD_CODEC = 0, 1, 2, 3
+CODEC_BLOSC, CODEC_ZSTD = 0, 1
+STATUS_TEXT = {BAD_CHECKSUM: "checksum mismatch (stored data is corrupt)",
+               BAD_SIZE: "chunk does not decode to the expected number of bytes",
+               BAD_CODEC: "the codec failed to decode the chunk"}
+_SYMBOLS = {"numcodecs.blosc": ("blosc_decompress_ctx", "blosc_cbuffer_validate"),
+            "numcodecs.zstd": ("ZSTD_decompress", "ZSTD_isError"),
+            "google_crc32c._crc32c": ("crc32c_value",)}
+
+
+def _load_symbols() -> bool:
+    """Make the C functions linkable by name (they are called as external symbols, not addresses, so
+    numba's on-disk cache of the kernels stays valid across processes). False if one is missing."""
+    try:
+        for module, names in _SYMBOLS.items():
+            llvm.load_library_permanently(importlib.import_module(module).__file__)
+            if not all(llvm.address_of_symbol(name) for name in names):
+                return False
+    except (ImportError, RuntimeError, AttributeError, TypeError):
+        return False
+    return True
+
+
+AVAILABLE = _load_symbols()
+_vp, _sz, _int = types.voidptr, types.uintp, types.intc
+blosc_decompress = types.ExternalFunction("blosc_decompress_ctx", _int(_vp, _vp, _sz, _int))
+blosc_validate = types.ExternalFunction("blosc_cbuffer_validate", _int(_vp, _sz, _vp))
+zstd_decompress = types.ExternalFunction("ZSTD_decompress", _sz(_vp, _sz, _vp, _sz))
+zstd_is_error = types.ExternalFunction("ZSTD_isError", types.uintc(_sz))
+crc32c = types.ExternalFunction("crc32c_value", types.uint32(_vp, _sz))
+memcpy = types.ExternalFunction("memcpy", _vp(_vp, _vp, _sz))
+
+
+@numba.njit(cache=True, nogil=True)
+def _decode_one(src, size, dst, dst_nbytes, codec, scratch):  # pragma: no cover (compiled)
+    if size < 4:
+        return BAD_SIZE
+    body = size - 4
+    memcpy(scratch.ctypes.data, src + body, 4)
+    if crc32c(src, body) != (scratch[0] & np.uint64(0xFFFFFFFF)):
+        return BAD_CHECKSUM
+    if codec == CODEC_BLOSC:
+        # validate first: blosc_decompress_ctx trusts the compressed size in the chunk's header
+        if blosc_validate(src, body, scratch.ctypes.data) != 0 or scratch[0] != dst_nbytes:
+            return BAD_SIZE
+        if blosc_decompress(src, dst, dst_nbytes, 1) != dst_nbytes:
+            return BAD_CODEC
+        return OK
+    got = zstd_decompress(dst, dst_nbytes, src, body)
+    if zstd_is_error(got) != 0:
+        return BAD_CODEC
+    return OK if got == dst_nbytes else BAD_SIZE
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_chunks(src_addrs, sizes, dst_addrs, dst_nbytes, codec, status):  # pragma: no cover (compiled)
+    """Decode chunk i (``sizes[i]`` bytes at address ``src_addrs[i]``, checksum included) to address
+    ``dst_addrs[i]``; ``status[i]`` says how it went. Returns the number of failures."""
+    scratch = np.zeros(1, dtype=np.uint64)
+    bad = 0
+    for i in range(src_addrs.size):
+        status[i] = _decode_one(src_addrs[i], sizes[i], dst_addrs[i], dst_nbytes, codec, scratch)
+        if status[i] != OK:
+            bad += 1
+    return bad
+
+
+def codec_kind(spec) -> int | None:
+    """The kernel's code for a codec spec (``storage/codecs.py``), or None if it has none."""
+    if spec.get("name") == "blosc":
+        return CODEC_BLOSC
+    if spec.get("name") == "zstd":
+        return CODEC_ZSTD
+    return None

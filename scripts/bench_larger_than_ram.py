@@ -1,0 +1,365 @@
+"""Larger than RAM: a 1M-transition Atari store sampled inside a 2 GB memory cgroup, against SB3 holding
+100k transitions in RAM and a numpy memmap frame ring in the same cgroup, all in one run.
+
+    python scripts/bench.py --larger-than-ram [--ltr-n 1000000] [--ltr-limit 2e9] [--json out.json]
+
+What each child measures (every child a fresh process; the page cache is dropped before the cgroup ones):
+
+``mmreplay``  (in the cgroup, default settings) ``Store.open`` of the 1M store, then batch-32 for the first
+              ``--ltr-cold-s`` seconds after open (a resumed run: page cache cold), one rate per second;
+              then warm windows of batch 32 and 256; the decoded frames/s during those windows; the
+              codec's own single-core rate on the same chunks (compiled decode, checksum included) times
+              the cores; sampled transitions checked against the real frames; peak RSS and the cgroup's
+              peak usage.
+``memmap``    (in the cgroup) what users do without us: every frame once in a raw ``np.memmap`` file (the
+              1M store's frames, ~7.9 GB), stacks gathered with fancy indexing; the same cold and warm rates.
+``sb3``       (not constrained) SB3's ``ReplayBuffer(optimize_memory_usage=True)`` holding 100k transitions
+              of the same frames as FrameStack stacks: batch 32 and 256.
+``mmreplay 100k`` (not constrained, default settings) a 100k store: batch 32 and 256.
+
+Rates are medians of windows; ratios compare children of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+from bench import (MiB, AtariSource, drop_caches, io_read_bytes, log, make_memory_cgroup, peak_rss_bytes,  # noqa: E402
+                   rate_windows, read_cgroup_stats, remove_cgroup)
+
+STACK = 4
+
+
+# ----------------------------------------------------------------------------------------------
+# children
+# ----------------------------------------------------------------------------------------------
+def per_second(fn, seconds: float) -> list[float]:
+    """Calls of ``fn`` in each second of the next ``seconds`` (the last one partial, scaled)."""
+    rates, t0 = [], time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        w0, k = time.perf_counter(), 0
+        while time.perf_counter() - w0 < 1.0 and time.perf_counter() - t0 < seconds:
+            fn()
+            k += 1
+        rates.append(k / (time.perf_counter() - w0))
+    return rates
+
+
+def ground_truth(src: AtariSource, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    rows = [src.get(int(i), int(i) + 1, stacks=True) for i in g]
+    return np.concatenate([r["obs"] for r in rows]), np.concatenate([r["next_obs"] for r in rows])
+
+
+def verify_batches(store, n_batches: int, batch: int = 256) -> dict:
+    """Sampled transitions (obs and next_obs stacks) against the real frames they were made from."""
+    src, wrong, checked = AtariSource(), 0, 0
+    smp = store.sampler(batch, seed=777, name="verify")
+    for _ in range(n_batches):
+        b = next(smp)
+        g = b.indices.numpy()
+        exp_o, exp_n = ground_truth(src, g)
+        ok = np.all((b.obs.numpy() == exp_o).reshape(len(g), -1), axis=1) & \
+            np.all((b.next_obs.numpy() == exp_n).reshape(len(g), -1), axis=1)
+        wrong += int((~ok).sum())
+        checked += len(g)
+    smp.close()
+    return {"verified": checked, "wrong": wrong}
+
+
+def codec_rate(store, n: int = 20000) -> float:
+    """Single-core frames/s of the compiled decode (checksum + codec) over random chunks held in RAM."""
+    from mmreplay.reading import native
+    col = store._reader.columns["obs"]
+    res = col.resident
+    if res is None:
+        return float("nan")
+    held = np.flatnonzero(res.chunk_addr > 0)
+    rng = np.random.default_rng(0)
+    out = np.empty((256, col.cache.chunk_nbytes), np.uint8)
+    dst = out.ctypes.data + np.arange(256, dtype=np.int64) * col.cache.chunk_nbytes
+    status = np.empty(256, np.int8)
+    times = []
+    for _ in range(max(1, n // 256)):
+        ch = rng.choice(held, 256)
+        src, size = res.chunk_addr[ch], res.chunk_size[ch]
+        t0 = time.perf_counter()
+        native.decode_chunks(src, size, dst, col.cache.chunk_nbytes, col.codec, status)
+        times.append(time.perf_counter() - t0)
+    return 256 / float(np.median(times))
+
+
+def decoded(store) -> int:
+    st = store.cache_stats()["obs"]
+    return st["compressed"]["hits"] + st["compressed"]["misses"]
+
+
+def task_mmreplay(spec: dict) -> dict:
+    bench._child_setup()
+    import mmreplay
+    res = {"page_cache_dropped": drop_caches() if spec.get("cold") else False}
+    io0 = io_read_bytes()
+    t0 = time.perf_counter()
+    s = mmreplay.Store.open(spec["path"], mode="r")  # default settings
+    res["open_s"] = time.perf_counter() - t0
+    res["stored"] = len(s)
+    smp32 = s.sampler(32, seed=1)
+    if spec.get("cold"):
+        res["cold_b32_per_second"] = per_second(smp32.__next__, spec["cold_s"])
+        res["cold_b32_per_s"] = float(np.mean(res["cold_b32_per_second"]))
+        res["cold_disk_read_bytes"] = (io_read_bytes() or 0) - (io0 or 0)
+    # warm: once every shard the tier will hold is in RAM (the preloader's pass) and the hit rate settled
+    t_end = time.perf_counter() + spec["warm_max_s"]
+    while s._reader._preloader is not None and s._reader._preloader.is_alive() and time.perf_counter() < t_end:
+        next(smp32)
+    rate_windows(smp32.__next__, 1, spec["warmup_s"], 0)
+    smp256 = s.sampler(256, seed=2)
+    for B, smp in ((32, smp32), (256, smp256)):
+        d0, t0 = decoded(s), time.perf_counter()
+        rates = rate_windows(smp.__next__, spec["windows"], spec["window_s"], 0.5)
+        res[f"b{B}_per_s"] = float(np.median(rates))
+        res[f"b{B}_windows"] = rates
+        res[f"b{B}_decoded_frames_per_s"] = (decoded(s) - d0) / (time.perf_counter() - t0)
+    res["codec_frames_per_s_one_core"] = codec_rate(s)
+    res["cores"] = os.cpu_count()
+    res["cache_stats"] = s.cache_stats()
+    res.update(verify_batches(s, spec["verify_batches"]))
+    res["peak_rss"] = peak_rss_bytes()
+    if spec.get("cgroup_dir"):
+        res["cgroup"] = read_cgroup_stats(spec["cgroup_dir"])
+    s.close()
+    return res
+
+
+def task_memmap(spec: dict) -> dict:
+    """A raw frame file sampled as users do without a library: fancy indexing of a memmap."""
+    bench._child_setup()
+    import torch
+    res = {"page_cache_dropped": drop_caches()}
+    meta = np.load(spec["index"])
+    frames = np.memmap(spec["frames"], dtype=np.uint8, mode="r").reshape(-1, 84, 84)
+    obs_rows, next_rows = meta["obs_rows"], meta["next_rows"]
+    rng = np.random.default_rng(0)
+
+    def sample(B):
+        i = rng.integers(0, obs_rows.shape[0], B)
+        return torch.from_numpy(frames[obs_rows[i]]), torch.from_numpy(frames[next_rows[i]])
+
+    res["cold_b32_per_second"] = per_second(lambda: sample(32), spec["cold_s"])
+    res["cold_b32_per_s"] = float(np.mean(res["cold_b32_per_second"]))
+    for B in (32, 256):
+        rates = rate_windows(lambda: sample(B), spec["windows"], spec["window_s"], 0.5)
+        res[f"b{B}_per_s"] = float(np.median(rates))
+        res[f"b{B}_windows"] = rates
+    res["peak_rss"] = peak_rss_bytes()
+    if spec.get("cgroup_dir"):
+        res["cgroup"] = read_cgroup_stats(spec["cgroup_dir"])
+    return res
+
+
+def task_sb3(spec: dict) -> dict:
+    return bench.task_peer({**spec, "system": "sb3", "workload": "atari", "n_envs": 1, "batch_sizes": [32, 256]})
+
+
+def task_mm_100k(spec: dict) -> dict:
+    bench._child_setup()
+    import mmreplay
+    s = mmreplay.Store.open(spec["path"], mode="r")  # default settings
+    res = {}
+    for B in (32, 256):
+        smp = s.sampler(B, seed=B)
+        rate_windows(smp.__next__, 1, spec["warmup_s"], 0)  # until the decoded cache holds what it will
+        rates = rate_windows(smp.__next__, spec["windows"], spec["window_s"], 0.5)
+        res[f"b{B}_per_s"] = float(np.median(rates))
+        res[f"b{B}_windows"] = rates
+    res["cache_stats"] = s.cache_stats()
+    res["peak_rss"] = peak_rss_bytes()
+    s.close()
+    return res
+
+
+TASKS = {"ltr_mmreplay": task_mmreplay, "ltr_memmap": task_memmap, "ltr_sb3": task_sb3, "ltr_mm_100k": task_mm_100k}
+bench.TASKS.update(TASKS)
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs
+# ----------------------------------------------------------------------------------------------
+def write_memmap_ring(workdir: str, n: int) -> dict:
+    """The 1M store's frames once each, as the pool's frames tiled (dataset transition i is pool
+    transition i % P), and per transition the rows of its obs and next_obs stacks."""
+    import atari_frames
+    frames_path, index_path = os.path.join(workdir, f"memmap_frames_{n}.u8"), os.path.join(workdir,
+                                                                                           f"memmap_index_{n}.npz")
+    pool = atari_frames.load_atari_pool(verbose=False)
+    F, P = pool["frames"].shape[0], len(pool["action"])
+    tiles = -(-n // P)
+    if not (os.path.exists(frames_path) and os.path.getsize(frames_path) == tiles * F * 84 * 84):
+        log(f"[ltr] writing the memmap frame ring ({tiles * F * 84 * 84 / 1e9:.1f} GB)")
+        with open(frames_path + ".tmp", "wb") as f:
+            for _ in range(tiles):
+                for lo in range(0, F, 20000):
+                    f.write(np.ascontiguousarray(pool["frames"][lo:lo + 20000]).tobytes())
+        os.replace(frames_path + ".tmp", frames_path)
+    src = AtariSource()
+    i = np.arange(n)
+    p, tile = i % P, i // P
+    stack = np.maximum(src.ep_start[p][:, None], p[:, None] + np.arange(-(STACK - 1), 1))
+    obs_rows = src.oi[stack] + (tile * F)[:, None]
+    next_rows = np.concatenate([obs_rows[:, 1:], (src.ni[p] + tile * F)[:, None]], axis=1)
+    np.savez(index_path, obs_rows=obs_rows.astype(np.int64), next_rows=next_rows.astype(np.int64))
+    return {"frames": frames_path, "index": index_path, "bytes": os.path.getsize(frames_path)}
+
+
+# ----------------------------------------------------------------------------------------------
+# parent
+# ----------------------------------------------------------------------------------------------
+def run(runner, args) -> dict:
+    n, wd = args.ltr_n, runner.workdir
+    base = {"windows": args.windows or 7, "window_s": args.window_s or 1.0, "warmup_s": args.warmup_s or 3.0,
+            "cold_s": args.ltr_cold_s, "warm_max_s": 120.0, "verify_batches": args.ltr_verify_batches}
+    out = {"n": n, "limit_bytes": args.ltr_limit}
+    stores = {}
+    for size in (n, 100_000):
+        path = os.path.join(wd, f"store_cgroup_atari_{size}")
+        if not (args.reuse_store and os.path.exists(os.path.join(path, "zarr.json"))):
+            fill = runner.child({"task": "mm_fill", "workload": "atari", "n": size, "n_envs": 1, "path": path},
+                                label=f"ltr/mmreplay fill {size:,}", timeout=args.child_timeout)
+            if "error" in fill:
+                return {"error": fill["error"]}
+        stores[size] = path
+    ring = write_memmap_ring(wd, n)
+    out["memmap_bytes"] = ring["bytes"]
+    out["store_bytes"] = bench.dir_bytes(stores[n])
+    cg = make_memory_cgroup(args.ltr_limit, f"mmreplay_ltr_{os.getpid()}")
+    runs = {"mmreplay": [], "memmap": [], "sb3": [], "mm_100k": []}
+    try:
+        for rnd in range(args.ltr_repeats):
+            runs["sb3"].append(runner.child({**base, "task": "ltr_sb3", "n": 100_000}, label=f"ltr/sb3 100k r{rnd}",
+                                            timeout=args.child_timeout))
+            runs["mmreplay"].append(runner.child({**base, "task": "ltr_mmreplay", "path": stores[n], "cold": True},
+                                                 cgroup=cg, label=f"ltr/mmreplay {n:,} in cgroup r{rnd}",
+                                                 timeout=args.child_timeout))
+            runs["mm_100k"].append(runner.child({**base, "task": "ltr_mm_100k", "path": stores[100_000]},
+                                                label=f"ltr/mmreplay 100k r{rnd}", timeout=args.child_timeout))
+            if rnd == 0 or not args.ltr_memmap_once:
+                runs["memmap"].append(runner.child({**base, "task": "ltr_memmap", **ring}, cgroup=cg,
+                                                   label=f"ltr/memmap ring in cgroup r{rnd}",
+                                                   timeout=args.child_timeout))
+    finally:
+        remove_cgroup(cg)
+    out["runs"] = runs
+    out["summary"] = summarize(runs)
+    return out
+
+
+def _median(runs: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+    return float(np.median(vals)) if vals else None
+
+
+def summarize(runs: dict) -> dict:
+    keys = ("b32_per_s", "b256_per_s", "cold_b32_per_s", "peak_rss", "b32_decoded_frames_per_s",
+            "b256_decoded_frames_per_s", "codec_frames_per_s_one_core", "open_s")
+    summary = {name: {k: _median(rs, k) for k in keys} for name, rs in runs.items()}
+    mm = runs["mmreplay"]
+    summary["mmreplay"]["wrong"] = sum(r.get("wrong", 0) for r in mm)
+    summary["mmreplay"]["verified"] = sum(r.get("verified", 0) for r in mm)
+    summary["mmreplay"]["cgroup_max_usage"] = max((r.get("cgroup", {}).get("max_usage", 0) for r in mm), default=None)
+    summary["mmreplay"]["cores"] = next((r["cores"] for r in mm if "cores" in r), None)
+    return summary
+
+
+def targets(summary: dict, budget: int) -> list[tuple[str, float | None, float, bool | None]]:
+    mm, sb3, small = summary["mmreplay"], summary["sb3"], summary["mm_100k"]
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    rows = []
+    for B in (32, 256):
+        rows.append((f"1M in the cgroup, warm batch-{B} vs SB3 100k in RAM", ratio(mm[f"b{B}_per_s"], sb3[f"b{B}_per_s"]), 1.0))
+    rows.append(("1M in the cgroup, first 10 s after open (cold) batch-32 vs SB3 warm", ratio(mm["cold_b32_per_s"],
+                                                                                             sb3["b32_per_s"]), 0.5))
+    codec = (mm["codec_frames_per_s_one_core"] or 0) * (mm["cores"] or 1)
+    rows.append(("decoded frames/s (batch-256 windows) vs codec one core x cores",
+                 ratio(mm["b256_decoded_frames_per_s"], codec), 0.5))
+    for B in (32, 256):
+        rows.append((f"100k default budget, batch-{B} vs SB3", ratio(small[f"b{B}_per_s"], sb3[f"b{B}_per_s"]), 1.5))
+    rows.append(("peak RSS - budget (MB, <= 350)", (mm["peak_rss"] - budget) / 1e6 if mm["peak_rss"] else None, 350))
+    return [(name, v, t, None if v is None else (v <= t if "RSS" in name else v >= t)) for name, v, t in rows]
+
+
+def report(out: dict, budget: int) -> str:
+    if "error" in out:
+        return f"larger-than-RAM benchmark failed: {out['error']}"
+    s = out["summary"]
+    lines = [f"== Larger than RAM: {out['n']:,} Atari transitions (store {out['store_bytes'] / 1e6:,.0f} MB on disk, "
+             f"memmap ring {out['memmap_bytes'] / 1e9:.1f} GB) in a {out['limit_bytes'] / 1e9:.1f} GB cgroup ==",
+             "| system | where | cold b32/s (first 10 s) | warm b32/s | warm b256/s | peak RSS MB |",
+             "|---|---|---|---|---|---|"]
+    where = {"mmreplay": "1M, cgroup", "memmap": "1M, cgroup", "sb3": "100k, RAM", "mm_100k": "100k, RAM"}
+    for name in ("mmreplay", "memmap", "sb3", "mm_100k"):
+        r = s[name]
+        f = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731
+        lines.append(f"| {name} | {where[name]} | {f(r['cold_b32_per_s'])} | {f(r['b32_per_s'])} | "
+                     f"{f(r['b256_per_s'])} | {f(r['peak_rss'] / 1e6 if r['peak_rss'] else None)} |")
+    mm = s["mmreplay"]
+    lines.append(f"decoded frames/s: b32 {mm['b32_decoded_frames_per_s'] or 0:,.0f}, b256 "
+                 f"{mm['b256_decoded_frames_per_s'] or 0:,.0f}; codec one core {mm['codec_frames_per_s_one_core'] or 0:,.0f} "
+                 f"x {mm['cores']} cores; open {mm['open_s'] or 0:.2f} s; cgroup max usage "
+                 f"{(mm['cgroup_max_usage'] or 0) / 1e6:,.0f} MB; sampled transitions checked: {mm['verified']:,}, "
+                 f"wrong: {mm['wrong']}")
+    lines += ["", "| target | measured | wanted | |", "|---|---|---|---|"]
+    for name, v, t, ok in targets(s, budget):
+        lines.append(f"| {name} | {'-' if v is None else f'{v:.2f}'} | {t} | "
+                     f"{'-' if ok is None else ('PASS' if ok else 'FAIL')} |")
+    return "\n".join(lines)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--larger-than-ram", action="store_true", help="only the larger-than-RAM benchmark (issue #11)")
+    p.add_argument("--ltr-n", type=int, default=1_000_000)
+    p.add_argument("--ltr-limit", type=lambda v: int(float(v)), default=2_000_000_000)
+    p.add_argument("--ltr-cold-s", type=float, default=10.0)
+    p.add_argument("--ltr-repeats", type=int, default=2)
+    p.add_argument("--ltr-verify-batches", type=int, default=40)
+    p.add_argument("--ltr-memmap-once", action="store_true", help="run the (slow) memmap ring child once only")
+    p.add_argument("--reuse-store", action="store_true")
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    for name, kw in (("--windows", int), ("--window-s", float), ("--warmup-s", float)):
+        p.add_argument(name, type=kw, default=None)
+    p.add_argument("--workdir", default=bench.DEFAULT_WORKDIR)
+    p.add_argument("--child-timeout", type=float, default=1800)
+    p.add_argument("--quiet-cores", type=float, default=0.3)
+    p.add_argument("--quiet-max-wait", type=float, default=60)
+    p.add_argument("--json", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        return bench.child_main(a.child)
+    runner = bench.Runner(a)
+    runner_file = os.path.abspath(__file__)
+    bench.__file__ = runner_file  # children start this script, which registers the tasks above
+    out = run(runner, a)
+    from mmreplay.store import DEFAULT_CACHE_BYTES
+    print(report(out, DEFAULT_CACHE_BYTES))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1, default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""The read path as units: the compiled decoder, the compressed tier, the budget split, and the reader's
+three tiers (decoded cache, compressed shards in RAM, files) checked against ground truth."""
+
+import errno
+import glob
+import os
+import struct
+
+import google_crc32c
+import numpy as np
+import pytest
+from numcodecs import blosc, zstd
+
+import mmreplay
+import synthetic as syn
+from mmreplay.reading import native
+from mmreplay.reading.frames import MAX_RESIDENT_SHARE, FrameReader, MIN_DECODED_SHARE, TierPlan, plan_tiers
+from mmreplay.reading.resident import EMPTY_CHUNK, ResidentShards
+from mmreplay.storage.layout import ArrayLayout
+from mmreplay.storage.shardfile import build_shard
+
+pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="this numcodecs/google-crc32c build exports no C symbols")
+
+FRAME = (84, 84)
+
+
+def chunk_bytes(payload: bytes) -> bytes:
+    return payload + struct.pack("<I", google_crc32c.value(payload))
+
+
+def frames(n: int, seed: int = 0) -> np.ndarray:
+    """Compressible frames with structure (runs of a few gray levels), like Atari's."""
+    rng = np.random.default_rng(seed)
+    levels = rng.integers(0, 4, (n, 84, 12), dtype=np.uint8) * 60
+    return np.repeat(levels, 7, axis=2)
+
+
+def decode(chunks: list[bytes], out: np.ndarray, codec: int) -> np.ndarray:
+    """Decode ``chunks`` (held in one buffer) into the rows of ``out`` with the kernel; the status array."""
+    buf = np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    sizes = np.array([len(c) for c in chunks], dtype=np.int64)
+    src = buf.ctypes.data + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    dst = out.ctypes.data + np.arange(len(chunks), dtype=np.int64) * out[0].nbytes
+    status = np.full(len(chunks), -1, dtype=np.int8)
+    native.decode_chunks(src, sizes, dst, out[0].nbytes, codec, status)
+    return status
+
+
+@pytest.mark.parametrize("codec", ["blosc-lz4hc", "blosc-zstd", "zstd"])
+def test_the_kernel_decodes_what_numcodecs_encoded(codec):
+    data = frames(50)
+    if codec == "zstd":
+        enc, kind = (lambda a: zstd.compress(a, 3)), native.CODEC_ZSTD
+    else:
+        cname = codec.split("-")[1].encode()
+        enc, kind = (lambda a: blosc.compress(a, cname, 3, blosc.NOSHUFFLE, 0)), native.CODEC_BLOSC
+    chunks = [chunk_bytes(bytes(enc(np.ascontiguousarray(f)))) for f in data]
+    out = np.zeros_like(data)
+    assert (decode(chunks, out, kind) == native.OK).all()
+    np.testing.assert_array_equal(out, data)
+
+
+def test_the_kernel_refuses_a_flipped_byte_a_short_chunk_and_a_wrong_size():
+    data = frames(4)
+    chunks = [chunk_bytes(bytes(blosc.compress(np.ascontiguousarray(f), b"lz4", 5, blosc.NOSHUFFLE, 0))) for f in data]
+    flipped = bytearray(chunks[1])
+    flipped[20] ^= 0x01
+    chunks[1] = bytes(flipped)
+    chunks[2] = chunks[2][:3]
+    half = np.ascontiguousarray(data[3][:42])  # decodes to half a frame: the checksum is right, the size not
+    chunks[3] = chunk_bytes(bytes(blosc.compress(half, b"lz4", 5, blosc.NOSHUFFLE, 0)))
+    out = np.zeros_like(data)
+    status = decode(chunks, out, native.CODEC_BLOSC)
+    assert status.tolist() == [native.OK, native.BAD_CHECKSUM, native.BAD_SIZE, native.BAD_SIZE]
+    np.testing.assert_array_equal(out[0], data[0])
+    assert not out[1].any()  # nothing written for a chunk whose checksum failed
+
+
+def test_a_zstd_payload_of_another_size_is_refused():
+    data = frames(1)
+    short = chunk_bytes(zstd.compress(np.ascontiguousarray(data[0][:10]), 1))
+    out = np.zeros_like(data)
+    assert decode([short], out, native.CODEC_ZSTD).tolist() == [native.BAD_SIZE]
+
+
+def layout(tmp_path, rows=64, shard_rows=16) -> ArrayLayout:
+    return ArrayLayout("frames/obs", rows, FRAME, "uint8", 1, shard_rows, {"name": "blosc", "cname": "lz4", "clevel": 5})
+
+
+def shard_of(data: np.ndarray, empty=()) -> bytes:
+    return build_shard([None if i in empty else chunk_bytes(bytes(blosc.compress(np.ascontiguousarray(f), b"lz4", 5,
+                                                                                 blosc.NOSHUFFLE, 0)))
+                        for i, f in enumerate(data)])
+
+
+def write(lay: ArrayLayout, root, shard: int, raw: bytes) -> str:
+    path = lay.shard_file(str(root), shard)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(raw)
+    return path
+
+
+def test_resident_shards_map_every_chunk_and_mark_empty_ones(tmp_path):
+    lay = layout(tmp_path)
+    data = frames(16)
+    write(lay, tmp_path, 1, shard_of(data, empty={5}))
+    res = ResidentShards(str(tmp_path), lay, 64)
+    assert res.load(1, budget=1 << 20)
+    addr = res.chunk_addr[16:32]
+    assert addr[5] == EMPTY_CHUNK and (np.delete(addr, 5) > 0).all()
+    assert (res.chunk_addr[:16] == 0).all() and (res.chunk_addr[32:] == 0).all()
+    out = np.zeros_like(data)
+    held = np.flatnonzero(addr > 0)
+    status = np.empty(held.size, dtype=np.int8)
+    native.decode_chunks(addr[held], res.chunk_size[16 + held], out.ctypes.data + held.astype(np.int64) * out[0].nbytes,
+                         out[0].nbytes, native.CODEC_BLOSC, status)
+    assert (status == 0).all()
+    np.testing.assert_array_equal(out[held], data[held])
+    res.drop([1])
+    assert not res.chunk_addr.any() and res.nbytes == 0
+
+
+def test_resident_shards_refuse_what_does_not_fit_or_is_not_a_shard(tmp_path):
+    lay = layout(tmp_path)
+    path = write(lay, tmp_path, 0, shard_of(frames(16)))
+    res = ResidentShards(str(tmp_path), lay, 64)
+    assert not res.load(0, budget=100)  # over the budget: not held
+    assert not res.load(2, budget=1 << 20)  # no file
+    with open(path, "r+b") as f:  # a damaged index: not held (the file path reports it)
+        f.seek(-10, os.SEEK_END)
+        f.write(b"\xff\xff")
+    assert not res.load(0, budget=1 << 20)
+    assert res.nbytes == 0 and not res.chunk_addr.any()
+
+
+def test_a_load_that_raced_a_drop_is_not_installed(tmp_path, monkeypatch):
+    """The file changed while a background load was reading it: its bytes are stale and must not be held."""
+    lay = layout(tmp_path)
+    write(lay, tmp_path, 0, shard_of(frames(16)))
+    res = ResidentShards(str(tmp_path), lay, 64)
+    real = os.preadv
+
+    def preadv_then_drop(fd, buffers, offset):
+        got = real(fd, buffers, offset)
+        res.drop([0])  # what the writer's replacement of the file does meanwhile
+        return got
+
+    monkeypatch.setattr(os, "preadv", preadv_then_drop)
+    assert not res.load(0, budget=1 << 20)
+    assert 0 not in res.buffers
+    monkeypatch.undo()
+    assert res.load(0, budget=1 << 20)
+
+
+def test_a_second_load_of_a_held_shard_keeps_the_copy_in_use(tmp_path):
+    lay = layout(tmp_path)
+    write(lay, tmp_path, 0, shard_of(frames(16)))
+    res = ResidentShards(str(tmp_path), lay, 64)
+    assert res.load(0, budget=1 << 20)
+    before = res.chunk_addr.copy()
+    assert res.load(0, budget=1 << 21)
+    np.testing.assert_array_equal(res.chunk_addr, before)
+
+
+def test_the_budget_holds_the_compressed_store_when_it_fits_and_decodes_into_batches_when_the_cache_is_small():
+    assert plan_tiers(1000, 300, 1000) == TierPlan(300, 700, False)  # the decoded cache holds most frames
+    assert plan_tiers(1000, 300, 100_000) == TierPlan(300, 0, True)  # it would hold 0.7%: decode into batches
+    assert plan_tiers(1000, int(MAX_RESIDENT_SHARE * 1000) + 1, 10_000) == TierPlan(0, 1000, False)
+    assert plan_tiers(1000, 300, int(700 / MIN_DECODED_SHARE)) == TierPlan(300, 700, False)
+
+
+@pytest.fixture
+def no_preload(monkeypatch):
+    """Shards are loaded only when a batch needs them (so a test sees its own loads and failures)."""
+    monkeypatch.setattr(FrameReader, "start_preload", lambda self: None)
+
+
+@pytest.fixture
+def atari_like(store_path):
+    """1,500 transitions of 84x84 compressible frames, stack 4, in several frame shards."""
+    from gymnasium import spaces
+    data = frames(1501, seed=3)
+    with mmreplay.Store.create(store_path, spaces.Box(0, 255, FRAME, np.uint8), spaces.Discrete(4), capacity=1500,
+                               frame_stack=4, durable=False) as s:
+        for g in range(1500):
+            s.add(data[g], g % 4, 0.0, data[g + 1], g % 100 == 99, False)
+    return store_path, data
+
+
+def expected_obs(data: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Stack 4 of transitions ``g`` (episodes of 100, padded by repeating the first frame)."""
+    start = g - g % 100
+    ids = np.maximum(g[:, None] + np.arange(-3, 1)[None, :], start[:, None])
+    return data[ids]
+
+
+def frame_files(path):
+    return sorted(glob.glob(os.path.join(path, "frames", "obs", "c", "*", "0", "0")),
+                  key=lambda f: int(f.split(os.sep)[-3]))
+
+
+def test_a_reopened_store_decodes_from_the_compressed_tier(atari_like, no_preload):
+    path, data = atari_like
+    with mmreplay.Store.open(path, mode="r", cache_bytes=64 << 20) as s:
+        for _ in range(20):
+            b = s.sample(32)
+            np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, b.indices.numpy()))
+        stats = s.cache_stats()["obs"]["compressed"]
+        assert stats["compiled"] and stats["hits"] > 0 and stats["misses"] == 0
+        assert 0 < stats["shard_loads"] <= len(frame_files(path))
+        assert 0 < stats["bytes"] <= stats["capacity_bytes"]
+
+
+def test_a_tier_too_small_for_the_store_reads_files(atari_like):
+    path, data = atari_like
+    on_disk = sum(os.path.getsize(f) for f in frame_files(path))
+    with mmreplay.Store.open(path, mode="r", cache_bytes=int(on_disk / MAX_RESIDENT_SHARE * 0.5)) as s:
+        b = s.get(np.arange(0, 1500, 7))
+        np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, np.arange(0, 1500, 7)))
+        stats = s.cache_stats()["obs"]["compressed"]
+        assert stats["capacity_bytes"] == 0 and stats["hits"] == 0 and stats["misses"] > 0
+
+
+def test_a_corrupt_shard_loaded_whole_raises_naming_the_chunk_and_caches_nothing(atari_like, no_preload):
+    path, data = atari_like
+    victim = frame_files(path)[0]
+    original = open(victim, "rb").read()
+    damaged = bytearray(original)
+    damaged[10] ^= 0xFF  # inside chunk 0's compressed bytes; the shard index is intact
+    with open(victim, "wb") as f:
+        f.write(damaged)
+    with mmreplay.Store.open(path, mode="r", cache_bytes=64 << 20) as s:
+        with pytest.raises(mmreplay.CorruptDataError, match=r"frames/obs.*shard 0, chunk 0.*checksum"):
+            s.get(np.arange(0, 8))
+        assert s.cache_stats()["obs"]["bytes"] == 0  # the failed batch left nothing in the decoded cache
+        b = s.get(np.arange(200, 264))  # other shards are fine
+        np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, np.arange(200, 264)))
+
+
+def test_a_failed_whole_shard_read_falls_back_to_the_file_path_and_its_errors(atari_like, monkeypatch, no_preload):
+    path, data = atari_like
+
+    def failing_preadv(fd, buffers, offset):
+        raise OSError(errno.EIO, "Input/output error (injected)")
+
+    with mmreplay.Store.open(path, mode="r", cache_bytes=64 << 20) as s:
+        monkeypatch.setattr(os, "preadv", failing_preadv)
+        b = s.get(np.arange(0, 1500, 11))  # every shard load fails: chunk-by-chunk reads still give true data
+        np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, np.arange(0, 1500, 11)))
+        assert s.cache_stats()["obs"]["compressed"]["misses"] > 0
+
+
+@pytest.mark.parametrize("budget", [64 << 20, 1 << 20], ids=["decoded-cache", "direct"])
+def test_the_writer_holds_what_it_writes_and_readers_follow_overwrites(store_path, budget):
+    """A ring that wraps several times while a reader samples: every row true, in both processes' views."""
+    from gymnasium import spaces
+    data = frames(4001, seed=5)
+    with mmreplay.Store.create(store_path, spaces.Box(0, 255, FRAME, np.uint8), spaces.Discrete(4), capacity=300,
+                               frame_stack=4, durable=False, cache_bytes=budget) as w:
+        assert w.cache_stats()["obs"]["compressed"]["direct"] == (budget == 1 << 20)
+        reader = None
+        for g in range(4000):
+            w.add(data[g], 0, 0.0, data[g + 1], g % 100 == 99, False)
+            if g % 250 == 249:
+                w.flush()
+                reader = reader or mmreplay.Store.open(store_path, mode="r", cache_bytes=budget)
+                reader.refresh()
+                for store in (w, reader):
+                    b = store.sample(64)
+                    np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, b.indices.numpy()))
+        assert w.cache_stats()["obs"]["compressed"]["bytes"] > 0
+        reader.close()
+
+
+def test_background_preload_and_sampling_agree(atari_like):
+    path, data = atari_like
+    for _ in range(3):
+        with mmreplay.Store.open(path, mode="r", cache_bytes=64 << 20) as s:
+            for _ in range(30):  # samples race the preloader's installs
+                b = s.sample(64)
+                np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, b.indices.numpy()))
+
+
+def direct_budget(path) -> int:
+    """A budget whose compressed share holds the store but whose decoded share holds few of its frames."""
+    with mmreplay.Store.open(path, mode="r", cache_bytes=1 << 30) as s:
+        need = s.cache_stats()["obs"]["compressed"]["capacity_bytes"]  # the whole ring, compressed
+    return int(need / MAX_RESIDENT_SHARE) + 64
+
+
+def test_frames_decoded_straight_into_batches_are_the_true_frames(atari_like):
+    path, data = atari_like
+    with mmreplay.Store.open(path, mode="r", cache_bytes=direct_budget(path)) as s:
+        assert s.cache_stats()["obs"]["compressed"]["direct"]
+        for _ in range(10):
+            b = s.sample(48)
+            g = b.indices.numpy()
+            np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, g))
+            np.testing.assert_array_equal(b.next_obs.numpy(), expected_obs(data, g + 1) * (g % 100 != 99)[:, None, None, None]
+                                          + np.where((g % 100 == 99)[:, None, None, None],
+                                                     np.concatenate([expected_obs(data, g)[:, 1:], data[g + 1][:, None]], 1), 0))
+        ids = np.arange(0, 1500)
+        np.testing.assert_array_equal(s.get(ids).obs.numpy(), expected_obs(data, ids))  # > 4 MiB: the threads split it
+        stats = s.cache_stats()["obs"]
+        # only rows of the last, partly filled shard (kept in RAM) went through the decoded cache
+        assert stats["compressed"]["hits"] > 10 * stats["hits"]
+
+
+def test_n_step_batches_decoded_straight_into_batches_match_the_cached_path(atari_like):
+    path, _ = atari_like
+    got = []
+    for budget in (direct_budget(path), 64 << 20):
+        with mmreplay.Store.open(path, mode="r", cache_bytes=budget) as s:
+            smp = s.sampler(32, n_step=3, gamma=0.9, seed=5, name="n3")
+            b = next(smp)
+            got.append((b.indices.numpy().copy(), b.obs.numpy().copy(), b.next_obs.numpy().copy()))
+            smp.close()
+    for a, b in zip(got[0], got[1]):
+        np.testing.assert_array_equal(a, b)
