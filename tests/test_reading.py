@@ -42,7 +42,7 @@ def decode(chunks: list[bytes], out: np.ndarray, codec: int) -> np.ndarray:
     src = buf.ctypes.data + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     dst = out.ctypes.data + np.arange(len(chunks), dtype=np.int64) * out[0].nbytes
     status = np.full(len(chunks), -1, dtype=np.int8)
-    native.decode_chunks(src, sizes, dst, out[0].nbytes, codec, status)
+    native.decode_chunks(src, sizes, dst, np.zeros_like(dst), out[0].nbytes, codec, status)
     return status
 
 
@@ -113,10 +113,13 @@ def test_resident_shards_map_every_chunk_and_mark_empty_ones(tmp_path):
     out = np.zeros_like(data)
     held = np.flatnonzero(addr > 0)
     status = np.empty(held.size, dtype=np.int8)
+    copy = np.zeros_like(data)  # a second place for each decoded frame (the kernel copies it there)
     native.decode_chunks(addr[held], res.chunk_size[16 + held], out.ctypes.data + held.astype(np.int64) * out[0].nbytes,
-                         out[0].nbytes, native.CODEC_BLOSC, status)
+                         copy.ctypes.data + held.astype(np.int64) * out[0].nbytes, out[0].nbytes, native.CODEC_BLOSC,
+                         status)
     assert (status == 0).all()
     np.testing.assert_array_equal(out[held], data[held])
+    np.testing.assert_array_equal(copy[held], data[held])
     res.drop([1])
     assert not res.chunk_addr.any() and res.nbytes == 0
 
@@ -318,3 +321,20 @@ def test_n_step_batches_decoded_straight_into_batches_match_the_cached_path(atar
             smp.close()
     for a, b in zip(got[0], got[1]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_new_store_plans_its_tiers_again_once_it_knows_how_its_frames_compress(store_path):
+    from gymnasium import spaces
+    data = np.repeat(frames(801, seed=9)[:, :2], 42, axis=1)  # compresses far better than the first guess
+    with mmreplay.Store.create(store_path, spaces.Box(0, 255, FRAME, np.uint8), spaces.Discrete(4), capacity=2000,
+                               frame_stack=4, durable=False, cache_bytes=3 << 20) as w:
+        assert w.cache_stats()["obs"]["compressed"]["capacity_bytes"] == 0  # the guess: it would not fit
+        for g in range(800):
+            w.add(data[g], 0, 0.0, data[g + 1], g % 100 == 99, False)
+        w.flush()
+        b = w.sample(64)
+        stats = w.cache_stats()["obs"]["compressed"]
+        assert 0 < stats["capacity_bytes"] < 3 << 20  # measured: the compressed ring fits
+        start = b.indices.numpy() - b.indices.numpy() % 100
+        ids = np.maximum(b.indices.numpy()[:, None] + np.arange(-3, 1), start[:, None])
+        np.testing.assert_array_equal(b.obs.numpy(), data[ids])

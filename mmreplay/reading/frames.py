@@ -118,28 +118,53 @@ class ColumnReader:
 class FrameReader(FrameEvents):
     def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True):
         self.ring = ring
-        ring_bytes = self._compressed_ring_bytes(ring)
-        decoded_ring = sum(max(1, c.spec.row_nbytes) * ring.rows for c in ring.columns.values())
-        self.plan = plan_tiers(int(cache_bytes), sum(ring_bytes.values()), decoded_ring)
-        total_row_bytes = sum(max(1, c.spec.row_nbytes) for c in ring.columns.values())
-        self.columns = {}
-        for name, col in ring.columns.items():
-            share = max(1, col.spec.row_nbytes) / total_row_bytes
-            resident = ring_bytes[name] if self.plan.resident_bytes else 0
-            self.columns[name] = ColumnReader(col, ring, int(self.plan.decoded_bytes * share), resident,
-                                              self.plan.direct)
+        self.cache_bytes = int(cache_bytes)
+        ring_bytes, measured = self._compressed_ring_bytes(ring)
+        self.columns: dict[str, ColumnReader] = {}
+        self._plan(ring_bytes)
+        # A new store's compression is a guess until its first shard is written: then the tiers are planned
+        # again from the real figure (``shard_written`` measures, the next read re-plans, under the lock).
+        self._measured = measured
+        self._replan_with: dict[str, int] | None = None
         self._preloader: threading.Thread | None = None
         self._stop = threading.Event()
         ring.listener = self
         if preload:
             self.start_preload()
 
+    def _plan(self, ring_bytes: dict[str, int]) -> None:
+        """(Re)build each column's tiers for a ring of ``ring_bytes`` compressed bytes per column. A column's
+        compressed shards already held stay held (they are the same bytes); its decoded cache is new."""
+        ring = self.ring
+        decoded_ring = sum(max(1, c.spec.row_nbytes) * ring.rows for c in ring.columns.values())
+        self.plan = plan_tiers(self.cache_bytes, sum(ring_bytes.values()), decoded_ring)
+        total_row_bytes = sum(max(1, c.spec.row_nbytes) for c in ring.columns.values())
+        for name, col in ring.columns.items():
+            share = max(1, col.spec.row_nbytes) / total_row_bytes
+            resident = ring_bytes[name] if self.plan.resident_bytes else 0
+            new = ColumnReader(col, ring, int(self.plan.decoded_bytes * share), resident, self.plan.direct)
+            old = self.columns.get(name)
+            if old is not None:
+                new.tier.hits, new.tier.misses = old.tier.hits, old.tier.misses
+                new.cache.stats.hits, new.cache.stats.misses = old.cache.stats.hits, old.cache.stats.misses
+                if old.resident is not None and new.resident is not None:
+                    new.resident = old.resident
+                elif old.resident is not None:
+                    old.resident.drop()
+            self.columns[name] = new
+
+    def _replan_if_measured(self) -> None:
+        ring_bytes, self._replan_with = self._replan_with, None
+        self._measured = True
+        if ring_bytes is not None:
+            self._plan(ring_bytes)
+
     @staticmethod
-    def _compressed_ring_bytes(ring: FrameRing) -> dict[str, int]:
+    def _compressed_ring_bytes(ring: FrameRing) -> tuple[dict[str, int], bool]:
         """Per column, what the whole ring would take compressed: from the shard files there are (their
-        mean size), else ``ASSUMED_RATIO``."""
+        mean size), else ``ASSUMED_RATIO``; and whether files were there to measure."""
         n_files = ring.rows // ring.shard_rows
-        out = {}
+        out, measured = {}, True
         for name, col in ring.columns.items():
             sizes = []
             for shard in range(n_files):
@@ -151,8 +176,9 @@ class FrameReader(FrameEvents):
                     break
             raw = ring.shard_rows * max(1, col.spec.row_nbytes)
             mean = float(np.mean(sizes)) if sizes else raw / ASSUMED_RATIO
+            measured = measured and bool(sizes)
             out[name] = int(mean * n_files * 1.05)  # + 5%: later shards may compress a little worse
-        return out
+        return out, measured
 
     @property
     def head(self) -> int:
@@ -164,6 +190,8 @@ class FrameReader(FrameEvents):
 
     # -- events from the ring (FrameEvents) -----------------------------------------------------
     def shard_written(self, name: str, shard: int, raw: bytes) -> None:
+        if not self._measured and self._replan_with is None and len(self.columns) == 1:
+            self._measure(name, raw)
         res = self.columns[name].resident
         if res is None:
             return
@@ -172,6 +200,16 @@ class FrameReader(FrameEvents):
             res.install(shard, raw)  # replaces the older copy
         else:
             res.drop([shard])  # an older copy (the previous lap, or a partial flush) must not stay
+
+    def _measure(self, name: str, raw: bytes) -> None:
+        """The compressed size of the whole ring, from the first shard written (per chunk it holds)."""
+        col = self.columns[name]
+        per = col.column.layout.chunks_per_shard
+        index = np.frombuffer(raw[len(raw) - per * 16 - 4:len(raw) - 4], dtype="<u8").reshape(per, 2)
+        used = index[:, 0] != np.uint64(2**64 - 1)
+        if used.sum() >= max(1, per // 4):  # a flush of a few rows says little
+            per_chunk = float(index[used, 1].astype(np.float64).mean())
+            self._replan_with = {name: int(per_chunk * (self.ring.rows // col.spec.chunk_rows) * 1.05)}
 
     def shards_changed(self, shards) -> None:
         shards = list(shards)
@@ -233,6 +271,8 @@ class FrameReader(FrameEvents):
     # -- reading ----------------------------------------------------------------------------------
     def gather(self, name: str, frame_ids: np.ndarray, out: np.ndarray) -> None:
         """``out[...] = frame[frame_ids]`` (``out`` shaped ``frame_ids.shape + frame shape``)."""
+        if self._replan_with is not None:
+            self._replan_if_measured()
         col = self.columns[name]
         index = self._slab_index(col, frame_ids.reshape(-1))
         flat = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
@@ -251,6 +291,8 @@ class FrameReader(FrameEvents):
         ``shifted`` (as a transition's two stacks are) ``next_ids[:, :-1] == obs_ids[:, 1:]`` and only the
         last column of ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's)
         all of it. Each frame is looked up once, and both outputs are filled straight from the cache slab."""
+        if self._replan_with is not None:
+            self._replan_if_measured()
         col = self.columns[name]
         if col.direct:
             return self._decode_into_batch(col, obs_ids, next_ids, obs_words, next_words, shifted)
@@ -285,42 +327,45 @@ class FrameReader(FrameEvents):
 
     def _decode_into_batch(self, col: ColumnReader, obs_ids, next_ids, obs_words, next_words, shifted) -> None:
         """``gather_stacks`` without the decoded cache: every frame decoded from the compressed tier straight
-        into its place in the batch (frames not held there go through the cache). A shifted next stack is
-        the obs stack moved by one, copied within the batch."""
+        into its place in the batch (frames not held there go through the cache). In a shifted pair of
+        stacks, frame ``j > 0`` of the obs stack is frame ``j - 1`` of the next stack: decoded once, copied."""
         n, k = obs_ids.shape
         nbytes = col.row_nbytes
         obs_pos = np.arange(n * k, dtype=np.int64)
+        obs_dst = obs_words.ctypes.data + obs_pos * nbytes
         if shifted:
             ids = np.concatenate([obs_ids.reshape(-1), next_ids[:, -1]])
             next_pos = obs_pos[k - 1::k]
+            also = np.where(obs_pos % k > 0, next_words.ctypes.data + (obs_pos - 1) * nbytes, 0)
+            copies = np.concatenate([also, np.zeros(n, dtype=np.int64)])
         else:
             ids = np.concatenate([obs_ids.reshape(-1), next_ids.reshape(-1)])
             next_pos = obs_pos
-        dst = np.concatenate([obs_words.ctypes.data + obs_pos * nbytes, next_words.ctypes.data + next_pos * nbytes])
+            copies = np.zeros(ids.size, dtype=np.int64)
+        dst = np.concatenate([obs_dst, next_words.ctypes.data + next_pos * nbytes])
         rows = self.ring.row_of(ids)
         res = col.resident
         addr = res.chunk_addr[rows]
         if not (addr > 0).all():
-            addr = self._resolve_absent(col, ids, rows, addr, dst, n * k, obs_words, next_words, next_pos)
+            addr = self._resolve_absent(col, ids, rows, addr, n * k, obs_words, next_words, next_pos,
+                                        shifted and k > 1)
         held = addr > 0
         n_held = int(np.count_nonzero(held))
         if n_held < addr.size:
-            addr, dst, rows = addr[held], dst[held], rows[held]
-        self._run_decodes(col, rows, addr, res.chunk_size[rows], dst, nbytes)
+            addr, dst, copies, rows = addr[held], dst[held], copies[held], rows[held]
+        self._run_decodes(col, rows, addr, res.chunk_size[rows], dst, copies, nbytes)
         col.tier.hits += n_held
         col.cache.stats.misses += ids.size
-        if shifted and k > 1:
-            obs3, next3 = obs_words.reshape(n, k, -1), next_words.reshape(n, k, -1)
-            next3[:, :-1] = obs3[:, 1:]
 
-    def _resolve_absent(self, col, ids, rows, addr, dst, n_obs, obs_words, next_words, next_pos) -> np.ndarray:
+    def _resolve_absent(self, col, ids, rows, addr, n_obs, obs_words, next_words, next_pos, shifted) -> np.ndarray:
         """Frames whose chunk the compressed tier does not hold: load their shards whole while it has room;
         the rest (rows in the writer's RAM, a tier that is full) come through the decoded cache. Returns
         ``addr`` with those frames marked done (0)."""
         res = col.resident
         absent = addr == 0
+        in_ram = self.ring.ram_shards(col.spec.name)
         for shard in np.unique(rows[absent] // res.per_shard).tolist():
-            if shard in self.ring.ram_shards(col.spec.name):
+            if shard in in_ram:
                 continue
             if res.nbytes >= col.tier.capacity_bytes or not res.load(shard, col.tier.capacity_bytes):
                 break
@@ -330,22 +375,27 @@ class FrameReader(FrameEvents):
             slab_rows = self._slab_index(col, ids[rest])
             slab = col.cache.slab_words(col.row_nbytes)
             in_obs = rest < n_obs
-            obs_words[rest[in_obs]] = slab[slab_rows[in_obs]]
+            obs_rows = rest[in_obs]
+            obs_words[obs_rows] = slab[slab_rows[in_obs]]
             next_words[next_pos[rest[~in_obs] - n_obs]] = slab[slab_rows[~in_obs]]
+            if shifted:  # their second place: the next stack, one frame earlier
+                k = n_obs // next_pos.size
+                second = obs_rows[obs_rows % k > 0]
+                next_words[second - 1] = obs_words[second]
             addr = addr.copy()
             addr[rest] = 0
         return addr
 
-    def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, nbytes) -> None:
+    def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes) -> None:
         """Compiled decodes, split over the codec threads when there are many; raises on the first bad one."""
         status = np.empty(src.size, dtype=np.int8)
         if src.size >= PARALLEL_MIN_DECODES:
             workers = decode_pool()._max_workers
             parts = [slice(i, src.size, workers) for i in range(workers)]
-            bad = sum(decode_pool().map(lambda p: native.decode_chunks(src[p], sizes[p], dst[p], nbytes, col.codec,
-                                                                       status[p]), parts))
+            bad = sum(decode_pool().map(lambda p: native.decode_chunks(src[p], sizes[p], dst[p], copies[p], nbytes,
+                                                                       col.codec, status[p]), parts))
         else:
-            bad = native.decode_chunks(src, sizes, dst, nbytes, col.codec, status)
+            bad = native.decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status)
         if bad:
             i = int(np.flatnonzero(status != native.OK)[0])
             shard, inner = divmod(int(chunks[i]), col.resident.per_shard)
@@ -426,7 +476,7 @@ class FrameReader(FrameEvents):
     def _decode_native(self, col: ColumnReader, chunks, src, sizes, slots) -> None:
         cache = col.cache
         dst = cache.slab.ctypes.data + slots.astype(np.int64) * cache.chunk_nbytes
-        self._run_decodes(col, chunks, src, sizes, dst, cache.chunk_nbytes)
+        self._run_decodes(col, chunks, src, sizes, dst, np.zeros_like(dst), cache.chunk_nbytes)
 
     @staticmethod
     def _read_files(col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:

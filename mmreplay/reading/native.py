@@ -77,15 +77,19 @@ def _decode_one(src, size, dst, dst_nbytes, codec, scratch):  # pragma: no cover
 
 
 @numba.njit(cache=True, nogil=True)
-def decode_chunks(src_addrs, sizes, dst_addrs, dst_nbytes, codec, status):  # pragma: no cover (compiled)
+def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, status):  # pragma: no cover
     """Decode chunk i (``sizes[i]`` bytes at address ``src_addrs[i]``, checksum included) to address
-    ``dst_addrs[i]``; ``status[i]`` says how it went. Returns the number of failures."""
+    ``dst_addrs[i]``, and copy it on to ``copy_addrs[i]`` unless that is 0 (while the bytes are still in
+    the core's cache: a frame that two outputs need is decoded once); ``status[i]`` says how it went.
+    Returns the number of failures."""
     scratch = np.zeros(1, dtype=np.uint64)
     bad = 0
     for i in range(src_addrs.size):
         status[i] = _decode_one(src_addrs[i], sizes[i], dst_addrs[i], dst_nbytes, codec, scratch)
         if status[i] != OK:
             bad += 1
+        elif copy_addrs[i] != 0:
+            memcpy(copy_addrs[i], dst_addrs[i], dst_nbytes)
     return bad
 
 
