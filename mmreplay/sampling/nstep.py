@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass
 class NStepResult:
+    """The n-step windows of sampled transitions (see the module invariant)."""
+
     last: np.ndarray  # int64 global id of the last transition in each window
     reward: np.ndarray  # float64 discounted sum
     terminated: np.ndarray  # bool
