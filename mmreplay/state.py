@@ -50,6 +50,7 @@ class StoreState:
                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable)
         self.streams = Streams(schema.observations)
         self._decode_reward = ColumnEncoder(schema.reward).decode  # n-step returns sum stored rewards
+        self.app_meta: dict = dict(rec.get("app", {}))  # the application's metadata, committed with the rest
         self.samplers = SamplerStates(rec.get("samplers", {}))
         self.priorities = PrioritySets(path, self.ring, self.frames, schema.frame_stack, rec.get("priorities", {}))
         self._priority_written: list[str] = []
@@ -104,12 +105,13 @@ class StoreState:
                 "oldest": self.ring.oldest, "frame_head": self.frames.head, "frame_oldest": self.frames.oldest,
                 "transition_rows": self.ring.rows, "frame_rows": self.frames.rows,
                 "max_prev_delta": self.ring.max_prev_delta, "streams": self.streams.to_json(),
-                "samplers": self.samplers.state(), "priorities": dict(self.priorities.entries)}
+                "samplers": self.samplers.state(), "priorities": dict(self.priorities.entries),
+                **({"app": self.app_meta} if self.app_meta else {})}
 
     def changed(self) -> bool:
         """Is there anything besides new transitions that the last commit lacks?"""
         return self.frames.dirty or bool(self.ring.dirty) or self.priorities.changed() or \
-            self.samplers.changed(self.log.record.get("samplers", {}))
+            self.samplers.changed(self.log.record.get("samplers", {})) or self.app_meta != self.log.record.get("app", {})
 
     def commit(self) -> None:
         """Write every changed shard and priority buffer, make them durable, then replace the record."""
@@ -149,6 +151,7 @@ class StoreState:
         self.streams = Streams(self.schema.observations)
         self._restore(record)
         self.log.record = record
+        self.app_meta = dict(record.get("app", {}))
         # sets and samplers made from now on start from this commit (live ones keep their own state)
         self.priorities.reload(self.ring, record.get("priorities", {}))
         self.samplers.reload(record.get("samplers", {}))

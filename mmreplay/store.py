@@ -15,6 +15,7 @@ loses at most what was added since the last commit. Reopening restores exactly t
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import warnings
@@ -30,11 +31,11 @@ from mmreplay.inspection import committed_work, store_info, verify
 from mmreplay.sampling.batch import Batch, BatchBuffers
 from mmreplay.sampling.draw import check_batch_size, draw_uniform
 from mmreplay.sampling.priorities import Priorities
-from mmreplay.sampling.sampler import Sampler
+from mmreplay.sampling.sampler import Sampler, check_sampler_args
 from mmreplay.settings import Settings
 from mmreplay.state import StoreState
 from mmreplay.storage import forking
-from mmreplay.storage.commit import FORMAT_VERSION, read_commit
+from mmreplay.storage.commit import FORMAT_VERSION, check_app_meta, read_commit
 from mmreplay.storage.files import acquire_writer_lock
 from mmreplay.storage.layout import StoreGeometry
 from mmreplay.storage.meta import (check_open_memory, check_record, plan_geometry, prepare_new_store_dir, read_meta,
@@ -146,13 +147,19 @@ class Store:
         (self._writer or self._refuse_write()).extend(obs, action, reward, next_obs, terminated, truncated,
                                                       streams=streams, extras=extras)
 
-    def flush(self) -> None:
-        """Make every transition added so far durable (atomic commit); cheap when nothing changed."""
+    def flush(self, app_meta: dict | None = None) -> None:
+        """Make every transition added so far durable (atomic commit); cheap when nothing changed. With
+        ``app_meta`` (a small JSON object, e.g. a training step), commit it atomically with them: it
+        replaces what ``app_meta`` held."""
         with self._lock:
             self._check_open()
             writer = self._writer
             if writer is None:
+                if app_meta is not None:
+                    self._refuse_write()
                 return
+            if app_meta is not None:
+                self._state.app_meta = check_app_meta(app_meta)
             writer.check_writable()
             writer.drain()
             if writer.pending or self._state.changed():
@@ -197,6 +204,7 @@ class Store:
             warnings.warn("Store.sampler(priority_eps=...) is deprecated; use eps=...", DeprecationWarning,
                           stacklevel=2)
             eps = priority_eps if eps is None else eps
+        check_sampler_args(self.schema, batch_size, name, beta, n_step, gamma)  # before a priority set is made
         prio = self.priorities(name, alpha=alpha, eps=eps) if prioritized else None
         smp = Sampler(self.schema, self._fill_batch, batch_size, device=device, prefetch=prefetch, seed=seed,
                       name=name, pin_memory=pin_memory, priorities=prio, update=self._update_priorities, beta=beta,
@@ -259,6 +267,12 @@ class Store:
             self._check_open()
             self._drain()
             return prio.update(indices, values)
+
+    @property
+    def app_meta(self) -> dict:
+        """The application's metadata of the last commit (``flush(app_meta=...)``); ``{}`` if none."""
+        with self._lock:
+            return json.loads(json.dumps(self._state.log.record.get("app", {})))
 
     def has_sampler_state(self, name: str) -> bool:
         """Was an RNG state of sampler ``name`` committed (a sampler made with ``seed=None`` continues it)?"""

@@ -239,8 +239,10 @@ class MMReplayBuffer(ReplayBuffer):
     def _main_sampler(self, batch_size: int):
         smp = self._sampler
         if smp is None or smp.batch_size != batch_size or self._sampler_store is not self.store:
-            if smp is not None:
-                smp.close()
+            for buffer in [self, *self._shared.buffers]:  # one open sampler per name and store: the newest wins
+                if buffer._sampler is not None:
+                    buffer._sampler.close()
+                    buffer._sampler = None
             # Continue a reopened store's sequence; else seed from numpy's global RNG, which SB3's `seed=`
             # sets, so runs with the same seed sample the same batches.
             seed = None if self.store.has_sampler_state(SAMPLER_NAME) else int(np.random.randint(2**31 - 1))

@@ -19,12 +19,10 @@ rest.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mmreplay.index.ring import TransitionRing
+from mmreplay.index.ring import TransitionRing
 
 
 @dataclass

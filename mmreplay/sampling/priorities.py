@@ -77,7 +77,7 @@ class Priorities:
         self.ring, self.frames, self.frame_stack, self.root = ring, frames, frame_stack, root
         self.name = check_name(name)
         self.alpha = check_exponent(alpha, "alpha")
-        self.eps = check_exponent(eps, "priority_eps")
+        self.eps = check_exponent(eps, "eps")
         check_leaf_range(INITIAL_MAX_PRIORITY, self.alpha, self.eps, f"priority set {name!r}")
         self.rows = ring.rows
         self.shard_rows = ring.shard_rows
@@ -169,7 +169,7 @@ class Priorities:
 
     def set_alpha(self, alpha: float, eps: float) -> None:
         """A sampler with other exponents took this set over: recompute every leaf from ``raw``."""
-        alpha, eps = check_exponent(alpha, "alpha"), check_exponent(eps, "priority_eps")
+        alpha, eps = check_exponent(alpha, "alpha"), check_exponent(eps, "eps")
         if (alpha, eps) == (self.alpha, self.eps):
             return
         check_leaf_range(self.max_priority, alpha, eps, f"priority set {self.name!r}")

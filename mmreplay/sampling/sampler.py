@@ -35,6 +35,17 @@ FillFn = Callable[..., None]
 UpdateFn = Callable[[Priorities, Any, Any], int]
 
 
+def check_sampler_args(schema: Schema, batch_size, name, beta, n_step, gamma) -> tuple[int, float]:
+    """Refuse bad sampler arguments before anything is made for the sampler; returns ``(n_step, gamma)``."""
+    validate_capacity(batch_size, "batch_size")
+    check_name(name)
+    n_step, gamma = check_nstep(n_step, gamma)
+    if n_step > 1 and schema.reward.shape != ():
+        raise ValueError(f"n-step returns need a scalar reward column, this store's has shape {schema.reward.shape}")
+    check_exponent(beta, "beta")
+    return n_step, gamma
+
+
 class _Slot:
     def __init__(self, buffers: BatchBuffers):
         self.buffers = buffers
@@ -64,13 +75,8 @@ class Sampler:
         """A sampler over the store whose columns ``schema`` describes; ``fill`` draws one batch into
         buffers under the store's lock; ``priorities`` (with ``update``) make it prioritized; ``saved_state``
         is the committed RNG state of ``name`` (continued when ``seed`` is None)."""
-        validate_capacity(batch_size, "batch_size")
-        check_name(name)
-        self.n_step, self.gamma = check_nstep(n_step, gamma)
-        if self.n_step > 1 and schema.reward.shape != ():
-            raise ValueError(f"n-step returns need a scalar reward column, this store's has shape "
-                             f"{schema.reward.shape}")
-        self._beta = check_exponent(beta, "beta")
+        self.n_step, self.gamma = check_sampler_args(schema, batch_size, name, beta, n_step, gamma)
+        self._beta = float(beta)
         if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
         if prefetch is None:

@@ -35,9 +35,23 @@ MAX_RECORD_BYTES = 1 << 26
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 FORMAT_VERSION = 1
 MAX_ROWS = 1 << 40
+MAX_APP_META_BYTES = 1 << 20  # the record is re-read after every reader batch: keep it small
 
 COMMIT_INT_FIELDS = ("sequence", "head", "oldest", "frame_head", "frame_oldest", "transition_rows", "frame_rows",
                      "max_prev_delta")
+
+
+def check_app_meta(app_meta: Any) -> dict[str, Any]:
+    """``app_meta`` as it will be stored in the commit record: a plain JSON object (a copy), small."""
+    if not isinstance(app_meta, dict):
+        raise TypeError(f"app_meta must be a dict (a JSON object), got {type(app_meta).__name__}")
+    try:
+        text = json.dumps(app_meta, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"app_meta must hold plain JSON values (str keys; no NaN): {exc}") from None
+    if len(text) > MAX_APP_META_BYTES:
+        raise ValueError(f"app_meta takes {len(text)} bytes of JSON, more than {MAX_APP_META_BYTES}")
+    return json.loads(text)
 
 
 def record_checksum(record: dict[str, Any]) -> int:
@@ -129,6 +143,8 @@ def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
             isinstance(s, list) and len(s) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
             for s in streams):
         raise FormatError(f"{path}: 'streams' must be a list of [stream, last_transition, ended] integer triples")
+    if not isinstance(record.get("app", {}), dict):
+        raise FormatError(f"{path}: 'app' (the application's metadata) must be a JSON object")
     samplers = record.setdefault("samplers", {})
     if not isinstance(samplers, dict) or not all(valid_name(k) and valid_rng_state(v) for k, v in samplers.items()):
         raise FormatError(f"{path}: 'samplers' must map names (1-64 letters, digits, '_', '-') to PCG64 states "
