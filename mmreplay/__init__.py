@@ -10,6 +10,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Store": "mmreplay.store",
+    "Settings": "mmreplay.settings",
+    "Sampler": "mmreplay.sampling.sampler",
     "ColumnSpec": "mmreplay.columns.spec",
     "Schema": "mmreplay.columns.spec",
     "Batch": "mmreplay.sampling.batch",

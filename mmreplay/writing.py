@@ -10,26 +10,70 @@ Invariants (see ``Store`` for the whole picture):
   observation.
 - An ``OSError`` while writing leaves the store refusing writes (``StorageError``); the last commit on
   disk is intact.
+
+``Writer`` is composed into a writable ``Store`` (readers have none): it owns the pending block and the
+count of transitions since the last commit, and is handed the rings, streams and lock it writes to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from mmreplay.columns.encode import cast_exact, encode_flags
+from mmreplay.columns.encode import ColumnEncoder, cast_exact, encode_flags
+from mmreplay.columns.spec import Schema
 from mmreplay.errors import StorageError
 from mmreplay.index.ring import TransitionRing
+from mmreplay.index.streams import Streams
+from mmreplay.reading.frames import FrameReader
+from mmreplay.storage.frame_ring import FrameRing
+from mmreplay.storage.pending import PendingBlock
 
 _FLAG_VALUES = (True, False)  # `x in` this also accepts 0, 1 and numpy bools
 _SCALAR_TYPES = (int, float, bool, np.int64, np.int32, np.float32, np.float64, np.uint8, np.int8, np.bool_)
 
 
-class WritePath:
-    """Mixed into ``Store``: ``add`` and ``extend`` and what they need."""
+class Writer:
+    """``add`` and ``extend`` of a writable store and what they need."""
+
+    def __init__(self, path: str, schema: Schema, ring: TransitionRing, frames: FrameRing, reader: FrameReader, streams: Streams,
+                 lock: threading.RLock, *, commit_every: int, commit_seconds: float, flush: Callable[[], None],
+                 check_open: Callable[[], None]):
+        """Writes to ``ring``/``frames``/``streams`` under ``lock``; calls ``flush`` (the store's commit) once
+        ``commit_every`` transitions or ``commit_seconds`` seconds have passed since the last ``committed``;
+        ``check_open`` raises if the store is closed."""
+        self.path, self.schema = path, schema
+        self.ring, self.frames, self.streams, self.lock = ring, frames, streams, lock
+        self.reader = reader  # a stream's last next-observation is read back to match a continued episode
+        self.commit_every, self.commit_seconds = commit_every, commit_seconds
+        self.flush, self.check_open = flush, check_open
+        self.closed = False  # set by the store's close (the fast path checks it without the lock)
+        self.failed: OSError | None = None
+        self.pending = 0  # transitions added since the last commit
+        self.last_commit = time.monotonic()
+        self.encoders = {c.name: ColumnEncoder(c) for c in schema.transition_columns}
+        # A block must not write more frames (at most 2 per transition) than half a frame shard, and stays
+        # within one transition shard: then it can never overwrite frames that it references itself.
+        self.max_block = max(1, min(ring.shard_rows, frames.shard_rows // 4))
+        self.block = PendingBlock(schema, self.max_block)
+        self._obs_spec = schema.observations[0]
+        self._fast_add = not schema.dict_obs and not schema.extras and all(
+            c.shape == () for c in (schema.action, schema.reward))
+
+    def committed(self) -> None:
+        """The store just committed everything added so far."""
+        self.pending = 0
+        self.last_commit = time.monotonic()
+
+    def check_writable(self) -> None:
+        self.check_open()
+        if self.failed is not None:
+            raise StorageError(f"store {self.path!r}: an earlier write failed ({self.failed}); close() and "
+                               "reopen the store to continue from its last commit")
 
     def add(self, obs, action, reward, next_obs, terminated, truncated, *, stream: int = 0,
             extras: Mapping[str, Any] | None = None) -> None:
@@ -48,11 +92,10 @@ class WritePath:
         action_code = self._scalar_code("action", action)
         reward_code = self._scalar_code("reward", reward)
         if action_code is None or reward_code is None or type(stream) is not int or not 0 <= stream < 1 << 31 \
-                or terminated not in _FLAG_VALUES or truncated not in _FLAG_VALUES or self._closed or self._failed \
-                or self.mode != "a":
+                or terminated not in _FLAG_VALUES or truncated not in _FLAG_VALUES or self.closed or self.failed:
             return False
-        with self._lock:
-            block = self._block
+        with self.lock:
+            block = self.block
             row = block.n
             block.obs["obs"][row] = obs
             block.next_obs["obs"][row] = next_obs
@@ -63,14 +106,14 @@ class WritePath:
             block.streams[row] = stream
             block.n = row + 1
             if block.full:
-                self._drain()
+                self.drain()
         return True
 
     def _scalar_code(self, name: str, value):
         """What column ``name`` stores for a scalar ``value``, or None if the slow path must decide."""
         if type(value) not in _SCALAR_TYPES:
             return None
-        encoder = self._encoders[name]
+        encoder = self.encoders[name]
         if encoder.spec.kind == "packed":
             return encoder.code_of.get(value)
         if encoder.dtype.kind == "f":
@@ -88,9 +131,9 @@ class WritePath:
         self._extend(obs, np.asarray(action)[None], np.asarray(reward)[None], next_obs,
                      np.asarray(terminated)[None], np.asarray(truncated)[None], np.array([stream]), extras)
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Append the pending single adds (caller holds the lock)."""
-        block = self._block
+        block = self.block
         if block is not None and block.n:
             rows = block.rows()
             block.n = 0
@@ -107,43 +150,43 @@ class WritePath:
         self._extend(obs, action, reward, next_obs, terminated, truncated, ids, extras or {})
 
     def _extend(self, obs, action, reward, next_obs, terminated, truncated, stream_ids, extras) -> None:
-        self._check_writable()
+        self.check_writable()
         n = int(np.asarray(action).shape[0])
-        stream_ids = self._streams.validate_ids(stream_ids, n)
+        stream_ids = self.streams.validate_ids(stream_ids, n)
         obs = self._encode_obs(obs, n, "obs")
         next_obs = self._encode_obs(next_obs, n, "next_obs")
-        codes = {"action": self._encoders["action"].encode(action, n),
-                 "reward": self._encoders["reward"].encode(reward, n)}
+        codes = {"action": self.encoders["action"].encode(action, n),
+                 "reward": self.encoders["reward"].encode(reward, n)}
         extras = dict(extras)
         for spec in self.schema.extras:
             if spec.name not in extras:
                 raise ValueError(f"extras: missing value for extra column {spec.name!r}")
-            codes[spec.name] = self._encoders[spec.name].encode(extras.pop(spec.name), n)
+            codes[spec.name] = self.encoders[spec.name].encode(extras.pop(spec.name), n)
         if extras:
             raise ValueError(f"extras: unknown column(s) {sorted(extras)}; known extra columns: "
                              f"{[c.name for c in self.schema.extras]}")
         term = encode_flags(terminated, n, "terminated")
         trunc = encode_flags(truncated, n, "truncated")
-        with self._lock:
-            block = self._block
+        with self.lock:
+            block = self.block
             if n >= block.capacity // 2:  # big batches are blocks of their own
-                self._drain()
+                self.drain()
                 self._append(stream_ids, obs, next_obs, codes, term, trunc, n)
                 return
             if block.n + n > block.capacity:
-                self._drain()
+                self.drain()
             block.put(stream_ids, obs, next_obs, codes, term, trunc)
             if block.full:
-                self._drain()
+                self.drain()
 
     def _append(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
         """Store ``n`` validated transitions (a stream may appear several times, in order), in sub-blocks
         small enough that no sub-block can overwrite frames it references itself."""
-        with self._failing_writes():
+        with self.failing_writes():
             self._append_blocks(stream_ids, obs, next_obs, codes, term, trunc, n)
 
     @contextlib.contextmanager
-    def _failing_writes(self):
+    def failing_writes(self):
         """An OSError while writing (disk full...) leaves RAM ahead of disk: refuse writes from then on;
         the last commit on disk is intact, and reopening continues from it."""
         try:
@@ -151,12 +194,12 @@ class WritePath:
         except OSError as exc:
             if isinstance(exc, StorageError):
                 raise
-            self._failed = exc
+            self.failed = exc
             raise StorageError(f"store {self.path!r}: writing failed ({exc}); what was committed is intact on "
                                "disk: close() and reopen the store to continue from its last commit") from exc
 
     def _append_blocks(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
-        limit = self._max_block
+        limit = self.max_block
         for lo in range(0, n, limit):
             part = slice(lo, min(n, lo + limit))
             self._append_block(stream_ids[part], {k: v[part] for k, v in obs.items()},
@@ -164,10 +207,10 @@ class WritePath:
                                term[part], trunc[part], part.stop - part.start)
 
     def _append_block(self, stream_ids, obs, next_obs, codes, term, trunc, n) -> None:
-        ring, frames = self._ring, self._frames
+        ring, frames = self.ring, self.frames
         g = ring.head + np.arange(n, dtype=np.int64)
         done = (term | trunc).astype(bool)
-        cont, pred_row, pred_g = self._streams.resolve(stream_ids, obs, next_obs, done, ring, self._reader)
+        cont, pred_row, pred_g = self.streams.resolve(stream_ids, obs, next_obs, done, ring, self.reader)
         in_block = pred_row >= 0
         pred_frame = np.zeros(n, dtype=np.int64)  # global id of the frame the observation continues
         earlier = cont & ~in_block
@@ -191,9 +234,9 @@ class WritePath:
                  "prev_delta": prev_delta.astype(np.uint32), "terminated": term, "truncated": trunc}
         ring.append(n, index, codes, obs_frame)
         ring.advance_past_frames(frames.oldest)  # no-op unless this block's frames wrapped the frame ring
-        self._streams.record(stream_ids, g, done, next_obs)
-        self._pending += n
-        if self._pending >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
+        self.streams.record(stream_ids, g, done, next_obs)
+        self.pending += n
+        if self.pending >= self.commit_every or time.monotonic() - self.last_commit >= self.commit_seconds:
             self.flush()
 
     def _encode_obs(self, obs, n: int, what: str) -> dict[str, np.ndarray]:
@@ -213,7 +256,6 @@ class WritePath:
                                  f"got {arr.shape}")
             out[spec.name] = cast_exact(arr, spec.np_dtype, f"{what}[{spec.name}]" if self.schema.dict_obs else what)
         return out
-
 
 
 def _as_mapping(obs, what: str) -> Mapping:

@@ -235,14 +235,14 @@ def cmd_decode(a) -> None:
     import mmreplay
     import mmreplay.storage.frame_ring as fr
     s = mmreplay.Store.open(a.store, mode="r", cache_bytes=64 << 20)
-    col = next(iter(s._frames.columns.values()))
+    col = next(iter(s._state.frames.columns.values()))
     read = col.array.read_chunk
-    n_chunks = s._frames.rows // col.spec.chunk_rows
+    n_chunks = s._state.frames.rows // col.spec.chunk_rows
     rng = np.random.default_rng(0)
     n = a.n
     out = np.empty((n, col.spec.chunk_rows, *col.spec.shape), col.spec.np_dtype)
-    frame_ids = rng.integers(s._frames.oldest, s._frames.head, 30 * n)
-    chunks = (frame_ids % s._frames.rows) // col.spec.chunk_rows
+    frame_ids = rng.integers(s._state.frames.oldest, s._state.frames.head, 30 * n)
+    chunks = (frame_ids % s._state.frames.rows) // col.spec.chunk_rows
     for c in np.unique(chunks).tolist():   # page cache and open fds warm: measure the CPU cost
         read(c, out[0])
 

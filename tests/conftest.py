@@ -1,3 +1,6 @@
+"""Fixtures and helpers shared by the test files (import helpers with ``from conftest import ...``)."""
+
+import glob
 import os
 import sys
 
@@ -8,8 +11,39 @@ from gymnasium import spaces
 sys.path.insert(0, os.path.dirname(__file__))
 
 import mmreplay  # noqa: E402
+import synthetic as syn  # noqa: E402
+from mmreplay.storage.layout import frame_layout  # noqa: E402
 
 IMG = spaces.Box(0, 255, (6, 5), np.uint8)
+
+
+def frame(v) -> np.ndarray:
+    """A 6x5 frame of ``IMG`` whose every pixel is ``v`` (mod 256): its value names it."""
+    return np.full((6, 5), v % 256, np.uint8)
+
+
+def frame_shard_file(store, shard: int = 0, name: str = "obs") -> str:
+    """The file of frame shard ``shard`` of observation ``name`` (zarr's default chunk key encoding)."""
+    spec = next(s for s in store.schema.observations if s.name == name)
+    frames = store.geometry.frames
+    return frame_layout(spec, frames.rows, frames.shard_rows).shard_file(store.path, shard)
+
+
+def encoder_children() -> list[int]:
+    """Pids of this process's live shard-encoder children (``python -m mmreplay.storage.encoder``)."""
+    pids = []
+    for children in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        with open(children) as f:
+            pids += [int(p) for p in f.read().split()]
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"mmreplay.storage.encoder" in f.read():
+                    found.append(pid)
+        except OSError:
+            pass  # exited meanwhile
+    return found
 
 
 @pytest.fixture
@@ -44,3 +78,22 @@ def record_random_steps(env, store, steps: int, seed: int = 0) -> None:
         _, _, terminated, truncated, _ = rec.step(env.action_space.sample())
         if terminated or truncated:
             rec.reset()
+
+
+@pytest.fixture
+def synthetic_store(store_path):
+    """Make a store of ``synthetic.py``'s transitions (``n`` of them added), closed after the test."""
+    opened = []
+
+    def make(capacity=300, n=0, frame_stack=syn.FRAME_STACK, **kw):
+        kw.setdefault("durable", False)
+        s = mmreplay.Store.create(store_path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=capacity,
+                                  frame_stack=frame_stack, reward_values=(-1, 0, 1), **kw)
+        opened.append(s)
+        for g in range(n):
+            s.add(*syn.transition(g))
+        return s
+
+    yield make
+    for s in opened:
+        s.close()

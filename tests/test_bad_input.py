@@ -5,12 +5,7 @@ import pytest
 from gymnasium import spaces
 
 import mmreplay
-
-IMG = spaces.Box(0, 255, (6, 5), np.uint8)
-
-
-def frame(v):
-    return np.full((6, 5), v, dtype=np.uint8)
+from conftest import IMG, frame
 
 
 @pytest.fixture
@@ -24,7 +19,7 @@ def filled(make_store):
 def snapshot(s):
     ids = list(range(*s.valid_range()))
     b = s.get(ids[1:])
-    return s.valid_range(), len(s), s._frames.head, b.obs.clone(), b.action.clone(), b.reward.clone()
+    return s.valid_range(), len(s), s.num_frames, b.obs.clone(), b.action.clone(), b.reward.clone()
 
 
 def assert_unchanged(s, before):

@@ -12,6 +12,7 @@ import pytest
 from gymnasium import spaces
 
 import mmreplay
+from conftest import frame_shard_file
 from mmreplay.cli import main
 
 
@@ -44,7 +45,7 @@ def test_verify_intact_then_corrupt(small_store, capsys):
     assert main(["verify", small_store]) == 0
     assert "intact" in capsys.readouterr().out
     with mmreplay.Store.open(small_store, mode="r") as s:
-        path = s._frames.columns["obs"].layout.shard_file(small_store, 0)
+        path = frame_shard_file(s, 0)
     data = bytearray(open(path, "rb").read())
     data[len(data) // 3] ^= 0x55
     open(path, "wb").write(bytes(data))

@@ -27,11 +27,8 @@ def test_concurrent_readers_see_only_whole_committed_transitions(store_path):
         assert status == "ok" and int(batches) > 10 and int(heads) > 1  # they saw the writer progress
 
 
-def test_disk_full_fails_clearly_and_store_reopens_at_last_commit(store_path, monkeypatch):
-    s = mmreplay.Store.create(store_path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=300, frame_stack=3,
-                              reward_values=(-1, 0, 1))
-    for g in range(200):
-        s.add(*syn.transition(g))
+def test_disk_full_fails_clearly_and_store_reopens_at_last_commit(synthetic_store, store_path, monkeypatch):
+    s = synthetic_store(300, n=200, durable=True)
     s.flush()
     import mmreplay.storage.files as files
 

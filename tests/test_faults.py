@@ -20,11 +20,8 @@ N = 1500
 
 
 @pytest.fixture
-def filled(store_path):
-    with mmreplay.Store.create(store_path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=2000,
-                               frame_stack=syn.FRAME_STACK, reward_values=(-1, 0, 1), durable=False) as s:
-        for g in range(N):
-            s.add(*syn.transition(g))
+def filled(synthetic_store, store_path):
+    synthetic_store(2000, n=N).close()
     return store_path
 
 
@@ -210,7 +207,7 @@ def test_a_create_that_crashed_before_its_first_commit_is_started_again(store_pa
     code = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
-        import mmreplay, mmreplay.store as st, synthetic as syn
+        import mmreplay, mmreplay.storage.commit as st, synthetic as syn
         def die(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)
         st.write_commit = die

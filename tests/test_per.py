@@ -63,7 +63,7 @@ def test_draw_frequencies_match_priorities(store_path):
     """Chi-square over 60 transitions with a fixed seed; zero-priority transitions are never drawn."""
     store = lowdim_store(store_path, 60)
     alpha = 0.7
-    smp = store.sampler(64, seed=1, prioritized=True, alpha=alpha, priority_eps=0.0)
+    smp = store.sampler(64, seed=1, prioritized=True, alpha=alpha, eps=0.0)
     p = np.random.default_rng(0).uniform(0.1, 5.0, 60)
     p[[3, 17]] = 0.0
     assert smp.update_priorities(np.arange(60), p) == 60
@@ -83,7 +83,7 @@ def test_draw_frequencies_match_priorities(store_path):
 def test_weights_follow_the_formula(store_path):
     store = lowdim_store(store_path, 200, capacity=256)
     alpha, beta, eps = 0.6, 0.4, 1e-3
-    smp = store.sampler(256, seed=2, prioritized=True, alpha=alpha, beta=beta, priority_eps=eps)
+    smp = store.sampler(256, seed=2, prioritized=True, alpha=alpha, beta=beta, eps=eps)
     p = np.random.default_rng(1).uniform(0.0, 3.0, 200)
     smp.update_priorities(np.arange(200), p)
     batch = next(smp)
@@ -109,7 +109,7 @@ def test_stratified_draws_cover_equal_slices_of_the_mass(store_path):
 
 def test_new_transitions_enter_at_the_max_priority_and_overwritten_ones_leave(store_path):
     store = lowdim_store(store_path, 100, capacity=128)
-    smp = store.sampler(32, seed=4, prioritized=True, alpha=1.0, priority_eps=0.0)
+    smp = store.sampler(32, seed=4, prioritized=True, alpha=1.0, eps=0.0)
     smp.update_priorities(np.arange(100), np.full(100, 0.5))
     smp.update_priorities([7], [9.0])
     obs = np.zeros((80, 3), np.float32)
@@ -120,7 +120,7 @@ def test_new_transitions_enter_at_the_max_priority_and_overwritten_ones_leave(st
     assert (oldest, head) == (52, 180)
     batch = next(smp)
     assert int(batch.indices.min()) >= oldest
-    slots = store._ring.slot(np.arange(oldest, head))
+    slots = store.geometry.transitions.slot(np.arange(oldest, head))
     np.testing.assert_array_equal(prio.raw[slots[100 - oldest:]], 9.0)  # new ones: the max so far
     np.testing.assert_array_equal(prio.tree.leaves[slots[: 100 - oldest]], 0.5)
     assert prio.tree.total == pytest.approx(48 * 0.5 + 80 * 9.0)
@@ -147,15 +147,15 @@ def test_frame_stacks_and_ring_wrap_with_priorities(store_path):
 
 def test_unbounded_store_grows_under_the_tree(store_path):
     store = lowdim_store(store_path, 50)
-    smp = store.sampler(16, seed=6, prioritized=True, alpha=1.0, priority_eps=0.0)
+    smp = store.sampler(16, seed=6, prioritized=True, alpha=1.0, eps=0.0)
     smp.update_priorities(np.arange(50), np.arange(50) + 1.0)
-    rows = store._ring.rows
+    rows = store.geometry.transitions.rows
     more = rows + 100
     obs = np.zeros((more, 3), np.float32)
     store.extend(obs, np.zeros(more, int), np.zeros(more, np.float32), obs, np.zeros(more, bool),
                  np.zeros(more, bool), streams=np.zeros(more, int))
     batch = next(smp)
-    assert store._ring.rows > rows
+    assert store.geometry.transitions.rows > rows
     prio = store.priorities()
     np.testing.assert_array_equal(prio.raw[:50], np.arange(50) + 1.0)
     assert prio.tree.total == pytest.approx(np.arange(1, 51).sum() + more * 50.0)
@@ -189,7 +189,7 @@ def test_priorities_and_sequence_identical_after_reopen(store_path):
     store = mmreplay.Store.open(store_path, durable=False)
     smp = store.sampler(16, prioritized=True, alpha=0.5)
     prio = store.priorities()
-    slots = store._ring.slot(np.arange(oldest, head))
+    slots = store.geometry.transitions.slot(np.arange(oldest, head))
     np.testing.assert_array_equal(prio.raw[slots], raw[slots])
     np.testing.assert_array_equal(prio.tree.leaves, leaves)
     assert prio.max_priority == max_p
@@ -218,7 +218,7 @@ CRASH_CHILD = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     sys.path.insert(0, {tests!r})
-    import mmreplay, mmreplay.store
+    import mmreplay, mmreplay.storage.commit
     from test_per import lowdim_store
     store = lowdim_store({path!r}, 300, capacity=256)
     smp = store.sampler(32, prioritized=True, seed=0)
@@ -231,7 +231,7 @@ CRASH_CHILD = textwrap.dedent("""
     store.extend(obs, [0] * 5, [0.0] * 5, obs, [False] * 5, [False] * 5, streams=[1] * 5)
     def die(*a, **k):  # the new buffer is on disk, the commit record never gets written
         os.kill(os.getpid(), signal.SIGKILL)
-    mmreplay.store.write_commit = die
+    mmreplay.storage.commit.write_commit = die
     store.flush()
 """)
 
@@ -245,7 +245,7 @@ def test_a_crash_between_buffer_and_commit_reopens_the_last_commit(store_path, t
     assert store.valid_range() == (44, 300)
     raw = np.load(saved)
     prio = store.priorities()
-    slots = store._ring.slot(np.arange(44, 300))
+    slots = store.geometry.transitions.slot(np.arange(44, 300))
     np.testing.assert_array_equal(prio.raw[slots], raw[slots])
     assert prio.max_priority == pytest.approx(float(raw.max()))
     store.close()
@@ -279,7 +279,7 @@ def test_bad_prioritized_sampler_arguments(store_path):
         store.sampler(4, prioritized=True, name="../x")
     with pytest.raises(RuntimeError, match="this sampler is uniform"):
         store.sampler(4).update_priorities([0], [1.0])
-    with pytest.raises(KeyError, match="no prioritized sampler named 'other'"):
+    with pytest.raises(KeyError, match="no prioritized sampler named 'other'"), pytest.warns(DeprecationWarning):
         store.update_priorities([0], [1.0], name="other")
     store.close()
 
@@ -338,7 +338,7 @@ def test_prefetching_prioritized_sampler_with_updates(store_path):
 
 def test_a_zero_priority_is_never_drawn_until_it_is_raised(store_path):
     store = lowdim_store(store_path, 16)
-    smp = store.sampler(64, seed=2, prioritized=True, alpha=1.0, priority_eps=0.0)
+    smp = store.sampler(64, seed=2, prioritized=True, alpha=1.0, eps=0.0)
     smp.update_priorities(np.arange(16), np.r_[np.zeros(8), np.ones(8)])
     assert next(smp).indices.min() >= 8
     smp.update_priorities([0], [100.0])  # back in the tree: it now holds most of the mass
@@ -351,7 +351,7 @@ def test_reader_loads_the_priorities_of_the_commit_it_refreshed_to(store_path):
     """(A review finding.) ``refresh`` must also move the committed priority entries forward: a sampler made
     after it loads the newer commit's priorities, not the ones the reader opened with."""
     writer = lowdim_store(store_path, 100, capacity=256)
-    ws = writer.sampler(8, seed=1, prioritized=True, alpha=1.0, priority_eps=0.0)
+    ws = writer.sampler(8, seed=1, prioritized=True, alpha=1.0, eps=0.0)
     ws.update_priorities(np.arange(100), np.full(100, 0.5))
     writer.flush()
     reader = mmreplay.Store.open(store_path, mode="r")
@@ -362,10 +362,10 @@ def test_reader_loads_the_priorities_of_the_commit_it_refreshed_to(store_path):
         ws.update_priorities(np.arange(100, 150), np.full(50, 0.25))
         writer.flush()
         assert reader.refresh()
-        reader.sampler(8, prioritized=True, alpha=1.0, priority_eps=0.0)
+        reader.sampler(8, prioritized=True, alpha=1.0, eps=0.0)
         oldest, head = reader.valid_range()
         assert (oldest, head) == (0, 150)
-        slots = reader._ring.slot(np.arange(oldest, head))
+        slots = reader.geometry.transitions.slot(np.arange(oldest, head))
         np.testing.assert_array_equal(reader.priorities().raw[slots], writer.priorities().raw[slots])
     finally:
         reader.close()
@@ -374,7 +374,7 @@ def test_reader_loads_the_priorities_of_the_commit_it_refreshed_to(store_path):
 
 def test_exponents_are_committed_and_kept_on_reopen(store_path):
     store = lowdim_store(store_path, 30)
-    store.sampler(4, prioritized=True, alpha=0.3, priority_eps=0.01, seed=0)
+    store.sampler(4, prioritized=True, alpha=0.3, eps=0.01, seed=0)
     store.close()
     store = mmreplay.Store.open(store_path)
     smp = store.sampler(4, prioritized=True, seed=0)  # no exponents given: the committed ones

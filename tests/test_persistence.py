@@ -12,13 +12,8 @@ from gymnasium import spaces
 
 import mmreplay
 from mmreplay.storage.commit import record_checksum
+from conftest import IMG, frame
 from test_store_semantics import check_against_reference, drive
-
-IMG = spaces.Box(0, 255, (6, 5), np.uint8)
-
-
-def frame(v):
-    return np.full((6, 5), v, dtype=np.uint8)
 
 
 def test_reopen_restores_cursor_episodes_and_continues_the_open_episode(store_path):
@@ -27,15 +22,15 @@ def test_reopen_restores_cursor_episodes_and_continues_the_open_episode(store_pa
         for i in range(70):  # wrapped once, an episode open at close
             s.add(frame(i), 0, 0, frame(i + 1), False, False)
         before = s.get(list(range(23, 70)))
-        state = (s.valid_range(), len(s), s._frames.head)
+        state = (s.valid_range(), len(s), s.num_frames)
     with mmreplay.Store.open(store_path) as s:
-        assert (s.valid_range(), len(s), s._frames.head) == state
+        assert (s.valid_range(), len(s), s.num_frames) == state
         after = s.get(list(range(23, 70)))
         assert bool((after.obs == before.obs).all()) and bool((after.next_obs == before.next_obs).all())
         s.add(frame(70), 1, 1, frame(71), False, False)  # continues the same episode: its stack reaches back
         b = s.get([70])
         assert b.obs[0, :, 0, 0].tolist() == [67, 68, 69, 70]
-        assert s._frames.head == state[2] + 1  # frame 70 was not stored again
+        assert s.num_frames == state[2] + 1  # frame 70 was not stored again
 
 
 def test_unflushed_tail_is_lost_on_crash_but_nothing_committed(store_path):
@@ -157,5 +152,5 @@ def test_unbounded_store_grows_and_reopens(store_path):
     store, ref = drive(store_path, rng, capacity=None, frame_stack=2, steps=12000, n_streams=2)
     store.close()
     with mmreplay.Store.open(store_path, mode="r") as s:
-        assert s._ring.rows > 16384  # grew past the first shard
+        assert s.geometry.transitions.rows > 16384  # grew past the first shard
         check_against_reference(s, ref)

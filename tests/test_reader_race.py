@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mmreplay
-import mmreplay.store as store_module
+import mmreplay.state as state_module
 import synthetic as syn
 from torture import reader_race
 
@@ -17,10 +17,8 @@ CAPACITY = 200
 
 
 @pytest.fixture
-def writer(store_path):
-    w = mmreplay.Store.create(store_path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=CAPACITY,
-                              frame_stack=syn.FRAME_STACK, reward_values=(-1, 0, 1), durable=False,
-                              commit_every=10**9, commit_seconds=1e9)
+def writer(synthetic_store):
+    w = synthetic_store(CAPACITY, commit_every=10**9, commit_seconds=1e9)
     w.next_g = 0
 
     def add(n):
@@ -30,8 +28,7 @@ def writer(store_path):
         w.flush()
 
     w.add_and_commit = add
-    yield w
-    w.close()
+    return w
 
 
 def check_everything(reader) -> int:
@@ -54,8 +51,9 @@ def check_everything(reader) -> int:
 
 
 def after_first_call(monkeypatch, name, action):
-    """Make ``mmreplay.store.<name>`` run ``action`` once, right after its first call returns."""
-    real = getattr(store_module, name)
+    """Make ``mmreplay.state.<name>`` (what a reader's refresh calls) run ``action`` once, right after its
+    first call returns."""
+    real = getattr(state_module, name)
     done = []
 
     def wrapped(*args, **kwargs):
@@ -65,7 +63,7 @@ def after_first_call(monkeypatch, name, action):
             action()
         return result
 
-    monkeypatch.setattr(store_module, name, wrapped)
+    monkeypatch.setattr(state_module, name, wrapped)
 
 
 def test_refresh_loading_files_a_later_commit_replaced(writer, store_path, monkeypatch):

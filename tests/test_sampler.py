@@ -70,7 +70,7 @@ def test_sampler_state_persists_and_resumes(store_path):
     # what the original sampler yields next, from a copy of its committed state
     probe = np.random.Generator(np.random.PCG64())
     probe.bit_generator.state = s.state
-    expected = [store.sample_indices(16, probe)[0].tolist() for _ in range(2)]
+    expected = [store.sample(16, rng=probe).indices.tolist() for _ in range(2)]
     store.close()
     with mmreplay.Store.open(store_path) as again:
         resumed = again.sampler(16, prefetch=1)  # no seed: continue the committed sequence

@@ -5,9 +5,8 @@ import pytest
 from gymnasium import spaces
 
 import mmreplay
+from conftest import IMG
 from reference import ReferenceReplay, assert_batch_matches
-
-IMG = spaces.Box(0, 255, (6, 5), np.uint8)
 
 
 def random_frame(rng):

@@ -8,6 +8,8 @@ import zarr
 from gymnasium import spaces
 
 import mmreplay
+from mmreplay.index.ring import TransitionRing
+from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
 from test_store_semantics import drive
 
@@ -80,7 +82,9 @@ def test_shard_reader_returns_exactly_what_zarr_returns(store_path):
             obs = nxt
     root = zarr.open_group(store_path, mode="r")
     with mmreplay.Store.open(store_path, mode="r") as s:
-        layouts = [c.layout for c in s._frames.columns.values()] + s._ring.layouts()
+        geo = s.geometry
+        layouts = [frame_layout(spec, geo.frames.rows, geo.frames.shard_rows) for spec in s.schema.observations] + \
+            TransitionRing(store_path, s.schema.transition_columns, geo.transitions, capacity=s.capacity).layouts()
     for layout in layouts:
         reader = ShardedArray(store_path, layout, missing_ok=True)  # zarr's reading: no file = fill value
         expected = root[layout.path][...]
@@ -98,7 +102,8 @@ def test_corrupt_chunk_raises_naming_array_shard_and_chunk(store_path):
         for i in range(300):
             s.add(np.full((6, 5), i % 256, np.uint8), 0, 0.0, np.full((6, 5), (i + 1) % 256, np.uint8), False,
                   False)
-        layout = s._frames.columns["obs"].layout
+        geo = s.geometry.frames
+        layout = frame_layout(s.schema.observations[0], geo.rows, geo.shard_rows)
     path = layout.shard_file(store_path, 0)
     data = bytearray(open(path, "rb").read())
     data[5] ^= 0xFF  # inside chunk 0
@@ -121,7 +126,8 @@ def test_chunk_that_decodes_to_the_wrong_size_is_rejected(store_path):
                                capacity=1000) as s:
         for i in range(100):
             s.add(np.full((6, 5), i, np.uint8), 0, 0.0, np.full((6, 5), i + 1, np.uint8), False, False)
-        layout = s._frames.columns["obs"].layout
+        geo = s.geometry.frames
+        layout = frame_layout(s.schema.observations[0], geo.rows, geo.shard_rows)
     short = blosc.compress(np.zeros(7, np.uint8), b"lz4", 5, 0, 0)  # valid data, checksum right, 7 bytes
     chunk = bytes(short) + crc32c(short)
     raw = build_shard([chunk] * layout.chunks_per_shard)

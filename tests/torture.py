@@ -53,7 +53,7 @@ def check_store(path: str, capacity: int, in_flight: int = 0) -> tuple[int, int]
     with mmreplay.Store.open(path, mode="r") as s:
         oldest, head = s.valid_range()
         lo = max(0, head - capacity)
-        assert lo <= oldest <= lo + s._ring.shard_rows + in_flight, (oldest, head)
+        assert lo <= oldest <= lo + s.geometry.transitions.shard_rows + in_flight, (oldest, head)
         ids = [g for g in range(oldest, head) if syn.needs(g) >= oldest]
         assert len(s) == len(ids), (len(s), len(ids))
         for lo in range(0, len(ids), 512):

@@ -14,6 +14,8 @@ from mmreplay.columns.spec import ColumnSpec
 
 
 class ColumnEncoder:
+    """Values of one column to what is stored (codes for packed columns, exact casts otherwise) and back."""
+
     def __init__(self, spec: ColumnSpec):
         self.spec = spec
         self.dtype = spec.np_dtype

@@ -47,6 +47,10 @@ def validate_name(name: Any, what: str = "column name") -> str:
 
 @dataclass(frozen=True)
 class ColumnSpec:
+    """One column of a store: ``ColumnSpec.packed(name, values)`` stores one of a few declared values in
+    1, 2 or 4 bits; ``ColumnSpec.numeric(name, shape, dtype)`` stores numbers as they are. Give extra
+    columns to ``Store.create(extras=[...])``; their values then go to ``add(..., extras={name: v})``."""
+
     name: str
     kind: str  # "frame" | "packed" | "numeric"
     shape: tuple[int, ...] = ()

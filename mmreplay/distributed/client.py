@@ -50,6 +50,10 @@ class _Link:
 
 
 class ShardClient:
+    """An env actor's writer to the shards: ``add``/``extend`` route each stream to one shard, batch the
+    rows and send them with sequence numbers, resending after a shard restart so that every transition
+    is stored exactly once. ``flush()`` waits until everything sent is committed."""
+
     def __init__(self, client_id: int, shards, *, batch_size: int = 256, max_inflight: int = 2,
                  max_unconfirmed: int = 50_000, retry_seconds: float = 60.0, call_timeout: float = 30.0,
                  compress: str | None = None):

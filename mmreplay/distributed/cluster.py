@@ -39,6 +39,9 @@ def call_all(handles: list, method: str, *args, timeout: float = 60.0) -> list:
 
 
 class ReplayShards:
+    """Handles of a distributed replay's shard actors: ``create`` starts them, ``connect`` finds them again;
+    give ``handles`` to ``ShardClient`` (env actors) and ``DistributedSampler`` (the learner)."""
+
     def __init__(self, handles: list, names: list[str], namespace: str | None):
         self.handles = list(handles)
         self.names = list(names)

@@ -36,6 +36,9 @@ from mmreplay.sampling.batch import Batch
 
 @dataclass
 class ShardedBatch(Batch):
+    """A ``Batch`` drawn across shards: ``shard[i]`` is the shard row ``i`` came from, and ``indices[i]``
+    its transition id in that shard's store (what ``DistributedSampler.update_priorities`` routes by)."""
+
     shard: torch.Tensor | None = None  # which shard each row came from (its ``indices`` are in that store)
 
     def to(self, device, non_blocking: bool = False) -> "ShardedBatch":
@@ -50,6 +53,10 @@ class ShardedBatch(Batch):
 
 
 class DistributedSampler:
+    """A learner's iterator of ``ShardedBatch`` es drawn across the shard actors (uniform or prioritized,
+    see the module docstring); shards on this node are read directly from disk. Batches are fresh tensors.
+    Report priorities with ``update_priorities(batch, priorities)``; ``close()`` when done."""
+
     def __init__(self, shards: list, batch_size: int, *, prioritized: bool = False, alpha: float | None = None,
                  beta: float = 0.4, name: str = "learner", local: bool = True, prefetch: int = 2,
                  seed: int | None = None, refresh_seconds: float = 0.5, timeout: float = 60.0):
@@ -122,9 +129,8 @@ class DistributedSampler:
         if buf is None:
             if len(self._local_buffers) > 64:  # counts vary from batch to batch: keep the cache bounded
                 self._local_buffers.clear()
-            buf = self._local_buffers[(i, n)] = BatchBuffers(store, n)
-        store.fill_batch(buf, self.rng)
-        return batch_to_parts(buf.batch(store))
+            buf = self._local_buffers[(i, n)] = BatchBuffers(store.schema, n)
+        return batch_to_parts(store.sample(n, rng=self.rng, out=buf))
 
     def _weights_of(self) -> np.ndarray:
         return self._mass if self.prioritized else self._sizes

@@ -51,6 +51,10 @@ def global_streams(client: int, streams: np.ndarray) -> np.ndarray:
 
 
 class ReplayShard:
+    """One shard: a Ray actor owning one store on its node (run it with ``ReplayShards``, not directly).
+    It applies each client's batches once, in sequence order, commits on a timer, and samples for
+    learners; its store reopens at the last commit after a restart."""
+
     def __init__(self, shard_dir: str, create: dict | None = None, *, commit_every: int = 5000,
                  commit_seconds: float = 5.0, durable: bool = True, cache_bytes: int = 256 << 20):
         """Open the shard in ``shard_dir`` (its store is ``shard_dir/store``), creating the store with
@@ -174,6 +178,8 @@ class ReplayShard:
         restarted shard or learner continues both."""
         smp = self._samplers.get(name)
         if smp is None or (prioritized and smp.priorities is None):
+            if smp is not None:
+                smp.close()  # one open sampler per name: the prioritized one takes over its RNG state
             smp = self.store.sampler(1, name=name, prioritized=prioritized, alpha=alpha)
             self._samplers[name] = smp
         return smp
@@ -190,10 +196,9 @@ class ReplayShard:
             if n > 0:
                 buf = self._buffers.get((n, prioritized))
                 if buf is None:
-                    buf = self._buffers[(n, prioritized)] = BatchBuffers(self.store, n, weights=prioritized)
-                self.store.fill_batch(buf, smp.rng, priorities=smp.priorities, beta=beta)
-                smp.state = smp.rng.bit_generator.state  # committed with the store
-                out["batch"] = batch_to_numpy(buf.batch(self.store))
+                    buf = self._buffers[(n, prioritized)] = BatchBuffers(self.store.schema, n, weights=prioritized)
+                smp.beta = beta
+                out["batch"] = batch_to_numpy(smp.sample_into(buf))  # its RNG state is committed with the store
             if prioritized:
                 out["mass"] = _mass(smp.priorities)
             return out
@@ -201,20 +206,13 @@ class ReplayShard:
     def update_priorities(self, indices, priorities, name: str = "learner", alpha: float | None = None) -> int:
         """Route target of the learner's priority updates; persisted at the next commit."""
         with self._lock:
-            self._sampler(name, True, alpha)
-            return self.store.update_priorities(np.asarray(indices), np.asarray(priorities), name=name)
+            return self._sampler(name, True, alpha).update_priorities(np.asarray(indices), np.asarray(priorities))
 
     def priorities(self, indices, name: str = "learner") -> np.ndarray:
         """The current priorities of transitions ``indices`` (for checks and tools)."""
         with self._lock:
-            prio = self._sampler(name, True, None).priorities
-            g = np.asarray(indices, dtype=np.int64)
-            lo, hi = self.store.valid_range()
-            if g.size and (g.min() < lo or g.max() >= hi):
-                raise IndexError(f"transition ids must lie in the valid range [{lo}, {hi}), got "
-                                 f"{g[(g < lo) | (g >= hi)][:8].tolist()}")
-            # No public per-id getter on Store yet: read the set's raw values at the ring slots.
-            return prio.raw[self.store._ring.slot(g)].copy()
+            self._sampler(name, True, None)
+            return self.store.priorities(name).of(np.asarray(indices, dtype=np.int64))
 
     def read(self, lo: int, hi: int, extras: tuple[str, ...] = ()) -> dict:
         """Episode links and extra columns of transitions ``[lo, hi)`` (for audits: what is stored)."""
@@ -255,8 +253,7 @@ def batch_to_numpy(batch) -> dict:
 
 def _mass(prio) -> tuple[float, float]:
     """(total, smallest positive) priority leaf of a set, after bringing it up to the ring."""
-    prio.sync()
-    return float(prio.tree.total), float(prio.tree.min_positive)
+    return prio.total, float(prio.tree.min_positive)
 
 
 def _node_id() -> str | None:

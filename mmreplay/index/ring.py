@@ -22,7 +22,7 @@ import numba
 
 from mmreplay.columns import packing
 from mmreplay.columns.spec import ColumnSpec
-from mmreplay.storage.layout import transition_layout
+from mmreplay.storage.layout import RingGeometry, transition_layout
 from mmreplay.storage.sharded import ShardedArray
 
 U32 = np.uint32
@@ -30,11 +30,16 @@ NO_FRAME = np.iinfo(np.int64).max
 
 
 class TransitionRing:
+    """The per-transition columns of a store in RAM (packed where the schema says so) and their shard files."""
+
     INDEX_COLUMNS = ("obs_frame", "next_frame", "prev_delta")
     FLAG_COLUMNS = ("terminated", "truncated")
 
-    def __init__(self, root: str, data_columns: Sequence[ColumnSpec], rows: int, shard_rows: int, *,
+    def __init__(self, root: str, data_columns: Sequence[ColumnSpec], geometry: RingGeometry, *,
                  capacity: int | None, head: int = 0, oldest: int = 0):
+        """The ring of a store at ``root`` laid out as ``geometry``, holding transitions ``[oldest, head)``
+        (nothing is read from disk until ``load``); ``capacity=None``: unbounded (rows grow by doubling)."""
+        rows, shard_rows = geometry.rows, geometry.shard_rows
         if rows % shard_rows or shard_rows % 8:
             raise ValueError(f"transition rows {rows} / shard rows {shard_rows} must be multiples of 8 and nest")
         self.root = root
@@ -224,6 +229,22 @@ class TransitionRing:
     def read(self, name: str, g: np.ndarray) -> np.ndarray:
         """Stored values (codes for packed columns) of column ``name`` at transitions ``g``."""
         return self.read_slots(name, self.slot(g))
+
+    def read_range(self, name: str, lo: int, hi: int, what: str = "read") -> np.ndarray:
+        """Stored values of column ``name`` at transitions ``lo <= g < hi``, which must lie in ``[oldest, head)``
+        (``what`` names the caller in the error)."""
+        if not self.oldest <= lo <= hi <= self.head:
+            raise IndexError(f"{what}({lo}, {hi}): the range must lie within the valid range "
+                             f"[{self.oldest}, {self.head})")
+        return self.read(name, np.arange(lo, hi, dtype=np.int64))
+
+    def episode_links(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(prev, terminated, truncated)`` of transitions ``[lo, hi)``: ``prev`` the global id of the
+        previous step of the episode (-1 at an episode start), the flags as bools."""
+        delta = self.read_range("prev_delta", lo, hi, "episode_links").astype(np.int64)
+        g = np.arange(lo, hi, dtype=np.int64)
+        return np.where(delta > 0, g - delta, -1), self.read("terminated", g).astype(bool), \
+            self.read("truncated", g).astype(bool)
 
     def read_slots(self, name: str, slots: np.ndarray) -> np.ndarray:
         if name in self.bits:

@@ -18,6 +18,8 @@ MAX_STREAM_ID = (1 << 31) - 1
 
 
 class Streams:
+    """The episode state of every stream (see the module invariant)."""
+
     def __init__(self, obs_specs: Sequence[ColumnSpec]):
         self.obs_names = [s.name for s in obs_specs]
         self.last: dict[int, int] = {}

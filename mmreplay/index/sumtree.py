@@ -27,6 +27,8 @@ DEFAULT_BRANCHING = 32
 
 
 class SumTree:
+    """Sums and positive minima over ``n_leaves`` non-negative values, ``branching`` children a node."""
+
     def __init__(self, n_leaves: int, branching: int = DEFAULT_BRANCHING):
         if n_leaves < 1:
             raise ValueError(f"a sum tree needs at least one leaf, got {n_leaves}")

@@ -99,6 +99,10 @@ class MMReplayBuffer(ReplayBuffer):
     only to its own buffer class, so give them in ``replay_buffer_kwargs``). ``frame_stack``: the
     observations are ``VecFrameStack`` stacks of ``k`` frames. Other keyword arguments go to
     ``Store.create`` (``reward_values``, ``frame_codec``, ``commit_every``, ...).
+
+    What users must know: the buffer lives on disk and survives the process (pickling the buffer, as SB3's
+    ``save_replay_buffer`` does, only commits the store and records its path); ``sample`` draws uniformly
+    with replacement from the valid transitions; ``reset()`` deletes the store's contents.
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
@@ -196,8 +200,7 @@ class MMReplayBuffer(ReplayBuffer):
         obs_space, act_space = schema.spaces()
         columns = {c.name: c for c in (*schema.observations, schema.action, schema.reward)}
         settings = dict(capacity=old.capacity, frame_stack=schema.frame_stack, stack_padding=schema.stack_padding,
-                        extras=schema.extras, columns=columns, commit_every=old.commit_every,
-                        commit_seconds=old.commit_seconds, durable=old.durable)
+                        extras=schema.extras, columns=columns, settings=old.settings)
         self._shared.close()
         shutil.rmtree(self.path)
         self._shared.replace(Store.create(self.path, obs_space, act_space, **settings, **self._open_kwargs))
@@ -235,14 +238,17 @@ class MMReplayBuffer(ReplayBuffer):
     # -- sampling -------------------------------------------------------------------------------------
     def _main_sampler(self, batch_size: int):
         smp = self._sampler
-        if smp is None or smp.batch_size != batch_size or smp.store is not self.store:
-            if smp is not None:
-                smp.close()
+        if smp is None or smp.batch_size != batch_size or self._sampler_store is not self.store:
+            for buffer in [self, *self._shared.buffers]:  # one open sampler per name and store: the newest wins
+                if buffer._sampler is not None:
+                    buffer._sampler.close()
+                    buffer._sampler = None
             # Continue a reopened store's sequence; else seed from numpy's global RNG, which SB3's `seed=`
             # sets, so runs with the same seed sample the same batches.
-            seed = None if self.store._saved_sampler_state(SAMPLER_NAME) else int(np.random.randint(2**31 - 1))
+            seed = None if self.store.has_sampler_state(SAMPLER_NAME) else int(np.random.randint(2**31 - 1))
             self._sampler = self.store.sampler(batch_size, prefetch=0, seed=seed, name=SAMPLER_NAME,
                                                n_step=self.n_steps, gamma=self.gamma)
+            self._sampler_store = self.store
         return self._sampler
 
     def _draw_from_few(self, batch_size: int, held: int) -> Batch:

@@ -23,12 +23,21 @@ import numpy as np
 import torch
 
 from mmreplay.sampling.batch import Batch
-from mmreplay.store import DEFAULT_CACHE_BYTES, Store
+from mmreplay.settings import DEFAULT_CACHE_BYTES
+from mmreplay.store import Store
 
 DEFAULT_BLOCK = 256  # transitions drawn per gather in per-transition mode
 
 
 class StoreDataset(torch.utils.data.IterableDataset):
+    """Random transitions of the store at ``path`` for a ``DataLoader`` (see the module docstring).
+
+    What users must know: each worker opens the store read-only by itself (pass a path, never an open
+    ``Store``); tensors are fresh (unlike ``Store.sampler``'s reused buffers); draws are uniform with
+    replacement, so an "epoch" is ``num_batches``/``num_samples`` draws, not a pass over the store; with
+    ``refresh=True`` each draw first picks up the writer's newer commits.
+    """
+
     def __init__(self, path: str, batch_size: int | None = None, *, num_batches: int | None = None,
                  num_samples: int | None = None, seed: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  refresh: bool = True):

@@ -9,20 +9,31 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from mmreplay.columns.spec import Schema
+from mmreplay.index.ring import TransitionRing
+from mmreplay.sampling.nstep import NStepResult
 from mmreplay.reading.frames import FrameReader
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mmreplay.sampling.nstep import NStepResult
-    from mmreplay.store import Store
 
 
 @dataclass
 class Batch:
+    """A batch of transitions as torch tensors, row ``i`` of every field being one transition.
+
+    ``obs``/``next_obs`` are ``(batch, *obs_shape)`` or, with ``frame_stack=k > 1``, ``(batch, k,
+    *obs_shape)`` stacks (oldest frame first; a dict of them for Dict observation spaces). ``indices``
+    are global transition ids, stable across reopen: pass them to ``Sampler.update_priorities`` or
+    ``Store.get``. ``weights`` (prioritized samplers) and ``discount`` (``n_step > 1``) are None otherwise;
+    with ``n_step > 1``, ``reward`` is the n-step return and ``next_obs`` the observation after the window.
+
+    A batch from ``Store.sampler`` lives in reused buffers: on CPU it is valid until the sampler's next
+    batch; copy (``.clone()``) what you keep. ``Store.sample`` and ``Store.get`` return fresh tensors.
+    """
+
     obs: Any  # torch.Tensor, or dict of them for Dict observation spaces
     action: torch.Tensor
     reward: torch.Tensor
@@ -67,14 +78,17 @@ def check_host_memory(batch_size: int, row_nbytes: int) -> None:
 
 
 class BatchBuffers:
-    """Preallocated host tensors for one batch (pinned when asked), with numpy views onto them."""
+    """Preallocated host tensors for one batch of a store with ``schema`` (pinned when asked), with numpy
+    views onto them. ``batch()`` wraps them as a ``Batch`` without copying."""
 
-    def __init__(self, store: "Store", batch_size: int, pin_memory: bool = False, *, weights: bool = False,
+    def __init__(self, schema: Schema, batch_size: int, pin_memory: bool = False, *, weights: bool = False,
                  nstep: bool = False):
-        k = store.frame_stack
+        schema = getattr(schema, "schema", schema)  # a Store (the old spelling) stands for its schema
+        k = schema.frame_stack
+        self.schema = schema
         self.batch_size = batch_size
-        check_host_memory(batch_size, (2 * k * sum(s.row_nbytes for s in store.schema.observations)
-                                       + sum(8 * max(1, s.row_nbytes) for s in store.schema.transition_columns) + 32))
+        check_host_memory(batch_size, (2 * k * sum(s.row_nbytes for s in schema.observations)
+                                       + sum(8 * max(1, s.row_nbytes) for s in schema.transition_columns) + 32))
 
         def alloc(shape, dtype):
             t = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
@@ -82,7 +96,7 @@ class BatchBuffers:
 
         self.obs, self.next_obs = {}, {}
         self.stack_words = {}  # name -> (obs, next_obs) as (n * k, words) views for the compiled gather
-        for spec in store.schema.observations:
+        for spec in schema.observations:
             shape = (batch_size, k, *spec.shape) if k > 1 else (batch_size, *spec.shape)
             self.obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
             self.next_obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
@@ -90,7 +104,7 @@ class BatchBuffers:
                                            FrameReader.stack_words(self.next_obs[spec.name][1], spec.row_nbytes))
         self.columns = {}
         self.decode_tables = {}  # packed columns: code -> value, in the output's dtype
-        for spec in store.schema.transition_columns:
+        for spec in schema.transition_columns:
             dtype = spec.np_dtype
             if spec.name == "action" and spec.shape == () and dtype.kind in "iu":
                 dtype = np.dtype(np.int64)  # discrete actions index Q-values: torch wants int64
@@ -105,25 +119,24 @@ class BatchBuffers:
         self.weights = alloc((batch_size,), torch.float32) if weights else None
         self.discount = alloc((batch_size,), torch.float32) if nstep else None
 
-    def batch(self, store: "Store") -> Batch:
+    def batch(self) -> Batch:
         obs = {k: t for k, (t, _) in self.obs.items()}
         next_obs = {k: t for k, (t, _) in self.next_obs.items()}
-        if not store.schema.dict_obs:
+        if not self.schema.dict_obs:
             obs, next_obs = obs["obs"], next_obs["obs"]
-        extras = {c.name: self.columns[c.name][0] for c in store.schema.extras}
+        extras = {c.name: self.columns[c.name][0] for c in self.schema.extras}
         return Batch(obs, self.columns["action"][0], self.columns["reward"][0], next_obs, self.terminated[0],
                      self.truncated[0], self.indices[0], extras,
                      weights=self.weights[0] if self.weights is not None else None,
                      discount=self.discount[0] if self.discount is not None else None)
 
 
-def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray, buf: BatchBuffers, *,
-             weights: np.ndarray | None = None, nstep: "NStepResult | None" = None) -> None:
-    """Fill ``buf`` with transitions ``g`` whose frame stacks are ``obs_ids`` / ``next_ids`` (n, k); with
-    ``nstep``, reward, flags and discount come from the n-step windows (``next_ids`` are then the stacks
-    after each window's last transition)."""
-    frames = store._reader
-    zero_pad = store.schema.stack_padding == "zeros" and store.frame_stack > 1
+def assemble(ring: TransitionRing, frames: FrameReader, g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray,
+             buf: BatchBuffers, *, weights: np.ndarray | None = None, nstep: NStepResult | None = None) -> None:
+    """Fill ``buf`` with transitions ``g`` of ``ring`` whose frame stacks in ``frames`` are ``obs_ids`` /
+    ``next_ids`` (n, k); with ``nstep``, reward, flags and discount come from the n-step windows
+    (``next_ids`` are then the stacks after each window's last transition)."""
+    zero_pad = buf.schema.stack_padding == "zeros" and buf.schema.frame_stack > 1
     for name, (obs_t, _) in buf.obs.items():
         next_t = buf.next_obs[name][0]
         frames.gather_stacks(name, obs_ids, next_ids, *buf.stack_words[name], shifted=nstep is None)
@@ -135,7 +148,6 @@ def assemble(store: "Store", g: np.ndarray, obs_ids: np.ndarray, next_ids: np.nd
                 pad[:, :-1] = ids[:, :-1] == ids[:, 1:]
                 if pad.any():
                     out[torch.from_numpy(pad)] = 0
-    ring = store._ring
     slots = ring.slot(g)
     for name, (_, out) in buf.columns.items():
         ring.read_into(name, slots, out, buf.decode_tables.get(name))

@@ -19,16 +19,16 @@ rest.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mmreplay.index.ring import TransitionRing
+from mmreplay.index.ring import TransitionRing
 
 
 @dataclass
 class NStepResult:
+    """The n-step windows of sampled transitions (see the module invariant)."""
+
     last: np.ndarray  # int64 global id of the last transition in each window
     reward: np.ndarray  # float64 discounted sum
     terminated: np.ndarray  # bool

@@ -19,22 +19,16 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
-
 import numba
 import numpy as np
 
-from mmreplay.index.ring import as_transition_ids, stack_frames_into
-from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
 from mmreplay.errors import CorruptDataError, FormatError
+from mmreplay.index.ring import TransitionRing, as_transition_ids, stack_frames_into
+from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
 from mmreplay.storage.commit import NAME_PATTERN, check_leaf_range
-from mmreplay.storage.layout import INDEX_CODEC, ArrayLayout
+from mmreplay.storage.layout import PRIORITIES_GROUP, priority_layout, resize_arrays
 from mmreplay.storage.sharded import ShardedArray
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mmreplay.store import Store
-
-PRIORITIES_GROUP = "priorities"
 INITIAL_MAX_PRIORITY = 1.0
 DEFAULT_ALPHA = 0.6
 DEFAULT_PRIORITY_EPS = 1e-6
@@ -53,19 +47,37 @@ def check_exponent(value, what: str) -> float:
     return float(value)
 
 
-def buffer_layout(name: str, buffer: int, rows: int, shard_rows: int) -> ArrayLayout:
-    return ArrayLayout(f"{PRIORITIES_GROUP}/{name}/{buffer}", rows, (), "float32", shard_rows, shard_rows,
-                       INDEX_CODEC)
+def ensure_arrays(root: str, name: str, rows: int, shard_rows: int) -> list[str]:
+    """Zarr metadata for set ``name``'s two buffers (created once, grown with an unbounded ring); returns
+    the metadata files it created (to fsync before a commit names them)."""
+    layouts = [priority_layout(name, b, rows, shard_rows) for b in (0, 1)]
+    missing = [lay for lay in layouts if not os.path.exists(os.path.join(root, lay.path, "zarr.json"))]
+    created = []
+    if missing:
+        import zarr
+
+        group = zarr.open_group(root, mode="r+", zarr_format=3)
+        group.require_group(PRIORITIES_GROUP).require_group(name)
+        for layout in missing:
+            layout.create(group)
+            created.append(os.path.join(root, layout.path, "zarr.json"))
+    resize_arrays(root, layouts, rows)
+    return created
 
 
 class Priorities:
-    def __init__(self, store: "Store", name: str, *, alpha: float, eps: float, entry: dict | None):
-        """A priority set for the store's current ring; ``entry`` is its committed record (None: new)."""
-        ring = store._ring
-        self.store = store
+    """One named priority set of a store (what ``Store.priorities(name)`` returns): ``raw`` holds the
+    priority of each ring slot, ``tree`` the sum tree of leaves ``(raw + eps) ** alpha``. Update it through
+    the prioritized sampler of the same name (``sampler.update_priorities``)."""
+
+    def __init__(self, ring: TransitionRing, frames, frame_stack: int, root: str, name: str, *, alpha: float,
+                 eps: float, entry: dict | None):
+        """A priority set for ``ring`` (whose frame stacks of ``frame_stack`` frames point into ``frames``,
+        an object with a ``head``), stored under ``root``; ``entry`` is its committed record (None: new)."""
+        self.ring, self.frames, self.frame_stack, self.root = ring, frames, frame_stack, root
         self.name = check_name(name)
         self.alpha = check_exponent(alpha, "alpha")
-        self.eps = check_exponent(eps, "priority_eps")
+        self.eps = check_exponent(eps, "eps")
         check_leaf_range(INITIAL_MAX_PRIORITY, self.alpha, self.eps, f"priority set {name!r}")
         self.rows = ring.rows
         self.shard_rows = ring.shard_rows
@@ -84,9 +96,11 @@ class Priorities:
         self._metadata_rows = 0  # rows the buffers' zarr metadata covers, as far as this object made sure
         if entry is not None:
             self._load(entry)
-        else:
-            self.synced_head = self.synced_oldest = ring.oldest
         self.sync()
+
+    def rebind(self, ring: TransitionRing) -> None:
+        """A reader reloaded its index (``Store.refresh``): follow the new ring; the next sync catches up."""
+        self.ring = ring
 
     # -- keeping the tree in step with the ring ----------------------------------------------------
     def leaf_values(self, raw: np.ndarray) -> np.ndarray:
@@ -97,7 +111,7 @@ class Priorities:
     def sync(self) -> None:
         """Bring the tree up to the ring's ``[oldest, head)``: new transitions enter at the maximum
         priority, those given up leave."""
-        ring = self.store._ring
+        ring = self.ring
         if ring.rows != self.rows:
             self._regrow(ring.rows)
         head, oldest = ring.head, ring.oldest
@@ -119,13 +133,12 @@ class Priorities:
 
     def _drop_stacks_below_oldest(self) -> None:
         """Transitions just above ``oldest`` whose frame stack reaches below it are not drawable."""
-        store, ring = self.store, self.store._ring
-        k = store.frame_stack
+        ring, k = self.ring, self.frame_stack
         if k == 1 or ring.head == ring.oldest:
             return
         window = min(ring.head - ring.oldest, (k - 1) * max(1, ring.max_prev_delta))
         g = np.arange(ring.oldest, ring.oldest + window, dtype=np.int64)
-        _, _, valid = ring.stack_frames(g, k, store._frames.head)
+        _, _, valid = ring.stack_frames(g, k, self.frames.head)
         if not valid.all():
             self._undraw(ring.slot(g[~valid]))
 
@@ -156,7 +169,7 @@ class Priorities:
 
     def set_alpha(self, alpha: float, eps: float) -> None:
         """A sampler with other exponents took this set over: recompute every leaf from ``raw``."""
-        alpha, eps = check_exponent(alpha, "alpha"), check_exponent(eps, "priority_eps")
+        alpha, eps = check_exponent(alpha, "alpha"), check_exponent(eps, "eps")
         if (alpha, eps) == (self.alpha, self.eps):
             return
         check_leaf_range(self.max_priority, alpha, eps, f"priority set {self.name!r}")
@@ -168,12 +181,11 @@ class Priorities:
         """``batch_size`` valid transitions drawn with probability proportional to their leaf (stratified:
         one draw in each of ``batch_size`` equal slices of the total), their frame stacks and their
         importance-sampling weights ``(leaf / min leaf) ** -beta`` (the largest possible weight is 1)."""
-        store, ring, tree = self.store, self.store._ring, self.tree
+        ring, tree, k = self.ring, self.tree, self.frame_stack
         self.sync()
         ring_rows = 0 if ring.capacity is None else ring.rows
         out = self._draw_buffers.get(batch_size)
         if out is None:  # reused: the caller copies them into its batch under the store's lock
-            k = store.frame_stack
             out = self._draw_buffers[batch_size] = (
                 np.empty(batch_size, np.int64), np.empty(batch_size, np.int64), np.empty(batch_size),
                 np.empty(batch_size), np.empty((batch_size, k), np.int64), np.empty((batch_size, k), np.int64),
@@ -185,7 +197,7 @@ class Priorities:
                 raise ValueError("cannot sample from an empty store (no valid transitions yet)")
             bad = _draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size), ring.head,
                               ring.oldest, ring_rows, tree.min_positive, -beta, arrays["obs_frame"],
-                              arrays["next_frame"], arrays["prev_delta"], store._frames.head, store.frame_stack,
+                              arrays["next_frame"], arrays["prev_delta"], self.frames.head, k,
                               slots, g, leaf, weights, obs_ids, next_ids, valid)
             if not bad:
                 return g, obs_ids, next_ids, weights
@@ -204,7 +216,7 @@ class Priorities:
         top = float(p.max(initial=0.0))
         if top == top:  # NaN is refused by _apply_update, with the others that are not finite and >= 0
             check_leaf_range(top, self.alpha, self.eps, "update_priorities")
-        ring = self.store._ring
+        ring = self.ring
         self.sync()
         self._tick += 1
         tree = self.tree
@@ -220,6 +232,22 @@ class Priorities:
         self.max_priority = max(self.max_priority, top)
         return n
 
+    def of(self, indices) -> np.ndarray:
+        """The current priorities (float32 copies) of valid transitions ``indices``."""
+        g = as_transition_ids(indices)
+        self.sync()
+        ring = self.ring
+        if g.size and (g.min() < ring.oldest or g.max() >= ring.head):
+            raise IndexError(f"transition ids must lie in the valid range [{ring.oldest}, {ring.head}), got "
+                             f"{g[(g < ring.oldest) | (g >= ring.head)][:8].tolist()}")
+        return self.raw[ring.slot(g)].copy()
+
+    @property
+    def total(self) -> float:
+        """The priority mass: the sum of every drawable leaf ``(priority + eps) ** alpha``."""
+        self.sync()
+        return float(self.tree.total)
+
     def _mark(self, slots: np.ndarray) -> None:
         self._tick += 1
         self._shard_tick[slots // self.shard_rows] = self._tick
@@ -230,7 +258,7 @@ class Priorities:
         if arr is None or arr.layout.rows != self.rows:
             if arr is not None:
                 arr.close()  # an unbounded ring grew: the layout's shape changed
-            arr = ShardedArray(self.store.path, buffer_layout(self.name, buffer, self.rows, self.shard_rows),
+            arr = ShardedArray(self.root, priority_layout(self.name, buffer, self.rows, self.shard_rows),
                                missing_ok=True)  # a shard never written holds no priorities yet
             self._arrays[buffer] = arr
         return arr
@@ -241,21 +269,22 @@ class Priorities:
         self.sync()
         target = 1 - self.buffer
         arr = self._array(target)
+        created = []
         if self._metadata_rows != self.rows:  # zarr metadata: once, and again after an unbounded ring grew
-            self.store._ensure_priority_arrays(self.name, self.rows, self.shard_rows)
+            created = ensure_arrays(self.root, self.name, self.rows, self.shard_rows)
             self._metadata_rows = self.rows
         stale = np.flatnonzero(self._shard_tick > self._written_tick[target])
         written = [arr.write_shard(int(s), self.raw[s * self.shard_rows:(s + 1) * self.shard_rows], self.shard_rows)
                    for s in stale]
         self._written_tick[target][:] = self._tick
         self.buffer = target
-        return self.entry(), written
+        return self.entry(), created + written
 
-    def changed(self) -> bool:
-        """Does the committed buffer lack anything (updates, or transitions the tree has not seen)?"""
-        return self.synced_head != self.store._ring.head or \
-            bool((self._shard_tick > self._written_tick[self.buffer]).any()) or \
-            self.store._priority_entries.get(self.name) != self.entry()
+    def changed(self, committed: dict | None) -> bool:
+        """Does the committed buffer (whose record entry is ``committed``) lack anything: updates, or
+        transitions the tree has not seen?"""
+        return self.synced_head != self.ring.head or \
+            bool((self._shard_tick > self._written_tick[self.buffer]).any()) or committed != self.entry()
 
     def entry(self) -> dict:
         return {"buffer": self.buffer, "max_priority": self.max_priority, "head": self.synced_head,
@@ -263,14 +292,14 @@ class Priorities:
 
     def _load(self, entry: dict) -> None:
         """Read the committed buffer; transitions the set had not seen yet enter at the max priority."""
-        ring = self.store._ring
+        ring = self.ring
         self.buffer = entry["buffer"]
         self.max_priority = entry["max_priority"]
         live_hi = min(entry["head"], ring.head)
         array = self._array(self.buffer)
         for shard in sorted({int(s) for s in ring.slot(np.arange(ring.oldest, max(ring.oldest, live_hi))) //
                              self.shard_rows}):  # a shard holding live priorities must exist
-            path = array.layout.shard_file(self.store.path, shard)
+            path = array.layout.shard_file(self.root, shard)
             if not os.path.exists(path):
                 raise CorruptDataError(f"priorities {self.name!r}: {path} is missing, but the last commit says it "
                                        "holds priorities of stored transitions")

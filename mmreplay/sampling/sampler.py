@@ -15,19 +15,35 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from mmreplay.columns.spec import Schema
 from mmreplay.sampling.batch import Batch, BatchBuffers
+from mmreplay.sampling.nstep import check_nstep
+from mmreplay.sampling.priorities import Priorities, check_exponent, check_name
 from mmreplay.storage import forking
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mmreplay.store import Store
-
+from mmreplay.storage.meta import validate_capacity
 
 DEFAULT_ACCELERATOR_PREFETCH = 2
+
+# fill(buffers, rng, *, priorities, beta, n_step, gamma): draw one batch into buffers (the store's, locked)
+FillFn = Callable[..., None]
+# update(priorities_set, indices, values) -> how many were updated (the store's, locked)
+UpdateFn = Callable[[Priorities, Any, Any], int]
+
+
+def check_sampler_args(schema: Schema, batch_size, name, beta, n_step, gamma) -> tuple[int, float]:
+    """Refuse bad sampler arguments before anything is made for the sampler; returns ``(n_step, gamma)``."""
+    validate_capacity(batch_size, "batch_size")
+    check_name(name)
+    n_step, gamma = check_nstep(n_step, gamma)
+    if n_step > 1 and schema.reward.shape != ():
+        raise ValueError(f"n-step returns need a scalar reward column, this store's has shape {schema.reward.shape}")
+    check_exponent(beta, "beta")
+    return n_step, gamma
 
 
 class _Slot:
@@ -38,22 +54,29 @@ class _Slot:
 
 
 class Sampler:
-    def __init__(self, store: "Store", batch_size: int, *, device=None, prefetch: int | None = None,
-                 seed: int | None = None, name: str = "default", pin_memory: bool | None = None,
-                 prioritized: bool = False, alpha: float | None = None, beta: float = 0.4,
-                 priority_eps: float | None = None,
-                 n_step: int = 1, gamma: float = 0.99):
-        from mmreplay.sampling.nstep import check_nstep
-        from mmreplay.sampling.priorities import check_exponent, check_name
-        from mmreplay.store import validate_capacity
+    """An iterator of training batches from one store (make it with ``Store.sampler``).
 
-        validate_capacity(batch_size, "batch_size")
-        check_name(name)
-        self.n_step, self.gamma = check_nstep(n_step, gamma)
-        if self.n_step > 1 and store.schema.reward.shape != ():
-            raise ValueError(f"n-step returns need a scalar reward column, this store's has shape "
-                             f"{store.schema.reward.shape}")
-        self._beta = check_exponent(beta, "beta")
+    What users must know:
+    - Batches live in reused buffers: on CPU a batch is valid until the next ``next()``; ``.clone()``
+      what you keep. With a CUDA ``device`` each batch is a device copy and stays valid.
+    - ``seed`` fixes the sequence; with ``seed=None`` a reopened store's sampler of the same ``name``
+      continues the committed RNG state (the state after the last batch handed out, not after prefetched
+      ones). One open sampler per name and store.
+    - Prioritized samplers draw proportionally to ``(priority + eps) ** alpha`` and set
+      ``batch.weights``; report new priorities with ``update_priorities(batch.indices, td.abs())``:
+      the one way to update them. They are committed with the store.
+    - Close it (or use ``with``) to stop its prefetch thread; closing the store closes it too.
+    """
+
+    def __init__(self, schema: Schema, fill: FillFn, batch_size: int, *, device=None, prefetch: int | None = None,
+                 seed: int | None = None, name: str = "default", pin_memory: bool | None = None,
+                 priorities: Priorities | None = None, update: UpdateFn | None = None, beta: float = 0.4,
+                 n_step: int = 1, gamma: float = 0.99, saved_state: dict | None = None):
+        """A sampler over the store whose columns ``schema`` describes; ``fill`` draws one batch into
+        buffers under the store's lock; ``priorities`` (with ``update``) make it prioritized; ``saved_state``
+        is the committed RNG state of ``name`` (continued when ``seed`` is None)."""
+        self.n_step, self.gamma = check_sampler_args(schema, batch_size, name, beta, n_step, gamma)
+        self._beta = float(beta)
         if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
         if prefetch is None:
@@ -63,21 +86,22 @@ class Sampler:
                 else 0
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
-        self.store = store
+        self.schema = schema
+        self._fill_fn = fill
+        self._update_fn = update
         self.batch_size = int(batch_size)
         self.device = torch.device(device) if device is not None else None
         self.prefetch = prefetch
         self.name = name
-        self.priorities = store.priorities(name, alpha=alpha, eps=priority_eps) if prioritized else None
+        self.priorities = priorities
         self.rng = np.random.Generator(np.random.PCG64(seed))
-        saved = store._saved_sampler_state(name)
-        if seed is None and saved is not None:
-            self.rng.bit_generator.state = saved  # continue the sequence the store was committed with
+        if seed is None and saved_state is not None:
+            self.rng.bit_generator.state = saved_state  # continue the sequence the store was committed with
         self.state = self.rng.bit_generator.state
         cuda = self.device is not None and self.device.type == "cuda"
         pin = cuda if pin_memory is None else bool(pin_memory)
         n_slots = prefetch + 2 if prefetch else 1
-        self._slots = [_Slot(BatchBuffers(store, self.batch_size, pin_memory=pin, weights=prioritized,
+        self._slots = [_Slot(BatchBuffers(schema, self.batch_size, pin_memory=pin, weights=priorities is not None,
                                           nstep=self.n_step > 1)) for _ in range(n_slots)]
         self._cuda = cuda
         self._free: queue.Queue = queue.Queue()
@@ -85,10 +109,9 @@ class Sampler:
         self._held: _Slot | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._closed = False
+        self.closed = False
         for slot in self._slots:
             self._free.put(slot)
-        store._register_sampler(self)
         forking.register(self)
 
     @property
@@ -98,8 +121,6 @@ class Sampler:
 
     @beta.setter
     def beta(self, value: float) -> None:
-        from mmreplay.sampling.priorities import check_exponent
-
         self._beta = check_exponent(value, "beta")
 
     def update_priorities(self, indices, priorities) -> int:
@@ -108,7 +129,7 @@ class Sampler:
         (transitions overwritten since they were sampled are skipped)."""
         if self.priorities is None:
             raise RuntimeError("this sampler is uniform; make it with prioritized=True to update priorities")
-        return self.store.update_priorities(indices, priorities, name=self.name)
+        return self._update_fn(self.priorities, indices, priorities)
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> "Sampler":
@@ -119,7 +140,7 @@ class Sampler:
 
     def sample(self) -> Batch:
         """The next batch."""
-        if self._closed:
+        if self.closed:
             raise RuntimeError("sampler is closed")
         if self.prefetch == 0:  # one slot, filled in this thread: no queues
             slot = self._slots[0]
@@ -135,7 +156,7 @@ class Sampler:
                 raise slot
         self._held = slot
         self.state = slot.state_after
-        batch = slot.buffers.batch(self.store)
+        batch = slot.buffers.batch()
         if self.device is not None and self.device.type != "cpu":
             batch = batch.to(self.device, non_blocking=self._cuda)
             if self._cuda:
@@ -147,9 +168,21 @@ class Sampler:
         if slot.copied is not None:
             slot.copied.synchronize()  # the previous device copy from these host buffers is done
             slot.copied = None
-        self.store.fill_batch(slot.buffers, self.rng, priorities=self.priorities, beta=self._beta,
-                              n_step=self.n_step, gamma=self.gamma)
+        self._fill_fn(slot.buffers, self.rng, priorities=self.priorities, beta=self._beta, n_step=self.n_step,
+                      gamma=self.gamma)
         slot.state_after = self.rng.bit_generator.state
+
+    def sample_into(self, buffers: BatchBuffers) -> Batch:
+        """Draw the next batch of this sampler's sequence into caller-owned ``buffers`` (a ``BatchBuffers``
+        of any batch size, e.g. a distributed shard's part of a batch) and return it (no prefetch)."""
+        if self.closed:
+            raise RuntimeError("sampler is closed")
+        if self.prefetch:
+            raise RuntimeError("sample_into draws in the caller's thread: make the sampler with prefetch=0")
+        self._fill_fn(buffers, self.rng, priorities=self.priorities, beta=self._beta, n_step=self.n_step,
+                      gamma=self.gamma)
+        self.state = self.rng.bit_generator.state
+        return buffers.batch()
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
@@ -171,12 +204,13 @@ class Sampler:
     # -- lifecycle --------------------------------------------------------------------------------
     def _after_fork_in_child(self) -> None:
         """A forked child has no prefetch thread, and the queues' locks may be held: never touch them."""
-        self._closed = True
+        self.closed = True
 
     def close(self) -> None:
-        if self._closed:
+        """Stop the prefetch thread (batches already handed out stay valid until their buffers are reused)."""
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         self._stop.set()
         self._free.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():

@@ -1,4 +1,4 @@
-"""The commit record and the store's static metadata, both plain JSON.
+"""The commit record (plain JSON) and the commit protocol around it.
 
 Invariant: the commit record describes a state whose data files were all durable before the record was
 (atomically) replaced; reopening reads exactly that state. It is stored as the attributes of an empty
@@ -7,6 +7,11 @@ zarr hierarchy. The record's crc32c (of its canonical JSON) is stored beside it 
 and checked on every read, like a shard index's: an edited or damaged record raises ``CorruptDataError``
 (records of stores written before the checksum existed have none and are read as they are). A record that
 is missing fields, has wrong types or absurd values raises ``FormatError``.
+
+The protocol: ``CommitLog`` (the writer) fsyncs every data file written since the last commit, then
+replaces the record; before a shard file of the previous lap is overwritten it first commits a record
+that gives that shard up. ``CommitWatcher`` (a reader) bounds what it read by the ``oldest`` of every
+record seen after the read: the writer commits a larger ``oldest`` before it replaces the files below it.
 """
 
 from __future__ import annotations
@@ -14,12 +19,12 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 import google_crc32c
 
 from mmreplay.errors import CorruptDataError, FormatError, NotAStoreError
-from mmreplay.storage.files import atomic_write, fsync_dir
+from mmreplay.storage.files import atomic_write, fsync_dir, fsync_written
 
 COMMIT_GROUP = "commit"
 COMMIT_FILE = os.path.join(COMMIT_GROUP, "zarr.json")
@@ -30,9 +35,23 @@ MAX_RECORD_BYTES = 1 << 26
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 FORMAT_VERSION = 1
 MAX_ROWS = 1 << 40
+MAX_APP_META_BYTES = 1 << 20  # the record is re-read after every reader batch: keep it small
 
 COMMIT_INT_FIELDS = ("sequence", "head", "oldest", "frame_head", "frame_oldest", "transition_rows", "frame_rows",
                      "max_prev_delta")
+
+
+def check_app_meta(app_meta: Any) -> dict[str, Any]:
+    """``app_meta`` as it will be stored in the commit record: a plain JSON object (a copy), small."""
+    if not isinstance(app_meta, dict):
+        raise TypeError(f"app_meta must be a dict (a JSON object), got {type(app_meta).__name__}")
+    try:
+        text = json.dumps(app_meta, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"app_meta must hold plain JSON values (str keys; no NaN): {exc}") from None
+    if len(text) > MAX_APP_META_BYTES:
+        raise ValueError(f"app_meta takes {len(text)} bytes of JSON, more than {MAX_APP_META_BYTES}")
+    return json.loads(text)
 
 
 def record_checksum(record: dict[str, Any]) -> int:
@@ -124,6 +143,8 @@ def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
             isinstance(s, list) and len(s) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
             for s in streams):
         raise FormatError(f"{path}: 'streams' must be a list of [stream, last_transition, ended] integer triples")
+    if not isinstance(record.get("app", {}), dict):
+        raise FormatError(f"{path}: 'app' (the application's metadata) must be a JSON object")
     samplers = record.setdefault("samplers", {})
     if not isinstance(samplers, dict) or not all(valid_name(k) and valid_rng_state(v) for k, v in samplers.items()):
         raise FormatError(f"{path}: 'samplers' must map names (1-64 letters, digits, '_', '-') to PCG64 states "
@@ -197,3 +218,72 @@ def check_version(version: Any, where: str) -> None:
                           f"({FORMAT_VERSION}); upgrade mmreplay to open it")
     if version < 1:
         raise FormatError(f"{where}: format version {version} is invalid (expected 1..{FORMAT_VERSION})")
+
+
+class CommitLog:
+    """The writer's side of the protocol: ``record`` is the last durable commit record."""
+
+    def __init__(self, root: str, record: dict[str, Any], *, durable: bool = True):
+        self.root = root
+        self.durable = durable
+        self.record = record
+
+    @property
+    def sequence(self) -> int:
+        return self.record["sequence"]
+
+    def commit(self, state: dict[str, Any], written: list[str]) -> None:
+        """Make ``written`` (data files of this state) durable, then atomically replace the record with
+        ``state`` under the next sequence number. ``written`` is emptied."""
+        self.sync(written)
+        record = {**state, "format_version": FORMAT_VERSION, "sequence": self.record["sequence"] + 1}
+        write_commit(self.root, record, durable=self.durable)
+        self.record = record
+
+    def give_up_below(self, oldest: int, frame_oldest: int, written: Callable[[], list[str]]) -> None:
+        """A shard file of the previous lap is about to be replaced: the durable record must first stop
+        covering transitions below ``oldest`` and frames below ``frame_oldest`` (clamped to what it
+        holds), or a crash now would leave a record pointing at new data. ``written()`` hands over the
+        data files written so far, taken only when a record is written."""
+        rec = self.record
+        oldest, frame_oldest = min(oldest, rec["head"]), min(frame_oldest, rec["frame_head"])
+        if rec["oldest"] >= oldest and rec["frame_oldest"] >= frame_oldest:
+            return
+        # files written so far belong to neither commit, but flush them anyway
+        self.commit({**rec, "oldest": max(rec["oldest"], oldest),
+                     "frame_oldest": max(rec["frame_oldest"], frame_oldest)}, written())
+
+    def sync(self, written: list[str]) -> None:
+        if self.durable and written:
+            fsync_written(written)
+        written.clear()
+
+
+class CommitWatcher:
+    """A reader's side: which commit it last saw, and the floor below which rows may have been replaced."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.path = os.path.join(root, COMMIT_FILE)
+        self.seen: bytes | None = None  # the commit file's bytes when last looked at
+        self.floor = (0, 0)  # (oldest, frame_oldest) of the newest commit seen since the last ``newest``
+
+    def newest(self) -> dict[str, Any]:
+        """Read the record now and restart the floor from it (right after loading a commit's files)."""
+        raw = read_commit_bytes(self.root)
+        record = parse_commit(raw, self.path)
+        self.seen = raw
+        self.floor = (record["oldest"], record["frame_oldest"])
+        return record
+
+    def still_valid(self, min_transition: int, min_frame: int) -> bool:
+        """Were rows read before this call (transitions >= ``min_transition``, frames >= ``min_frame``)
+        above the ``oldest`` of every commit seen so far, the newest read now? The floor only rises until
+        the next ``newest``. Equal file bytes mean no new commit (the sequence grows with each), so the
+        common case is one small read."""
+        raw = read_commit_bytes(self.root)
+        if raw != self.seen:
+            record = parse_commit(raw, self.path)
+            self.seen = raw
+            self.floor = (max(self.floor[0], record["oldest"]), max(self.floor[1], record["frame_oldest"]))
+        return min_transition >= self.floor[0] and min_frame >= self.floor[1]

@@ -41,6 +41,42 @@ def fsync_files(paths) -> None:
             os.close(fd)
 
 
+def fsync_written(paths) -> None:
+    """Make files just written durable: each file, then each directory they are in and its parent
+    (a new shard file may sit in a new directory)."""
+    fsync_files(paths)
+    dirs = {os.path.dirname(p) for p in paths}
+    for d in sorted(dirs | {os.path.dirname(d) for d in dirs}):
+        fsync_dir(d)
+
+
+def acquire_writer_lock(path: str) -> int:
+    """An exclusive ``flock`` on directory ``path`` (no extra file in the zarr hierarchy; released if the
+    process dies); returns the descriptor to close to release it."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RuntimeError(f"store {path!r} is already open for writing by another process or Store "
+                           "object; open it with mode='r' to read, or close the writer first") from None
+    return fd
+
+
+def remove_contents(path: str) -> None:
+    """Empty directory ``path`` (not following symlinks)."""
+    import shutil
+
+    for entry in os.listdir(path):
+        full = os.path.join(path, entry)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full)
+        else:
+            os.unlink(full)
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

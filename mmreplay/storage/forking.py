@@ -1,4 +1,4 @@
-"""What a process forked from one that uses mmreplay inherits, made safe.
+"""What a process forked from one that uses mmreplay inherits, made safe; and what it leaves open at exit.
 
 Invariant: in a child made by ``os.fork`` (DataLoader workers and env workers with the ``fork`` start
 method, ``multiprocessing`` pools), every object registered here has had its ``_after_fork_in_child()``
@@ -10,16 +10,40 @@ run before the child does anything else, so that
   copy of its writer-lock descriptor is closed, so a crashed writer never leaves the store locked for as
   long as the children it forked live on.
 zarr-python resets its own event loop after a fork; a store opened *in* the child works normally.
+
+At interpreter exit every object registered with ``close_at_exit`` and still open is closed (a writer
+commits what was added: a script that never called ``close()`` loses nothing).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import warnings
 import weakref
 from typing import Callable
 
 _objects: "weakref.WeakSet" = weakref.WeakSet()
 _resetters: list[Callable[[], None]] = []
+_open_at_exit: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def close_at_exit(obj) -> None:
+    """Run ``obj.close()`` at interpreter exit unless ``forget_at_exit(obj)`` ran first."""
+    _open_at_exit.add(obj)
+
+
+def forget_at_exit(obj) -> None:
+    _open_at_exit.discard(obj)
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for obj in list(_open_at_exit):
+        try:
+            obj.close()
+        except Exception as exc:  # nobody to raise to at exit: say it, at least
+            warnings.warn(f"mmreplay: {obj!r} could not commit at exit: {exc}", RuntimeWarning, stacklevel=1)
 
 
 def register(obj) -> None:

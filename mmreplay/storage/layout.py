@@ -1,9 +1,11 @@
-"""Where every array lives in a store directory and how it is chunked.
+"""Where every array lives in a store directory, how it is chunked, and how a ring maps ids to rows.
 
 Invariant: the directory is a standard zarr v3 group; each array here is a sharded zarr array whose
 metadata (``zarr.json``) is written by zarr itself, so ``zarr.open_group(path)`` reads everything.
 Shard ``s`` of an array covers rows ``[s * shard_rows, (s + 1) * shard_rows)`` and is the file
-``<array>/c/<s>/0/...`` (zarr's default chunk key encoding).
+``<array>/c/<s>/0/...`` (zarr's default chunk key encoding). Both rings (transitions, frames) follow
+one ``RingGeometry``: global id ``g`` lives in row ``g % rows`` (bounded) or ``g`` (unbounded, the
+arrays grow by doubling), in file shard ``row // shard_rows``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,73 @@ from mmreplay.storage.codecs import zarr_compressor
 
 FRAMES_GROUP = "frames"
 TRANSITIONS_GROUP = "transitions"
+PRIORITIES_GROUP = "priorities"
 INDEX_CODEC = {"name": "blosc", "cname": "lz4", "clevel": 5}
 
 
 @dataclass(frozen=True)
+class RingGeometry:
+    """How one ring lays global ids out in rows and file shards (the one place this is spelled out)."""
+
+    rows: int  # ring size (for an unbounded ring: its current size, which doubles as it fills)
+    shard_rows: int
+    unbounded: bool = False
+
+    def __post_init__(self) -> None:
+        if self.shard_rows < 1 or self.rows < self.shard_rows or self.rows % self.shard_rows:
+            raise ValueError(f"ring rows {self.rows} must be a positive multiple of its shard rows {self.shard_rows}")
+
+    @property
+    def n_shards(self) -> int:
+        return self.rows // self.shard_rows
+
+    def slot(self, g):
+        """Row of global id(s) ``g``."""
+        return g if self.unbounded else g % self.rows
+
+    def file_shard(self, global_shard):
+        """File shard of global shard number(s) ``global_shard`` (``g // shard_rows``)."""
+        return global_shard if self.unbounded else global_shard % self.n_shards
+
+    def shards_holding(self, lo: int, hi: int) -> list[int]:
+        """File shards holding the rows of global ids ``[lo, hi)``."""
+        if hi <= lo:
+            return []
+        return sorted({int(s) for s in self.file_shard(np.arange(lo // self.shard_rows,
+                                                                 (hi - 1) // self.shard_rows + 1))})
+
+    def with_rows(self, rows: int) -> "RingGeometry":
+        return RingGeometry(rows, self.shard_rows, self.unbounded)
+
+
+@dataclass(frozen=True)
+class StoreGeometry:
+    """What a store *is* in size: its capacity and its two rings. Stored in the root ``zarr.json``
+    (``to_meta``); an unbounded store's commit record says how far its rings have grown."""
+
+    capacity: int | None
+    transitions: RingGeometry
+    frames: RingGeometry
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any], record: Mapping[str, Any] | None = None) -> "StoreGeometry":
+        rec = record or {}
+        unbounded = meta["capacity"] is None
+        return cls(meta["capacity"],
+                   RingGeometry(rec.get("transition_rows", meta["transition_rows"]), meta["transition_shard_rows"],
+                                unbounded),
+                   RingGeometry(rec.get("frame_rows", meta["frame_rows"]), meta["frame_shard_rows"], unbounded))
+
+    def to_meta(self) -> dict:
+        return {"capacity": self.capacity, "transition_rows": self.transitions.rows,
+                "transition_shard_rows": self.transitions.shard_rows, "frame_rows": self.frames.rows,
+                "frame_shard_rows": self.frames.shard_rows}
+
+
+@dataclass(frozen=True)
 class ArrayLayout:
+    """Where one zarr array of a store lives and how it is chunked and sharded."""
+
     path: str  # relative to the store root, e.g. "frames/obs"
     rows: int  # length of axis 0 (zarr shape[0])
     row_shape: tuple[int, ...]
@@ -103,3 +167,22 @@ def transition_layout(name: str, rows: int, shard_rows: int, dtype: str, row_sha
         byte_rows, byte_shard = rows * bits // 8, shard_rows * bits // 8
         return ArrayLayout(f"{TRANSITIONS_GROUP}/{name}", byte_rows, (), "uint8", byte_shard, byte_shard, codec, attrs)
     return ArrayLayout(f"{TRANSITIONS_GROUP}/{name}", rows, tuple(row_shape), dtype, shard_rows, shard_rows, codec)
+
+
+def priority_layout(name: str, buffer: int, rows: int, shard_rows: int) -> ArrayLayout:
+    """One of the two buffers of priority set ``name``: float32 per transition slot, one chunk a shard."""
+    return ArrayLayout(f"{PRIORITIES_GROUP}/{name}/{buffer}", rows, (), "float32", shard_rows, shard_rows,
+                       INDEX_CODEC)
+
+
+def resize_arrays(root: str, layouts, rows: int) -> None:
+    """Unbounded stores: make the zarr metadata of ``layouts`` cover ``rows`` ring rows (packed columns
+    hold ``bits`` per row); never shrinks."""
+    import zarr
+
+    for layout in layouts:
+        arr = zarr.open_array(store=root, path=layout.path, mode="r+")
+        bits = (layout.attributes or {}).get("mmreplay", {}).get("packed_bits")
+        new_len = rows * bits // 8 if bits else rows
+        if new_len > arr.shape[0]:
+            arr.resize((new_len, *arr.shape[1:]))

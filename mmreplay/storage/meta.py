@@ -16,6 +16,8 @@ from mmreplay.columns.spec import Schema
 from mmreplay.errors import FormatError, NotAStoreError
 from mmreplay.storage.codecs import validate_codec
 from mmreplay.storage.commit import COMMIT_FILE, check_version
+from mmreplay.storage.files import remove_contents
+from mmreplay.storage.layout import RingGeometry, StoreGeometry
 
 FRAME_SHARD_TARGET_BYTES = 8 << 20
 UNBOUNDED_TRANSITION_SHARD = 16384
@@ -33,7 +35,7 @@ def validate_capacity(value, name: str) -> int | None:
     return int(value)
 
 
-def plan_geometry(schema: Schema, capacity: int | None, frame_capacity: int | None) -> dict:
+def plan_geometry(schema: Schema, capacity: int | None, frame_capacity: int | None) -> StoreGeometry:
     """Shard and ring sizes. Each ring has one shard more than it needs so that giving up the shard being
     overwritten never drops a transition within ``capacity``."""
     most = None if capacity is None else MAX_FRAMES_PER_TRANSITION * capacity + 64
@@ -44,15 +46,34 @@ def plan_geometry(schema: Schema, capacity: int | None, frame_capacity: int | No
     if capacity is None:
         t_shard = UNBOUNDED_TRANSITION_SHARD
         f_shard = _pow2_clamp(FRAME_SHARD_TARGET_BYTES // row_bytes, 64, 65536)
-        return {"capacity": None, "transition_rows": t_shard, "transition_shard_rows": t_shard,
-                "frame_rows": f_shard, "frame_shard_rows": f_shard}
+        return StoreGeometry(None, RingGeometry(t_shard, t_shard, True), RingGeometry(f_shard, f_shard, True))
     t_shard = _pow2_clamp(capacity // 16, 64, 65536)
     frames = frame_capacity or capacity + capacity // 8 + 64
     f_shard = _pow2_clamp(min(FRAME_SHARD_TARGET_BYTES // row_bytes, frames // 8), 8, 65536)
     f_shard = max(f_shard, max(s.chunk_rows for s in schema.observations))
-    return {"capacity": capacity, "transition_rows": _round_up(capacity, t_shard) + t_shard,
-            "transition_shard_rows": t_shard, "frame_rows": _round_up(frames, f_shard) + f_shard,
-            "frame_shard_rows": f_shard}
+    return StoreGeometry(capacity, RingGeometry(_round_up(capacity, t_shard) + t_shard, t_shard),
+                         RingGeometry(_round_up(frames, f_shard) + f_shard, f_shard))
+
+
+def prepare_new_store_dir(path: str) -> None:
+    """Make ``path`` an empty directory for ``Store.create``: it must not exist or be empty, or be what a
+    create that died before its first commit left (nothing was ever stored there: it is emptied)."""
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        if not never_committed(path):
+            raise FileExistsError(f"cannot create a store at {path!r}: it exists and is not an empty directory "
+                                  "(use Store.open to continue an existing store)")
+        remove_contents(path)
+    os.makedirs(path, exist_ok=True)
+
+
+def never_committed(path: str) -> bool:
+    """Is ``path`` what a ``Store.create`` that died before its first commit leaves: the root group of an
+    mmreplay store (and arrays), but no commit record? Such a directory holds no transition."""
+    try:
+        read_meta(path)
+    except (NotAStoreError, FormatError):
+        return False
+    return not os.path.exists(os.path.join(path, COMMIT_FILE))
 
 
 def read_meta(path: str) -> dict:

@@ -15,6 +15,8 @@ BLOCK_BYTES = 2 << 20
 
 
 class PendingBlock:
+    """Single adds gathered in RAM until a block is full or something reads the store (module invariant)."""
+
     def __init__(self, schema: Schema, max_rows: int):
         row_bytes = 2 * sum(max(1, c.row_nbytes) for c in schema.observations)
         self.capacity = int(min(max_rows, np.clip(BLOCK_BYTES // row_bytes, 32, 1024)))

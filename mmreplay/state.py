@@ -1,0 +1,217 @@
+"""``StoreState``: what one commit record describes, in RAM, and the protocol that keeps the two in step.
+
+It holds the index ring, the frame ring, the episode streams, the priority sets and the sampler RNG
+states of an open store, and the commit log (writers) or commit watcher (readers).
+
+Invariants (all under the store's lock):
+- ``log.record`` is the newest commit record whose data files are durable (writers), or the record
+  this reader loaded last (readers).
+- ``commit`` writes every changed shard, fsyncs what it wrote, then replaces the record; before a
+  shard of the previous lap is overwritten the record first gives it up (``_before_overwrite``).
+- Readers: ``refresh`` loads a newer record completely or leaves ``needs_reload`` set (nothing is
+  sampled from a half-loaded state); rows read are trusted only if they lie above the ``oldest`` of
+  every record seen after the read (``still_valid``): the writer commits a larger ``oldest`` before
+  it replaces the files of what it gives up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from mmreplay.columns.encode import ColumnEncoder
+from mmreplay.columns.spec import Schema
+from mmreplay.errors import FormatError
+from mmreplay.index.ring import TransitionRing
+from mmreplay.index.streams import Streams
+from mmreplay.sampling.batch import BatchBuffers, assemble
+from mmreplay.sampling.draw import draw_into
+from mmreplay.sampling.registry import PrioritySets, SamplerStates
+from mmreplay.settings import Settings
+from mmreplay.storage.commit import FORMAT_VERSION, CommitLog, CommitWatcher, read_commit
+from mmreplay.reading.frames import FrameReader
+from mmreplay.storage.frame_ring import FrameRing
+from mmreplay.storage.layout import RingGeometry, StoreGeometry, resize_arrays
+from mmreplay.storage.meta import check_record
+
+
+class StoreState:
+    """The in-RAM state of one open store and its commit protocol (see the module invariants)."""
+
+    def __init__(self, path: str, meta: dict, schema: Schema, record: dict | None, *, writable: bool,
+                 settings: Settings):
+        """The state of commit ``record`` (None: a new, empty store) of the store at ``path``."""
+        self.path, self.meta, self.schema = path, meta, schema
+        rec = record or {}
+        geometry = StoreGeometry.from_meta(meta, record)
+        self.ring = self._new_ring(rec)
+        self.frames = FrameRing(path, schema.observations, geometry.frames.rows, geometry.frames.shard_rows,
+                                unbounded=geometry.frames.unbounded,
+                                head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable)
+        self.reader = FrameReader(self.frames, settings.cache_bytes, preload=False)  # frames are read here
+        self.streams = Streams(schema.observations)
+        self._decode_reward = ColumnEncoder(schema.reward).decode  # n-step returns sum stored rewards
+        self.app_meta: dict = dict(rec.get("app", {}))  # the application's metadata, committed with the rest
+        self.samplers = SamplerStates(rec.get("samplers", {}))
+        self.priorities = PrioritySets(path, self.ring, self.frames, schema.frame_stack, rec.get("priorities", {}))
+        self._priority_written: list[str] = []
+        if record is not None:
+            self._restore(record)
+        self.log = CommitLog(path, {**self.record(), "sequence": rec.get("sequence", 0)}, durable=settings.durable)
+        self.watcher = None if writable else CommitWatcher(path)
+        self.needs_reload = False  # readers: a refresh broke off; the next sample or get loads again
+        if not writable:
+            self._bound_by_newest_commit()
+        if record is not None:
+            self._check_frame_links(record)
+        self.frames.before_overwrite = self.ring.before_overwrite = self._before_overwrite
+        self.frames.on_invalidate = self.ring.advance_past_frames
+        self.frames.on_grow = lambda rows: resize_arrays(path, [c.layout for c in self.frames.columns.values()], rows)
+        self.ring.on_grow = lambda rows: resize_arrays(path, self.ring.layouts(), rows)
+        self.reader.start_preload()
+
+    def _new_ring(self, record: dict) -> TransitionRing:
+        geometry = StoreGeometry.from_meta(self.meta, record).transitions
+        return TransitionRing(self.path, self.schema.transition_columns, geometry, capacity=self.meta["capacity"],
+                              head=record.get("head", 0), oldest=record.get("oldest", 0))
+
+    def _restore(self, record: dict) -> None:
+        self.ring.load(record["head"])
+        # The episode links in RAM, not the record, say how far back a link reaches (what n-step and
+        # stack-validity scans need): exact, and immune to an edited record.
+        self.ring.max_prev_delta = self.ring.live_max_prev_delta()
+        self.ring.rebuild_shard_min_frame(record["frame_head"])
+        self.frames.load_staging()
+        self.streams.restore(record["streams"])
+
+    def _check_frame_links(self, record: dict) -> None:
+        """Every frame a valid transition refers to must lie in the record's frame range (what the record
+        says and what the index holds must be one state). Readers call it once their valid range is
+        bounded by the newest commit: rows below it may already belong to the writer's next lap."""
+        lo, hi = self.ring.frame_span(record["frame_head"])
+        if lo < record["frame_oldest"] or hi >= record["frame_head"]:
+            raise FormatError(f"store {self.path!r}: its transitions refer to frames [{lo}, {hi}] but the commit "
+                              f"record keeps frames [{record['frame_oldest']}, {record['frame_head']}) (an edited "
+                              "or mismatched commit record)")
+
+    def geometry(self) -> StoreGeometry:
+        """The store's geometry now (an unbounded store's rings grow)."""
+        unbounded = self.meta["capacity"] is None
+        return StoreGeometry(self.meta["capacity"], RingGeometry(self.ring.rows, self.ring.shard_rows, unbounded),
+                             RingGeometry(self.frames.rows, self.frames.shard_rows, unbounded))
+
+    # -- writers ----------------------------------------------------------------------------------
+    def record(self) -> dict:
+        """The commit record of the state in RAM (the log sets the sequence number)."""
+        return {"format_version": FORMAT_VERSION, "sequence": 0, "head": self.ring.head,
+                "oldest": self.ring.oldest, "frame_head": self.frames.head, "frame_oldest": self.frames.oldest,
+                "transition_rows": self.ring.rows, "frame_rows": self.frames.rows,
+                "max_prev_delta": self.ring.max_prev_delta, "streams": self.streams.to_json(),
+                "samplers": self.samplers.state(), "priorities": dict(self.priorities.entries),
+                **({"app": self.app_meta} if self.app_meta else {})}
+
+    def changed(self) -> bool:
+        """Is there anything besides new transitions that the last commit lacks?"""
+        return self.frames.dirty or bool(self.ring.dirty) or self.priorities.changed() or \
+            self.samplers.changed(self.log.record.get("samplers", {})) or self.app_meta != self.log.record.get("app", {})
+
+    def commit(self) -> None:
+        """Write every changed shard and priority buffer, make them durable, then replace the record."""
+        self.frames.flush()
+        self.ring.flush()
+        self.priorities.write(self._priority_written)
+        self.log.commit(self.record(), self._take_written())
+
+    def _take_written(self) -> list[str]:
+        """The data files written since the last commit (each to be fsynced before the next record)."""
+        files = self.frames.written + self.ring.written + self._priority_written
+        for written in (self.frames.written, self.ring.written, self._priority_written):
+            written.clear()
+        return files
+
+    def _before_overwrite(self) -> None:
+        self.log.give_up_below(self.ring.oldest, self.frames.oldest, self._take_written)
+
+    # -- readers ----------------------------------------------------------------------------------
+    def refresh(self) -> bool:
+        """Load the writer's newest commit if it is newer than the loaded one (True) or an earlier load
+        broke off. Cached frames of shards written since are dropped; the rest stay warm."""
+        record = read_commit(self.path)
+        check_record(record, self.meta, self.path)
+        reload = self.needs_reload
+        if record["sequence"] == self.log.sequence and not reload:
+            return False
+        self.needs_reload = True  # until this load completes: a half-loaded state is never sampled
+        old_frame_head = self.log.record["frame_head"]
+        if reload:  # an earlier load broke off somewhere: trust no cached frame
+            self.frames.drop_cached()
+            old_frame_head = record["frame_head"]
+        for disk in self.ring.disk.values():
+            disk.close()
+        self.ring = self._new_ring(record)
+        self.frames.catch_up(old_frame_head, record["frame_head"], record["frame_oldest"], record["frame_rows"])
+        self.streams = Streams(self.schema.observations)
+        self._restore(record)
+        self.log.record = record
+        self.app_meta = dict(record.get("app", {}))
+        # sets and samplers made from now on start from this commit (live ones keep their own state)
+        self.priorities.reload(self.ring, record.get("priorities", {}))
+        self.samplers.reload(record.get("samplers", {}))
+        self._bound_by_newest_commit()
+        self._check_frame_links(record)
+        self.needs_reload = False
+        return True
+
+    def _bound_by_newest_commit(self) -> None:
+        """Right after loading a commit's files: a later commit may have replaced some of them meanwhile.
+        Narrow the valid range to the newest record, read after loading."""
+        record = self.watcher.newest()
+        ring, frames = self.ring, self.frames
+        ring.oldest = min(max(ring.oldest, record["oldest"]), ring.head)
+        frames.oldest = min(max(frames.oldest, record["frame_oldest"]), frames.head)
+        ring.advance_past_frames(frames.oldest)
+
+    def still_valid(self, g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray) -> bool:
+        """Readers: were transitions ``g`` and frames ``obs_ids``/``next_ids``, just read, still the
+        committed ones (see ``CommitWatcher.still_valid``)? Writers: always."""
+        return self.watcher is None or self.watcher.still_valid(
+            int(g.min()), min(int(obs_ids.min()), int(next_ids.min())))
+
+    # -- reading, safe against a writer in another process ---------------------------------------
+    def draw(self, buf: BatchBuffers, rng: np.random.Generator, drain: Callable[[], None], **draw: Any) -> None:
+        """Draw a batch into ``buf`` (``sampling.draw.draw_into`` with ``draw``'s options), after ``drain()``
+        (pending adds); a reader draws again if the writer overwrote what it read."""
+        if self.needs_reload:
+            self.refresh()
+        for _ in range(10):
+            drain()
+            read = draw_into(self.ring, self.reader, self.schema.frame_stack, buf, rng,
+                             decode_reward=self._decode_reward, **draw)
+            if self.still_valid(*read):
+                return
+            self.refresh()
+        raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled")
+
+    def gather(self, g: np.ndarray, buf: BatchBuffers) -> None:
+        """Transitions ``g`` (which must be valid) into ``buf``; a reader re-checks them against a newer commit
+        if the writer overwrote what it read."""
+        if self.needs_reload:
+            self.refresh()
+        for _ in range(2):
+            obs_ids, next_ids, valid = self.ring.stack_frames(g, self.schema.frame_stack, self.frames.head)
+            if not valid.all():
+                raise IndexError(f"transition ids {g[~valid][:8].tolist()} are not valid (valid ids lie in "
+                                 f"[{self.ring.oldest}, {self.ring.head}) and need their frame stack)")
+            assemble(self.ring, self.reader, g, obs_ids, next_ids, buf)
+            if self.still_valid(g, obs_ids, next_ids):
+                return
+            self.refresh()  # then re-check validity against the newer commit
+
+    def close(self) -> None:
+        self.reader.stop_preload()
+        self.frames.close()
+        self.reader.cleared()
+        for disk in self.ring.disk.values():
+            disk.close()
+        self.priorities.close()
