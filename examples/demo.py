@@ -1,13 +1,15 @@
 """The main job: train a DQN on CartPole while recording into an on-disk store, stop, resume in a new
 process from the persisted experience, and report.
 
-    python -m mmreplay.demo [--out DIR] [--steps N] [--resume-steps N]
+    python examples/demo.py [--out DIR] [--steps N] [--resume-steps N] [--atari]
+
+(from the root of a clone, after ``pip install -e ".[demo]"``; ``mmreplay demo`` runs this file too).
 
 Phase 1 trains for ``--steps`` env steps, recording every transition, then exits (weights saved as
 ``.npz``, no pickle). Phase 2 runs in a *fresh process*: it reopens the store — same transitions,
 episodes, cursor and sampler RNG state — and keeps training on that experience plus new steps. The
 report prints episodes, returns, store size and bytes per transition, and a PNG plot is written when
-matplotlib is installed.
+matplotlib is installed. ``--atari`` runs the Atari variant, ``examples/demo_atari.py``.
 """
 
 from __future__ import annotations
@@ -165,7 +167,7 @@ def plot_returns(phases: list[dict], out: str) -> str | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmreplay.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python examples/demo.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_out", help="directory for the store, weights and report")
     parser.add_argument("--steps", type=int, default=15_000, help="env steps in phase 1")
     parser.add_argument("--resume-steps", type=int, default=15_000, help="env steps in phase 2 (new process)")
@@ -176,7 +178,7 @@ def main(argv=None) -> int:
     parser.add_argument("--phase", type=int, choices=(1, 2), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.atari:
-        from mmreplay import demo_atari
+        import demo_atari  # beside this file (the script's folder is on sys.path)
 
         steps = args.steps if "--steps" in (argv if argv is not None else sys.argv) else 10_000
         return demo_atari.main(os.path.join(args.out, "atari"), steps)
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
     if os.path.exists(args.out):
         shutil.rmtree(args.out)
     os.makedirs(args.out)
-    base = [sys.executable, "-m", "mmreplay.demo", "--out", args.out, "--steps", str(args.steps),
+    base = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--steps", str(args.steps),
             "--resume-steps", str(args.resume_steps), "--capacity", str(args.capacity), "--seed", str(args.seed)]
     print(f"[phase 1] training {args.steps:,} steps, recording into {args.out}/store ...")
     subprocess.run(base + ["--phase", "1"], check=True)
