@@ -80,7 +80,6 @@ def record_and_train(path: str, steps: int, updates: int, create: bool, seed: in
 
 def main(out: str, steps: int, updates: int = 300) -> int:
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "pong_store")
     results = []
     for phase, create in ((1, True), (2, False)):
         cmd = [sys.executable, os.path.abspath(__file__), "--out", out, "--steps", str(steps), "--updates",

@@ -11,7 +11,8 @@ BENCH = os.path.join(REPO, "scripts", "bench.py")
 
 
 def _bench(*args):
-    return subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, timeout=300, check=True).stdout
+    return subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, timeout=300,
+                          check=True).stdout
 
 
 def _system(b32, b256, **extra):

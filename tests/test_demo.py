@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from mmreplay.cli import main
 from mmreplay.cli import demo as cli_demo
+from mmreplay.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "examples", "demo.py")

@@ -101,7 +101,8 @@ def cmd_export(args) -> int:
 def cmd_import(args) -> int:
     from mmreplay.datasets import import_dataset
 
-    kwargs = {"capacity": args.capacity, "frame_stack": args.frame_stack, "progress": Progress("importing", unit="transitions")}
+    kwargs = {"capacity": args.capacity, "frame_stack": args.frame_stack,
+              "progress": Progress("importing", unit="transitions")}
     if args.reward_values:
         kwargs["reward_values"] = [float(v) for v in args.reward_values.split(",")]
     if args.format != "minari":
