@@ -347,7 +347,7 @@ class Store:
         """Per observation key: hits, misses, evictions and bytes of the decoded-frame cache, and under
         ``"compressed"`` the compressed shards held in RAM below it (see docs/guide.md, "Cache budget")."""
         self._check_open()
-        return {name: col.stats() for name, col in self._state.reader.columns.items()}
+        return self._state.reader.stats()
 
     def _locked(self, read):
         """``read()`` under the lock, on an open store, with nothing pending."""

@@ -23,9 +23,8 @@ import numpy as np
 from gymnasium import spaces
 
 import mmreplay
+from mmreplay.cli.quickbench import atari_fixture, fill
 from mmreplay.datasets import export_dataset
-
-FIXTURE = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "atari_fixture.npz")
 
 
 def dir_bytes(path: str) -> int:
@@ -35,14 +34,11 @@ def dir_bytes(path: str) -> int:
 
 
 def image_store(path: str, repeat: int) -> None:
-    with np.load(FIXTURE, allow_pickle=False) as d:
-        fx = {k: d[k] for k in d.files}
+    """The packaged Atari fixture (the same file as tests/data/atari_fixture.npz) added ``repeat`` times."""
+    fx = atari_fixture()
     with mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6), capacity=None,
                                frame_stack=4, reward_values=(-1, 0, 1)) as store:
-        for _ in range(repeat):
-            for t in range(len(fx["action"])):
-                store.add(fx["frames"][fx["obs_index"][t]], int(fx["action"][t]), float(np.sign(fx["reward"][t])),
-                          fx["frames"][fx["next_obs_index"][t]], bool(fx["terminated"][t]), bool(fx["truncated"][t]))
+        fill(store, fx, repeat * len(fx["action"]))
 
 
 def lowdim_store(path: str, steps: int) -> None:

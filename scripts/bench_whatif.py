@@ -11,6 +11,7 @@ Works on a store that ``scripts/bench.py --keep-stores`` left behind (e.g.
     python scripts/bench_whatif.py gather                                               # np.take vs index_select
 
 Add ``--mmreplay-rev SHA`` to use the same git snapshot as bench.py (it reuses bench.py's snapshot folder).
+Measurement helpers come from ``scripts/benchmarks/`` (``measure``, ``tasks_mmreplay.warm_up``, ``runner``).
 """
 from __future__ import annotations
 
@@ -61,24 +62,9 @@ def _patch(variant: str) -> None:
 
 
 def _warm(smp, store, max_s=30.0, window_s=1.0):
-    """Sample until the cache hit rate is stable (two 1 s windows within 0.5 points), at most max_s."""
-    def totals():
-        st = store.cache_stats()
-        return sum(v["hits"] for v in st.values()), sum(v["misses"] for v in st.values())
-    t0, prev, stable = time.perf_counter(), None, 0
-    while time.perf_counter() - t0 < max_s:
-        h0, m0 = totals()
-        t1 = time.perf_counter()
-        while time.perf_counter() - t1 < window_s:
-            next(smp)
-        h1, m1 = totals()
-        d = (h1 - h0) + (m1 - m0)
-        hr = (h1 - h0) / d if d else 1.0
-        stable = stable + 1 if prev is not None and abs(hr - prev) < 0.005 else 0
-        prev = hr
-        if stable >= 2:
-            break
-    return prev
+    """Sample until the cache hit rate is stable (as bench.py warms up), at most ``max_s``."""
+    from benchmarks.tasks_mmreplay import warm_up
+    return warm_up(smp, store, window_s, 0.0, max_s)
 
 
 def _measured_phase(smp, windows, window_s):
@@ -94,8 +80,8 @@ def _measured_phase(smp, windows, window_s):
 
 
 def child(spec: dict) -> dict:
-    import peers
-    peers.tune_malloc()
+    from benchmarks.measure import tune_malloc
+    tune_malloc()
     import gc
 
     import torch  # noqa: F401
@@ -142,7 +128,7 @@ def run_child(spec: dict, wrap=None) -> dict:
 
 
 def other_cpu_probe(seconds=2.0) -> float:
-    from bench import CpuMeter
+    from benchmarks.measure import CpuMeter
     m = CpuMeter()
     time.sleep(seconds)
     return m.result()["other_cpu_cores"]
@@ -228,8 +214,8 @@ def cmd_profile(a) -> None:
 
 def cmd_decode(a) -> None:
     """Cost of one cache miss: each stage alone, then the three ways of running many of them."""
-    import peers
-    peers.tune_malloc()
+    from benchmarks.measure import tune_malloc
+    tune_malloc()
     import torch  # noqa: F401
 
     import mmreplay
@@ -306,7 +292,7 @@ def cmd_gather(a) -> None:
     process competing for the 2 cores (each in a fresh child)."""
     code = r'''
 import sys, time, numpy as np, torch
-sys.path.insert(0, %r); import peers; peers.tune_malloc()
+sys.path.insert(0, %r); from benchmarks.measure import tune_malloc; tune_malloc()
 slab = np.random.default_rng(0).integers(0, 255, (100000, 84, 84), np.uint8); ts = torch.from_numpy(slab)
 out = torch.empty((1024, 84, 84), dtype=torch.uint8); rng = np.random.default_rng(1)
 def isel():
@@ -365,7 +351,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.mmreplay_rev:
-        from bench import snapshot_rev
+        from benchmarks.runner import snapshot_rev
         src = snapshot_rev(a.mmreplay_rev, "/tmp/mmreplay_bench")
         os.environ["MMREPLAY_BENCH_SRC"] = src
         sys.path.insert(0, src)

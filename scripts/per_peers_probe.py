@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rates of the PER peers (``scripts/peers.py``: ``cpprb_per``, ``torchrl_per``).
+"""Rates of the PER peers (``scripts/benchmarks/peers/``: ``cpprb_per``, ``torchrl_per``).
 
     python scripts/per_peers_probe.py                  # low-dim 1M + Atari 100k (n_envs 1 and 8)
     python scripts/per_peers_probe.py --quick          # tiny smoke run
@@ -11,7 +11,7 @@ at a time (``make_lowdim(kind, N, 8)``); ``atari`` = ``synthetic_stream`` 84x84 
 frame stack 4, 100k transitions, ``n_envs`` 1 and 8 (stacks generated per chunk of steps, untimed; a
 chunk ends every env's episode with a truncation).  Capacity = N.
 
-Each (peer, workload) runs in a FRESH process (``peers.tune_malloc()``, torch threads left at their
+Each (peer, workload) runs in a FRESH process (``measure.tune_malloc()``, torch threads left at their
 default, as ``scripts/bench.py`` does), after waiting for a quiet machine (1-min load < ``--max-load``).
 
 * ``add/s``: transitions/s while filling the empty buffer (only ``add_batch`` calls are timed).
@@ -55,7 +55,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench import rate_windows  # noqa: E402  (the same windows as the benchmark)
+from benchmarks import peers  # noqa: E402  (after the path set-up above)
+from benchmarks.measure import CpuMeter, rate_windows, time_adds, tune_malloc  # noqa: E402  (as bench.py measures)
+from benchmarks.sources import synthetic_stream  # noqa: E402
 
 
 # --------------------------------------------------------------------------
@@ -109,27 +111,17 @@ def rebuild_torchrl_ext(build_dir="/tmp/mmreplay_torchrl_ext_build") -> str:
 # --------------------------------------------------------------------------
 # one run (fresh process)
 # --------------------------------------------------------------------------
-def _busy_s():
-    """CPU-seconds all processes spent busy so far (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def others_cores(fn):
     """Run ``fn()``; return (its result, cores that OTHER processes kept busy meanwhile)."""
-    b0, c0, t0 = _busy_s(), time.process_time(), time.perf_counter()
+    meter = CpuMeter()
     out = fn()
-    dt = time.perf_counter() - t0
-    return out, max(0.0, (_busy_s() - b0) - (time.process_time() - c0)) / dt
+    return out, meter.result()["other_cpu_cores"]
 
 
 def run_one(spec: dict) -> dict:
     import logging
 
-    import peers
-    tuned = peers.tune_malloc()
+    tuned = tune_malloc()
     import torch
     kind, wl, n, E = spec["peer"], spec["workload"], spec["n"], spec["n_envs"]
     if kind.startswith("torchrl"):
@@ -146,15 +138,11 @@ def run_one(spec: dict) -> dict:
     t_add, done, c = 0.0, 0, 0
     while done < steps:
         k = min(chunk, steps - done)
-        d = peers.synthetic_stream(k, E, shape, dtype, S, n_actions=nA, seed=1000 + c)
+        d = synthetic_stream(k, E, shape, dtype, S, n_actions=nA, seed=1000 + c)
         d["truncated"][-1] |= ~d["terminated"][-1]        # chunk boundary = episode end
         o, a, r, no, te, tr = (d[x] for x in ("obs", "action", "reward", "next_obs",
                                               "terminated", "truncated"))
-        add = rb.add_batch
-        t0 = time.perf_counter()
-        for i in range(k):
-            add(o[i], a[i], r[i], no[i], te[i], tr[i])
-        t_add += time.perf_counter() - t0
+        t_add += time_adds(rb.add_batch, (o, a, r, no, te, tr), k)
         done += k
         c += 1
         del d, o, no

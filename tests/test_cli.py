@@ -69,7 +69,7 @@ def test_plot_writes_a_png(small_store, tmp_path, capsys):
 
 
 def test_episode_lengths(small_store):
-    from mmreplay.plot import episode_lengths
+    from mmreplay.cli.plot import episode_lengths
 
     with mmreplay.Store.open(small_store, mode="r") as s:
         assert episode_lengths(s).tolist() == [50] * 6
@@ -211,8 +211,8 @@ def test_plot_panels_for_an_image_store_with_priorities(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mmreplay.plot import store_figure
-    from mmreplay.quickbench import atari_fixture, fill
+    from mmreplay.cli.plot import store_figure
+    from mmreplay.cli.quickbench import atari_fixture, fill
 
     path = str(tmp_path / "atari")
     with mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6), capacity=1000,
@@ -239,7 +239,7 @@ def test_plot_of_a_low_dim_store_shows_observations(store_path):
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from mmreplay.plot import store_figure
+    from mmreplay.cli.plot import store_figure
 
     store, _ = drive_streams(store_path, 400, None, seed=7, reward_values=None)
     store.close()
@@ -282,3 +282,10 @@ def test_progress_bar_is_tqdm_on_a_terminal(monkeypatch):
     assert bar.bar is None  # closed at the last call
     text = term.getvalue()
     assert "verifying" in text and "10/10" in text and "shards" in text
+
+
+def test_python_dash_m_mmreplay_is_the_command():
+    out = subprocess.run([sys.executable, "-m", "mmreplay", "--help"], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    for command in ("info", "verify", "plot", "bench", "demo", "export", "import"):
+        assert command in out

@@ -1,15 +1,22 @@
 """The README's main job, small: record, stop, resume in a new process, report (and the Atari variant
-where ale-py is installed)."""
+where ale-py is installed). The demo is example code, ``examples/demo.py``; ``mmreplay demo`` runs it."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 
+from mmreplay.cli import demo as cli_demo
+from mmreplay.cli import main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "examples", "demo.py")
+
 
 def test_demo_trains_stops_resumes_and_reports(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "mmreplay.demo", "--out", str(tmp_path / "demo"), "--steps",
-                          "1500", "--resume-steps", "1500"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, DEMO, "--out", str(tmp_path / "demo"), "--steps", "1500",
+                          "--resume-steps", "1500"], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
     assert "reopened" in out and "resuming at step 1,500" in out
     assert "3,000 transitions valid" in out and "bytes per transition" in out
     assert (tmp_path / "demo" / "q_weights.npz").exists()
@@ -18,6 +25,33 @@ def test_demo_trains_stops_resumes_and_reports(tmp_path):
 def test_atari_demo_memory_story(tmp_path):
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
-    out = subprocess.run([sys.executable, "-m", "mmreplay.demo", "--atari", "--out", str(tmp_path / "d"),
-                          "--steps", "600"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, DEMO, "--atari", "--out", str(tmp_path / "d"), "--steps", "600"],
+                         check=True, capture_output=True, text=True, cwd=tmp_path).stdout
     assert "transitions kept: 1,200" in out and "SB3 ReplayBuffer would hold them" in out
+
+
+def test_cli_demo_finds_the_example_of_this_clone():
+    assert os.path.samefile(cli_demo.find_demo(), DEMO)
+
+
+def test_cli_demo_runs_the_script_with_its_options_and_passes_its_exit_status(tmp_path, monkeypatch):
+    seen = tmp_path / "argv.txt"
+    script = tmp_path / "fake_demo.py"
+    script.write_text(f"import sys\nopen({str(seen)!r}, 'w').write(' '.join(sys.argv[1:]))\nsys.exit(3)\n")
+    monkeypatch.setattr(cli_demo, "find_demo", lambda: str(script))
+    assert main(["demo", "--atari", "--out", str(tmp_path / "run")]) == 3
+    assert seen.read_text() == f"--out {tmp_path / 'run'} --atari"
+
+
+def test_cli_demo_without_a_clone_says_how_to_run_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli_demo, "demo_candidates", lambda: [str(tmp_path / "nowhere" / "demo.py")])
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "python examples/demo.py" in err and "nowhere" in err
+
+
+def test_old_spelling_still_runs_the_demo_with_a_deprecation_warning(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mmreplay.demo", "--help"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "python examples/demo.py" in proc.stdout and "--resume-steps" in proc.stdout
+    assert "DeprecationWarning" in proc.stderr and "python examples/demo.py" in proc.stderr

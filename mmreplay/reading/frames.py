@@ -100,15 +100,16 @@ class ColumnReader:
         # frames decoded straight into batches (only for one-frame chunks: images)
         self.direct = direct and self.resident is not None and spec.chunk_rows == 1
 
-    def stats(self) -> dict:
-        """``cache_stats()`` of this key: the decoded cache, and under ``"compressed"`` the tier below it."""
+    def stats(self, loading: bool = False) -> dict:
+        """``cache_stats()`` of this key: the decoded cache, and under ``"compressed"`` the tier below it
+        (``loading``: the background pass that reads the shards into it is still running)."""
         res = self.resident
         return {**self.cache.stats.as_dict(),
                 "compressed": {"hits": self.tier.hits, "misses": self.tier.misses,
                                "shard_loads": 0 if res is None else res.loads,
                                "bytes": 0 if res is None else res.nbytes,
                                "capacity_bytes": self.tier.capacity_bytes,
-                               "compiled": self.codec is not None, "direct": self.direct}}
+                               "compiled": self.codec is not None, "direct": self.direct, "loading": loading}}
 
     def invalidate_rows(self, lo: int, hi: int) -> None:
         c = self.spec.chunk_rows
@@ -262,6 +263,11 @@ class FrameReader(FrameEvents):
                 if res is None or shard in res.buffers or res.nbytes >= col.tier.capacity_bytes:
                     continue
                 res.load(shard, col.tier.capacity_bytes)
+
+    def stats(self) -> dict[str, dict]:
+        """Per observation key, what ``Store.cache_stats()`` returns."""
+        loading = self._preloader is not None and self._preloader.is_alive()
+        return {name: col.stats(loading) for name, col in self.columns.items()}
 
     def stop_preload(self) -> None:
         self._stop.set()

@@ -3,6 +3,8 @@
 
     python scripts/bench.py --larger-than-ram [--ltr-n 1000000] [--ltr-limit 2e9] [--json out.json]
 
+Invariant: every figure comes from a child process; the cgroup is removed whatever happens.
+
 What each child measures (every child a fresh process; the page cache is dropped before the cgroup ones):
 
 ``mmreplay``  (in the cgroup, default settings) ``Store.open`` of the 1M store, then batch-32 for the first
@@ -24,15 +26,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402
-from bench import (MiB, AtariSource, drop_caches, io_read_bytes, log, make_memory_cgroup, peak_rss_bytes,  # noqa: E402
-                   rate_windows, read_cgroup_stats, remove_cgroup)
+from ..cgroup import make_memory_cgroup, read_cgroup_stats, remove_cgroup
+from ..child import child_setup
+from ..measure import dir_bytes, drop_caches, io_read_bytes, log, peak_rss_bytes, rate_windows
+from ..sources import AtariSource
+from ..tasks_peers import task_peer
+from .base import Mode
 
 STACK = 4
 
@@ -73,25 +76,37 @@ def verify_batches(store, n_batches: int, batch: int = 256) -> dict:
     return {"verified": checked, "wrong": wrong}
 
 
-def codec_rate(store, n: int = 20000) -> float:
-    """Single-core frames/s of the compiled decode (checksum + codec) over random chunks held in RAM."""
+def codec_rate(path: str, n_shards: int = 40, frame_bytes: int = 84 * 84) -> float:
+    """Single-core frames/s of the codec on this store's chunks held in RAM: the compiled decode (checksum
+    and blosc/lz4), one thread, over the chunks of ``n_shards`` shard files read whole."""
+    import glob
     from mmreplay.reading import native
-    col = store._reader.columns["obs"]
-    res = col.resident
-    if res is None:
-        return float("nan")
-    held = np.flatnonzero(res.chunk_addr > 0)
+    from mmreplay.storage.shardfile import EMPTY, index_nbytes, parse_index
+    with open(os.path.join(path, "frames", "obs", "zarr.json")) as f:  # plain zarr v3 metadata
+        meta = json.load(f)
+    per = meta["chunk_grid"]["configuration"]["chunk_shape"][0] // \
+        meta["codecs"][0]["configuration"]["chunk_shape"][0]
+    files = sorted(glob.glob(os.path.join(path, "frames", "obs", "c", "*", "0", "0")))[:n_shards]
+    bufs, src, size = [], [], []
+    for f in files:
+        raw = np.fromfile(f, dtype=np.uint8)
+        index = parse_index(raw[raw.size - index_nbytes(per):].tobytes(), per, f)
+        used = index[:, 0] != EMPTY
+        bufs.append(raw)
+        src.append(raw.ctypes.data + index[used, 0].astype(np.int64))
+        size.append(index[used, 1].astype(np.int64))
+    src, size = np.concatenate(src), np.concatenate(size)
     rng = np.random.default_rng(0)
-    out = np.empty((256, col.cache.chunk_nbytes), np.uint8)
-    dst = out.ctypes.data + np.arange(256, dtype=np.int64) * col.cache.chunk_nbytes
+    out = np.empty((256, frame_bytes), np.uint8)
+    dst = out.ctypes.data + np.arange(256, dtype=np.int64) * frame_bytes
     status = np.empty(256, np.int8)
     times = []
-    for _ in range(max(1, n // 256)):
-        ch = rng.choice(held, 256)
-        src, size = res.chunk_addr[ch], res.chunk_size[ch]
+    for _ in range(100):
+        pick = rng.integers(0, src.size, 256)
         t0 = time.perf_counter()
-        native.decode_chunks(src, size, dst, np.zeros_like(dst), col.cache.chunk_nbytes, col.codec, status)
+        native.decode_chunks(src[pick], size[pick], dst, np.zeros_like(dst), frame_bytes, native.CODEC_BLOSC, status)
         times.append(time.perf_counter() - t0)
+    assert (status == 0).all()
     return 256 / float(np.median(times))
 
 
@@ -101,7 +116,7 @@ def decoded(store) -> int:
 
 
 def task_mmreplay(spec: dict) -> dict:
-    bench._child_setup()
+    child_setup()
     import mmreplay
     res = {"page_cache_dropped": drop_caches() if spec.get("cold") else False}
     io0 = io_read_bytes()
@@ -116,7 +131,7 @@ def task_mmreplay(spec: dict) -> dict:
         res["cold_disk_read_bytes"] = (io_read_bytes() or 0) - (io0 or 0)
     # warm: once every shard the tier will hold is in RAM (the preloader's pass) and the hit rate settled
     t_end = time.perf_counter() + spec["warm_max_s"]
-    while s._reader._preloader is not None and s._reader._preloader.is_alive() and time.perf_counter() < t_end:
+    while s.cache_stats()["obs"]["compressed"]["loading"] and time.perf_counter() < t_end:
         next(smp32)
     res["warm_hit_rate"] = warm_up(s, smp32, spec["window_s"], spec["warm_max_s"])
     smp256 = s.sampler(256, seed=2, name="b256")
@@ -126,7 +141,7 @@ def task_mmreplay(spec: dict) -> dict:
         res[f"b{B}_per_s"] = float(np.median(rates))
         res[f"b{B}_windows"] = rates
         res[f"b{B}_decoded_frames_per_s"] = (decoded(s) - d0) / (time.perf_counter() - t0)
-    res["codec_frames_per_s_one_core"] = codec_rate(s)
+    res["codec_frames_per_s_one_core"] = codec_rate(spec["path"])
     res["cores"] = os.cpu_count()
     res["cache_stats"] = s.cache_stats()
     res.update(verify_batches(s, spec["verify_batches"]))
@@ -139,7 +154,7 @@ def task_mmreplay(spec: dict) -> dict:
 
 def task_memmap(spec: dict) -> dict:
     """A raw frame file sampled as users do without a library: fancy indexing of a memmap."""
-    bench._child_setup()
+    child_setup()
     import torch
     res = {"page_cache_dropped": drop_caches()}
     meta = np.load(spec["index"])
@@ -164,7 +179,7 @@ def task_memmap(spec: dict) -> dict:
 
 
 def task_sb3(spec: dict) -> dict:
-    return bench.task_peer({**spec, "system": "sb3", "workload": "atari", "n_envs": 1, "batch_sizes": [32, 256]})
+    return task_peer({**spec, "system": "sb3", "workload": "atari", "n_envs": 1, "batch_sizes": [32, 256]})
 
 
 def warm_up(store, smp, window_s: float, max_s: float) -> float:
@@ -184,7 +199,7 @@ def warm_up(store, smp, window_s: float, max_s: float) -> float:
 
 
 def task_mm_100k(spec: dict) -> dict:
-    bench._child_setup()
+    child_setup()
     import mmreplay
     s = mmreplay.Store.open(spec["path"], mode="r")  # default settings
     res = {}
@@ -200,8 +215,6 @@ def task_mm_100k(spec: dict) -> dict:
     return res
 
 
-TASKS = {"ltr_mmreplay": task_mmreplay, "ltr_memmap": task_memmap, "ltr_sb3": task_sb3, "ltr_mm_100k": task_mm_100k}
-bench.TASKS.update(TASKS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,11 +251,12 @@ def write_memmap_ring(workdir: str, n: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 def run(runner, args) -> dict:
     n, wd = args.ltr_n, runner.workdir
-    base = {"windows": args.windows or 7, "window_s": args.window_s or 1.0, "warmup_s": args.warmup_s or 3.0,
+    base = {"windows": args.windows, "window_s": args.window_s, "warmup_s": max(args.warmup_s, 1.0),
             "cold_s": args.ltr_cold_s, "warm_max_s": 120.0, "verify_batches": args.ltr_verify_batches}
     out = {"n": n, "limit_bytes": args.ltr_limit}
+    small = 10_000 if args.quick else 100_000  # SB3's in-RAM buffer and mmreplay's default-budget store
     stores = {}
-    for size in (n, 100_000):
+    for size in (n, small):
         path = os.path.join(wd, f"store_cgroup_atari_{size}")
         if not (args.reuse_store and os.path.exists(os.path.join(path, "zarr.json"))):
             fill = runner.child({"task": "mm_fill", "workload": "atari", "n": size, "n_envs": 1, "path": path},
@@ -252,18 +266,18 @@ def run(runner, args) -> dict:
         stores[size] = path
     ring = write_memmap_ring(wd, n)
     out["memmap_bytes"] = ring["bytes"]
-    out["store_bytes"] = bench.dir_bytes(stores[n])
+    out["store_bytes"] = dir_bytes(stores[n])
     cg = make_memory_cgroup(args.ltr_limit, f"mmreplay_ltr_{os.getpid()}")
     runs = {"mmreplay": [], "memmap": [], "sb3": [], "mm_100k": []}
     try:
         for rnd in range(args.ltr_repeats):
-            runs["sb3"].append(runner.child({**base, "task": "ltr_sb3", "n": 100_000}, label=f"ltr/sb3 100k r{rnd}",
+            runs["sb3"].append(runner.child({**base, "task": "ltr_sb3", "n": small}, label=f"ltr/sb3 {small:,} r{rnd}",
                                             timeout=args.child_timeout))
             runs["mmreplay"].append(runner.child({**base, "task": "ltr_mmreplay", "path": stores[n], "cold": True},
                                                  cgroup=cg, label=f"ltr/mmreplay {n:,} in cgroup r{rnd}",
                                                  timeout=args.child_timeout))
-            runs["mm_100k"].append(runner.child({**base, "task": "ltr_mm_100k", "path": stores[100_000]},
-                                                label=f"ltr/mmreplay 100k r{rnd}", timeout=args.child_timeout))
+            runs["mm_100k"].append(runner.child({**base, "task": "ltr_mm_100k", "path": stores[small]},
+                                                label=f"ltr/mmreplay {small:,} r{rnd}", timeout=args.child_timeout))
             if rnd == 0 or not args.ltr_memmap_once:
                 runs["memmap"].append(runner.child({**base, "task": "ltr_memmap", **ring}, cgroup=cg,
                                                    label=f"ltr/memmap ring in cgroup r{rnd}",
@@ -340,43 +354,45 @@ def report(out: dict, budget: int) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--larger-than-ram", action="store_true", help="only the larger-than-RAM benchmark (issue #11)")
-    p.add_argument("--ltr-n", type=int, default=1_000_000)
-    p.add_argument("--ltr-limit", type=lambda v: int(float(v)), default=2_000_000_000)
-    p.add_argument("--ltr-cold-s", type=float, default=10.0)
-    p.add_argument("--ltr-repeats", type=int, default=2)
-    p.add_argument("--ltr-verify-batches", type=int, default=40)
-    p.add_argument("--ltr-memmap-once", action="store_true", help="run the (slow) memmap ring child once only")
-    p.add_argument("--reuse-store", action="store_true")
 
 
-def main(argv=None) -> int:
-    import argparse
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    for name, kw in (("--windows", int), ("--window-s", float), ("--warmup-s", float)):
-        p.add_argument(name, type=kw, default=None)
-    p.add_argument("--workdir", default=bench.DEFAULT_WORKDIR)
-    p.add_argument("--child-timeout", type=float, default=1800)
-    p.add_argument("--quiet-cores", type=float, default=0.3)
-    p.add_argument("--quiet-max-wait", type=float, default=60)
-    p.add_argument("--json", default=None)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    if a.child:
-        return bench.child_main(a.child)
-    runner = bench.Runner(a)
-    runner_file = os.path.abspath(__file__)
-    bench.__file__ = runner_file  # children start this script, which registers the tasks above
-    out = run(runner, a)
-    from mmreplay.store import DEFAULT_CACHE_BYTES
-    print(report(out, DEFAULT_CACHE_BYTES))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1, default=float)
-    return 0
+class LargerThanRamMode(Mode):
+    key = "larger_than_ram"
+    exclusive = True
+    tasks = {"ltr_mmreplay": task_mmreplay, "ltr_memmap": task_memmap, "ltr_sb3": task_sb3,
+             "ltr_mm_100k": task_mm_100k}
 
+    def add_arguments(self, p) -> None:
+        p.add_argument("--larger-than-ram", action="store_true",
+                       help="only the larger-than-RAM benchmark: a 1M Atari store in a 2 GB cgroup vs SB3 100k in "
+                            "RAM and a numpy memmap frame ring in the same cgroup (issue #11)")
+        p.add_argument("--ltr-n", type=int, default=None, help="transitions of the big store (default 1000000)")
+        p.add_argument("--ltr-limit", type=lambda v: int(float(v)), default=2_000_000_000,
+                       help="the cgroup's memory limit, bytes (default 2e9)")
+        p.add_argument("--ltr-cold-s", type=float, default=10.0, help="seconds after open counted as cold")
+        p.add_argument("--ltr-repeats", type=int, default=None, help="rounds of the children (default 2; quick 1)")
+        p.add_argument("--ltr-verify-batches", type=int, default=40, help="batches of 256 checked against the frames")
+        p.add_argument("--ltr-memmap-once", action="store_true", help="run the (slow) memmap ring child once only")
 
-if __name__ == "__main__":
-    sys.exit(main())
+    def finish_args(self, a, quick: bool, argv: list[str]) -> None:
+        if a.ltr_n is None:
+            a.ltr_n = 50_000 if quick else 1_000_000
+        if a.ltr_repeats is None:
+            a.ltr_repeats = 1 if quick else 2
+
+    def requested(self, a) -> bool:
+        return a.larger_than_ram
+
+    def run(self, runner) -> dict:
+        return run(runner, runner.args)
+
+    def report(self, part: dict, results: dict, args) -> list[str]:
+        from mmreplay.settings import DEFAULT_CACHE_BYTES
+        return ["\n" + report(part, DEFAULT_CACHE_BYTES)]
+
+    def targets(self, part: dict, args, add) -> None:
+        if "summary" not in part:
+            return
+        from mmreplay.settings import DEFAULT_CACHE_BYTES
+        for name, value, threshold, _ in targets(part["summary"], DEFAULT_CACHE_BYTES):
+            add(name, value, threshold, unit="MB" if "RSS" in name else "x", le="RSS" in name)

@@ -15,11 +15,14 @@ import shutil
 import tempfile
 import time
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
-from gymnasium import spaces
 
-from mmreplay.store import Store
+from mmreplay.cli.progress import Progress
+
+if TYPE_CHECKING:
+    from mmreplay.store import Store
 
 #: ``scripts/bench.py`` at git 8a5007c on the 2-core dev VM (docs/performance.md): 100k real Atari
 #: transitions, frame stack 4, obs + next_obs as torch tensors, 1 GiB cache, warm; the peers' rates are
@@ -33,6 +36,22 @@ REFERENCE = {
     "batch256_per_s": {"mmreplay": 1_036, "numpy ring in RAM": 686, "SB3 ReplayBuffer": 433, "cpprb": 632,
                        "TorchRL LazyMemmap": 207},
 }
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="add/sample rates on real Atari frames, next to the reference run of "
+                                     "mmreplay and its peers (scripts/bench.py)")
+    p.add_argument("--n", type=int, default=20_000, help="transitions (the packaged real Atari fixture, replayed)")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    progress = Progress("adding", unit="transitions")
+    try:
+        run(n=args.n, batch_sizes=(32, 256), progress=progress)
+    finally:
+        progress.close()
+    return 0
 
 
 def atari_fixture() -> dict[str, np.ndarray]:
@@ -55,6 +74,11 @@ def fill(store: Store, fx: dict, n: int, progress=None) -> None:
 
 
 def run(n: int = 20_000, batch_sizes=(32, 256), seconds: float = 2.0, progress=None, out=print) -> dict:
+    """Fill a temporary store with ``n`` fixture transitions, sample it warm, print and return the rates."""
+    from gymnasium import spaces
+
+    from mmreplay.store import Store
+
     fx = atari_fixture()
     root = tempfile.mkdtemp(prefix="mmreplay-bench-")
     path = os.path.join(root, "store")

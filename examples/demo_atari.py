@@ -1,6 +1,7 @@
 """The Atari variant of the demo: the memory story.
 
-    python -m mmreplay.demo --atari [--steps 20000]     (needs the 'atari' extra: ale-py, opencv)
+    python examples/demo_atari.py [--out DIR] [--steps 10000]   (needs the 'atari' extra: ale-py, opencv)
+    python examples/demo.py --atari [--steps 10000]             (the same)
 
 Records random play of Pong (84x84 grayscale, AtariPreprocessing) into a store with ``frame_stack=4``,
 trains a small CNN Q-network on batches sampled from the store for a while, closes it, reopens it in a
@@ -10,6 +11,7 @@ here: bytes on disk, index RAM, and the frame cache.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -78,14 +80,13 @@ def record_and_train(path: str, steps: int, updates: int, create: bool, seed: in
 
 def main(out: str, steps: int, updates: int = 300) -> int:
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "pong_store")
     results = []
     for phase, create in ((1, True), (2, False)):
-        code = (f"import json, mmreplay.demo_atari as d; print(json.dumps(d.record_and_train({path!r}, {steps}, "
-                f"{updates}, {create}, {phase})))")
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", out, "--steps", str(steps), "--updates",
+               str(updates), "--phase", str(phase)]
         print(f"[atari phase {phase}] {'recording' if create else 'reopened the store in a new process; recording'}"
               f" {steps:,} steps of Pong, then {updates} CNN updates from the store ...")
-        out_text = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+        out_text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         results.append(json.loads(out_text.strip().splitlines()[-1]))
     info = results[-1]["info"]
     n = info["transitions"]
@@ -106,3 +107,22 @@ def main(out: str, steps: int, updates: int = 300) -> int:
           f"of RAM; mmreplay ~{info['disk_bytes'] * per_million / 1e9:.2f} GB on disk and "
           f"{info['index_ram_bytes_per_transition']:.0f} MB of index")
     return 0
+
+
+def cli(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python examples/demo_atari.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.path.join("demo_out", "atari"), help="directory for the store")
+    parser.add_argument("--steps", type=int, default=10_000, help="env steps recorded in each phase")
+    parser.add_argument("--updates", type=int, default=300, help="CNN updates from the store in each phase")
+    parser.add_argument("--phase", type=int, choices=(1, 2), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.phase:  # one phase in this (fresh) process: phase 1 creates the store, phase 2 reopens it
+        result = record_and_train(os.path.join(args.out, "pong_store"), args.steps, args.updates,
+                                  create=args.phase == 1, seed=args.phase)
+        print(json.dumps(result))
+        return 0
+    return main(args.out, args.steps, args.updates)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

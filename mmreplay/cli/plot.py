@@ -4,21 +4,44 @@ strip of frame thumbnails for image stores, observation values for low-dim store
 distribution of each prioritized sampler that committed priorities. Needs matplotlib (``plot`` extra).
 
 Invariant: read-only, memory bounded by a chunk (``stats.CHUNK`` transitions) or a capped sample, never
-by the store; counts of discrete actions and packed rewards are exact over every kept transition.
+by the store; counts of discrete actions and packed rewards are exact over every kept transition. Built
+on the public ``Store`` API (``valid_range``, ``get``, ``sample``, ``schema``) and ``mmreplay.stats``.
 """
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from mmreplay.stats import CHUNK, ColumnReader, committed_priorities, episode_stats
-from mmreplay.store import Store
+
+if TYPE_CHECKING:
+    from mmreplay.store import Store
 
 #: rows of a float column (continuous actions, float rewards) histogrammed: an evenly strided sample
 MAX_SAMPLE = 1_000_000
 #: transitions sampled (uniformly) for the observation histograms of a low-dim store
 MAX_OBS_ROWS = 20_000
 THUMBNAILS = 8
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plot", help="PNG histograms of observations, rewards, actions and episode lengths")
+    p.add_argument("path")
+    p.add_argument("--out", default="mmreplay_plot.png")
+    p.set_defaults(func=cmd_plot)
+
+
+def cmd_plot(args) -> int:
+    try:
+        out = plot_store(args.path, args.out)
+    except ImportError as exc:
+        print(f"mmreplay plot: needs matplotlib ({exc}); pip install 'mmreplay[plot]'", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
 
 
 def episode_lengths(store: Store) -> np.ndarray:
@@ -192,6 +215,8 @@ def plot_store(path: str, out: str) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from mmreplay.store import Store
 
     with Store.open(path, mode="r") as store:
         fig = store_figure(store, title=str(path))
