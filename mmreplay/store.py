@@ -397,8 +397,8 @@ class Store:
                 self._lock_fd = None
 
     def __del__(self) -> None:
-        if getattr(self, "_closed", True) or getattr(self, "mode", "r") != "a":
-            return
+        if getattr(self, "_closed", True) or getattr(self, "mode", "r") != "a" or not hasattr(self, "_state"):
+            return  # closed, a reader, or its construction failed (nothing was added)
         try:
             self.close()
         except Exception as exc:  # nobody to raise to: say it, at least
