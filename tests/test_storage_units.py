@@ -1,0 +1,160 @@
+"""Storage and cache modules as units, each against its stated invariant: shard files byte for byte as
+zarr defines them, chunk reads equal to zarr's, the decoded-chunk cache's slot bookkeeping and LRU order,
+and the frame ring's events to its reader."""
+
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+from mmreplay.columns.spec import ColumnSpec
+from mmreplay.errors import CorruptDataError
+from mmreplay.reading.cache import ChunkCache
+from mmreplay.storage.frame_ring import FrameEvents, FrameRing
+from mmreplay.storage.layout import ArrayLayout
+from mmreplay.storage.sharded import ShardedArray
+from mmreplay.storage.shardfile import EMPTY, build_shard, index_nbytes, parse_index, read_index
+
+CODEC = {"name": "blosc", "cname": "lz4", "clevel": 5}
+
+
+def layout(rows=64, shard_rows=16, chunk_rows=4) -> ArrayLayout:
+    return ArrayLayout("frames/obs", rows, (3, 5), "uint8", chunk_rows, shard_rows, CODEC)
+
+
+# -- shard files ------------------------------------------------------------------------------------
+def test_a_shard_is_its_chunks_then_an_index_with_a_checksum():
+    raw = build_shard([b"abc", None, b"defgh"])
+    n = 3
+    index = parse_index(raw[-index_nbytes(n):], n, "x")
+    assert index[0].tolist() == [0, 3] and index[2].tolist() == [3, 5]
+    assert (index[1] == EMPTY).all()  # an empty chunk: zarr's fill value
+    assert raw[:8] == b"abcdefgh"
+    damaged = bytearray(raw)
+    damaged[-10] ^= 1
+    with pytest.raises(CorruptDataError, match="index checksum"):
+        parse_index(bytes(damaged[-index_nbytes(n):]), n, "x")
+
+
+def test_an_index_that_points_past_the_data_is_refused(tmp_path):
+    raw = build_shard([b"abc", b"defgh"])
+    path = tmp_path / "shard"
+    path.write_bytes(raw[:2] + raw[8:])  # chunk bytes cut, index intact
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(CorruptDataError, match="past the chunk data"):
+            read_index(fd, os.fstat(fd).st_size, 2, "x")
+    finally:
+        os.close(fd)
+
+
+# -- chunk reads of a sharded array ------------------------------------------------------------------
+def test_chunk_reads_equal_what_zarr_reads(tmp_path):
+    lay = layout()
+    root = zarr.open_group(str(tmp_path), mode="w")
+    root.create_group("frames")
+    lay.create(root)
+    arr = ShardedArray(str(tmp_path), lay)
+    data = np.random.default_rng(0).integers(0, 4, (64, 3, 5), dtype=np.uint8) * 60
+    for shard in range(3):  # shard 3 never written
+        arr.write_shard(shard, data[shard * 16:(shard + 1) * 16], 16 if shard < 2 else 6)
+    z = zarr.open_array(str(tmp_path / lay.path), mode="r")
+    out = np.empty((4, 3, 5), np.uint8)
+    for chunk in range(12):
+        arr.read_chunk(chunk, out)
+        np.testing.assert_array_equal(out, z[chunk * 4:(chunk + 1) * 4])
+    with pytest.raises(CorruptDataError, match="missing"):
+        arr.read_chunk(13, out)  # a committed-looking read of a shard with no file
+    lenient = ShardedArray(str(tmp_path), lay, missing_ok=True)
+    lenient.read_chunk(13, out)
+    assert not out.any()
+
+
+def test_a_truncated_shard_file_is_an_error_naming_it(tmp_path):
+    lay = layout()
+    arr = ShardedArray(str(tmp_path), lay)
+    arr.write_shard(0, np.ones((16, 3, 5), np.uint8), 16)
+    path = lay.shard_file(str(tmp_path), 0)
+    raw = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(raw[: len(raw) // 2])
+    fresh = ShardedArray(str(tmp_path), lay)
+    with pytest.raises(CorruptDataError, match=r"frames/obs.*shard 0"):
+        fresh.read_chunk(0, np.empty((4, 3, 5), np.uint8))
+
+
+# -- the decoded-chunk cache -------------------------------------------------------------------------
+def cache(slots=4) -> ChunkCache:
+    return ChunkCache(100, (1, 2), np.uint8, budget_bytes=slots * 2, min_slots=slots)
+
+
+def test_admitted_chunks_are_found_and_marked_used():
+    c = cache()
+    slots = c.admit(np.array([7, 9]))
+    c.slab[slots] = [[[7, 7]], [[9, 9]]]
+    rows, chunks, hits = c.lookup_rows(np.array([9, 7, 8]), 0, 1)
+    assert hits == 2 and rows[2] == -1 and chunks.tolist() == [9, 7, 8]
+    assert c.slab[rows[0], 0].tolist() == [9, 9]
+    assert all(c.chunk_in[c.slot_of[ch]] == ch for ch in (7, 9))  # the invariant, both ways
+
+
+def test_the_least_recently_used_chunks_go_first_never_one_of_the_current_batch():
+    c = cache(slots=4)
+    for chunk in range(4):  # one batch each: ticks 1..4
+        c.lookup_rows(np.array([chunk]), 0, 1)
+        c.admit(np.array([chunk]))
+    c.lookup_rows(np.array([0, 1]), 0, 1)  # 0 and 1 used again
+    c.lookup_rows(np.array([10, 11]), 0, 1)
+    c.admit(np.array([10, 11]))
+    held = set(c.chunk_in[c.chunk_in >= 0].tolist())
+    assert {10, 11} <= held and not {2, 3} & held  # 2 and 3 were the least recently used
+
+
+def test_a_batch_larger_than_the_budget_grows_the_slab_and_forget_releases():
+    c = cache(slots=4)
+    c.lookup_rows(np.arange(6), 0, 1)
+    slots = c.admit(np.arange(6))
+    assert len(set(slots.tolist())) == 6 and c.n_slots >= 6
+    c.forget(np.array([1, 2]))
+    assert c.slot_of[1] == -1 and c.slot_of[2] == -1 and c.stats.bytes == 4 * c.chunk_nbytes
+    c.invalidate(0, 4)
+    assert (c.slot_of[:4] == -1).all()
+
+
+# -- the frame ring and its listener -----------------------------------------------------------------
+class Recorder(FrameEvents):
+    def __init__(self):
+        self.written, self.changed, self.replaced, self.grown = [], [], [], []
+
+    def shard_written(self, name, shard, raw):
+        self.written.append((name, shard, bytes(raw)))
+
+    def shards_changed(self, shards):
+        self.changed.append(list(shards))
+
+    def rows_replaced(self, lo, hi):
+        self.replaced.append((lo, hi))
+
+    def grown(self, rows):
+        self.grown.append(rows)
+
+
+def test_the_frame_ring_tells_its_reader_every_write_and_overwrite(tmp_path):
+    spec = ColumnSpec("obs", "frame", (84, 84), "uint8", chunk_rows=1, codec=CODEC)
+    ring = FrameRing(str(tmp_path), [spec], rows=32, shard_rows=8, unbounded=False, writable=False)
+    events = Recorder()
+    ring.listener = events
+    frames = np.arange(80, dtype=np.uint8)[:, None, None] * np.ones((1, 84, 84), np.uint8)
+    for lo in range(0, 80, 4):
+        ring.append({"obs": frames[lo:lo + 4]})
+        if lo == 0:
+            assert list(ring.ram_shards("obs")) == [0]  # the staging shard is read from RAM
+    ring.flush()
+    last = {shard: raw for _, shard, raw in events.written}  # what the reader was handed last per shard ...
+    assert set(last) == {0, 1, 2, 3}
+    for shard, raw in last.items():  # ... is what the file holds
+        assert raw == open(ring.columns["obs"].layout.shard_file(str(tmp_path), shard), "rb").read()
+    assert [0] in events.changed and [1] in events.changed  # the second lap gave up shards 0 and 1 first
+    assert ring.oldest >= 80 - 32
+    ring.close()
