@@ -395,13 +395,18 @@ class FrameReader(FrameEvents):
     def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes) -> None:
         """Compiled decodes, split over the codec threads when there are many; raises on the first bad one."""
         status = np.empty(src.size, dtype=np.int8)
-        if src.size >= PARALLEL_MIN_DECODES:
-            workers = decode_pool()._max_workers
-            parts = [slice(i, src.size, workers) for i in range(workers)]
-            bad = sum(decode_pool().map(lambda p: native.decode_chunks(src[p], sizes[p], dst[p], copies[p], nbytes,
-                                                                       col.codec, status[p]), parts))
+        def decode(part: slice) -> int:
+            return native.decode_chunks(src[part], sizes[part], dst[part], copies[part], nbytes, col.codec,
+                                        status[part])
+
+        if src.size >= PARALLEL_MIN_DECODES:  # contiguous parts; this thread decodes the first one itself
+            workers = min(decode_pool()._max_workers, os.cpu_count() or 1)
+            bounds = np.linspace(0, src.size, workers + 1).astype(int).tolist()
+            parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+            others = [decode_pool().submit(decode, p) for p in parts[1:]]
+            bad = decode(parts[0]) + sum(f.result() for f in others)
         else:
-            bad = native.decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status)
+            bad = decode(slice(None))
         if bad:
             i = int(np.flatnonzero(status != native.OK)[0])
             shard, inner = divmod(int(chunks[i]), col.resident.per_shard)

@@ -13,9 +13,10 @@ import traceback
 from .measure import CpuMeter, log, tune_malloc
 
 
-def child_setup():
-    """Every child's first step: the allocator setting and torch's thread count (left at its default)."""
-    tuned = tune_malloc()
+def child_setup(tune: bool = True):
+    """Every child's first step: the allocator setting (``tune=False``: glibc's defaults, as users run) and
+    torch's thread count (left at its default)."""
+    tuned = tune_malloc() if tune else False
     import torch
     return tuned, torch.get_num_threads()
 

@@ -31,6 +31,15 @@ def tune_malloc(threshold=1 << 30):
 
 
 def peak_rss_bytes() -> int:
+    """This process's peak RSS. VmHWM, not ``getrusage``: ``ru_maxrss`` survives ``execve``, so a child would
+    report its parent's peak when that was larger (the runner's, after it wrote a big input)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 

@@ -34,7 +34,7 @@ def task_peer(spec: dict) -> dict:
 def peer_fill(spec: dict):
     """Build peer ``spec["system"]`` and add the workload's transitions: (buffer, figures, scratch dir,
     frame stack)."""
-    tuned, threads = child_setup()
+    tuned, threads = child_setup(spec.get("tune_malloc", True))
     import logging
 
     kind, n, E, wl = spec["system"], spec["n"], spec["n_envs"], spec["workload"]
