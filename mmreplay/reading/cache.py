@@ -33,8 +33,7 @@ class ChunkCache:
         self.chunk_shape = tuple(chunk_shape)
         self.dtype = np.dtype(dtype)
         self.chunk_nbytes = int(np.prod(chunk_shape, dtype=np.int64)) * self.dtype.itemsize
-        n_slots = max(min_slots, int(budget_bytes) // max(1, self.chunk_nbytes))
-        n_slots = min(n_slots, max(min_slots, n_chunks))  # no point holding more slots than chunks exist
+        n_slots = self.slots_for(n_chunks, self.chunk_nbytes, budget_bytes, min_slots)
         self.slab = np.empty((n_slots, *chunk_shape), dtype=self.dtype)
         self.slot_of = np.full(n_chunks, -1, dtype=np.int32)
         self.chunk_in = np.full(n_slots, -1, dtype=np.int64)
@@ -44,6 +43,12 @@ class ChunkCache:
         self._free = np.empty(0, dtype=np.int64)  # slots released since (eviction, invalidation)
         self.tick = 0
         self.stats = CacheStats(capacity_bytes=n_slots * self.chunk_nbytes)
+
+    @staticmethod
+    def slots_for(n_chunks: int, chunk_nbytes: int, budget_bytes: int, min_slots: int = 64) -> int:
+        """The slot count a cache of ``budget_bytes`` gets: no more than the chunks that exist."""
+        n_slots = max(min_slots, int(budget_bytes) // max(1, chunk_nbytes))
+        return min(n_slots, max(min_slots, n_chunks))
 
     @property
     def n_slots(self) -> int:

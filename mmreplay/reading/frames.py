@@ -85,13 +85,13 @@ class ColumnReader:
     """One observation key's decoded cache and compressed tier."""
 
     def __init__(self, column: FrameColumn, ring: FrameRing, decoded_bytes: int, resident_bytes: int,
-                 direct: bool):
+                 direct: bool, cache: ChunkCache | None = None):
         spec = column.spec
         self.column = column
         self.spec = spec
         self.row_nbytes = spec.row_nbytes
-        self.cache = ChunkCache(ring.rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape), spec.np_dtype,
-                                decoded_bytes)
+        self.cache = cache or ChunkCache(ring.rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape),
+                                         spec.np_dtype, decoded_bytes)
         kind = native.codec_kind(column.array.compressor.spec)
         self.codec = kind if native.AVAILABLE else None
         self.resident = ResidentShards(ring.root, column.layout, ring.rows // spec.chunk_rows) \
@@ -143,8 +143,12 @@ class FrameReader(FrameEvents):
         for name, col in ring.columns.items():
             share = max(1, col.spec.row_nbytes) / total_row_bytes
             resident = ring_bytes[name] if self.plan.resident_bytes else 0
-            new = ColumnReader(col, ring, int(self.plan.decoded_bytes * share), resident, self.plan.direct)
+            decoded = int(self.plan.decoded_bytes * share)
             old = self.columns.get(name)
+            # the decoded cache stays (warm, and sized when the store opened) unless its role changed
+            keep = old is not None and old.direct == (self.plan.direct and old.resident is not None
+                                                      and col.spec.chunk_rows == 1)
+            new = ColumnReader(col, ring, decoded, resident, self.plan.direct, cache=old.cache if keep else None)
             if old is not None:
                 new.tier.hits, new.tier.misses = old.tier.hits, old.tier.misses
                 new.cache.stats.hits, new.cache.stats.misses = old.cache.stats.hits, old.cache.stats.misses
