@@ -50,15 +50,24 @@ class StoreState:
                                 unbounded=geometry.frames.unbounded,
                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable)
         self.reader = FrameReader(self.frames, settings.cache_bytes, preload=False)  # frames are read here
-        self.streams = Streams(schema.observations)
-        self._decode_reward = ColumnEncoder(schema.reward).decode  # n-step returns sum stored rewards
+        self.priorities = None
+        try:
+            self._load(record, writable=writable, durable=settings.durable)
+        except BaseException:  # release the files (and the encoder child) of a state that could not load
+            self.close()
+            raise
+
+    def _load(self, record: dict | None, *, writable: bool, durable: bool) -> None:
+        rec, path = record or {}, self.path
+        self.streams = Streams(self.schema.observations)
+        self._decode_reward = ColumnEncoder(self.schema.reward).decode  # n-step returns sum stored rewards
         self.app_meta: dict = dict(rec.get("app", {}))  # the application's metadata, committed with the rest
         self.samplers = SamplerStates(rec.get("samplers", {}))
-        self.priorities = PrioritySets(path, self.ring, self.frames, schema.frame_stack, rec.get("priorities", {}))
+        self.priorities = PrioritySets(path, self.ring, self.frames, self.schema.frame_stack, rec.get("priorities", {}))
         self._priority_written: list[str] = []
         if record is not None:
             self._restore(record)
-        self.log = CommitLog(path, {**self.record(), "sequence": rec.get("sequence", 0)}, durable=settings.durable)
+        self.log = CommitLog(path, {**self.record(), "sequence": rec.get("sequence", 0)}, durable=durable)
         self.watcher = None if writable else CommitWatcher(path)
         self.needs_reload = False  # readers: a refresh broke off; the next sample or get loads again
         if not writable:
@@ -114,7 +123,8 @@ class StoreState:
     def changed(self) -> bool:
         """Is there anything besides new transitions that the last commit lacks?"""
         return self.frames.dirty or bool(self.ring.dirty) or self.priorities.changed() or \
-            self.samplers.changed(self.log.record.get("samplers", {})) or self.app_meta != self.log.record.get("app", {})
+            self.samplers.changed(self.log.record.get("samplers", {})) or \
+            self.app_meta != self.log.record.get("app", {})
 
     def commit(self) -> None:
         """Write every changed shard and priority buffer, make them durable, then replace the record."""
@@ -214,4 +224,5 @@ class StoreState:
         self.reader.cleared()
         for disk in self.ring.disk.values():
             disk.close()
-        self.priorities.close()
+        if self.priorities is not None:
+            self.priorities.close()

@@ -120,13 +120,19 @@ class Store:
         self.schema = Schema.from_json(meta["schema"])
         self.capacity: int | None = meta["capacity"]
         self.frame_stack = self.schema.frame_stack
-        self._closed = self._forked = False  # _forked: inherited by a forked child, unusable there
+        self._closed, self._forked = True, False  # closed until made; _forked: inherited by a forked child
         self._lock = threading.RLock()  # adds, flushes and batch assembly never interleave
         self._lock_fd = acquire_writer_lock(path) if mode == "a" else None
+        try:
+            self._state = StoreState(path, meta, self.schema, record, writable=mode == "a", settings=settings)
+        except BaseException:  # a store that could not be made holds nothing to commit: just let go
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+            raise
+        self._closed = False
         forking.register(self)
         if mode == "a":
             forking.close_at_exit(self)
-        self._state = StoreState(path, meta, self.schema, record, writable=mode == "a", settings=settings)
         self._rng = np.random.default_rng()
         st = self._state
         self._writer = Writer(path, self.schema, st.ring, st.frames, st.reader, st.streams, self._lock,
@@ -325,7 +331,8 @@ class Store:
 
     def info(self) -> dict:
         """Schema, counts and disk use per column (what ``mmreplay info`` prints)."""
-        return self._locked(lambda: store_info(self.path, self._meta, self.schema, self._state.ring, self._state.frames))
+        st = self._state
+        return self._locked(lambda: store_info(self.path, self._meta, self.schema, st.ring, st.frames))
 
     @property
     def geometry(self) -> StoreGeometry:
@@ -365,7 +372,8 @@ class Store:
     def sample_indices(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Deprecated: transition ids and frame stacks of a uniform draw (use ``sample(...).indices``)."""
         _deprecated("Store.sample_indices(...)", "Store.sample(...).indices")
-        return self._locked(lambda: draw_uniform(self._state.ring, self.frame_stack, self._state.frames.head, batch_size, rng))
+        st = self._state
+        return self._locked(lambda: draw_uniform(st.ring, self.frame_stack, st.frames.head, batch_size, rng))
 
     def update_priorities(self, indices, priorities, name: str = "default") -> int:
         """Deprecated: use ``sampler.update_priorities(batch.indices, priorities)``, the one way."""

@@ -152,3 +152,18 @@ def test_app_meta_is_committed_atomically_with_the_transitions(make_store, store
     s.close()
     with mmreplay.Store.open(store_path) as again:
         assert again.app_meta == {"step": 61}
+
+
+def test_a_store_that_could_not_be_opened_leaves_nothing_to_commit(make_store, store_path):
+    import gc
+
+    s = filled(make_store)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="already open for writing"):
+            mmreplay.Store.open(store_path)
+        gc.collect()
+    assert not [w for w in caught if "could not commit" in str(w.message)]
+    s.close()
+    with mmreplay.Store.open(store_path) as again:  # the refused open held no lock
+        assert again.num_added == 60
