@@ -38,8 +38,11 @@ def info_figures(store) -> dict:
     decoded = info["frames"] * frame_bytes
     info["stack_padding"] = store.schema.stack_padding
     info["decoded_frame_bytes"] = decoded
+    compressed = [c["compressed"] for c in cache.values()]
     info["cache"] = {"capacity_bytes": cache_capacity,
-                     "fraction_of_frames": min(1.0, cache_capacity / decoded) if decoded else 1.0}
+                     "fraction_of_frames": min(1.0, cache_capacity / decoded) if decoded else 1.0,
+                     "compressed_in_ram_bytes": sum(c["capacity_bytes"] for c in compressed),
+                     "decoded_into_batches": any(c["direct"] for c in compressed)}
     info["episodes"] = episode_stats(store).summary()
     info["prioritized_samplers"] = {name: {"transitions": int(p.size), "min": float(p.min()) if p.size else None,
                                            "max": float(p.max()) if p.size else None}
@@ -77,8 +80,12 @@ def _print_info(info: dict) -> None:
           f"decoded frames {_mb(info['decoded_frame_bytes'])}; index RAM "
           f"{info['index_ram_bytes_per_transition']:.2f} bytes per transition")
     c = info["cache"]
-    print(f"  cache {_mb(c['capacity_bytes'])} of decoded frames when opened with the default budget "
-          f"(Store.open(cache_bytes=...)): holds {c['fraction_of_frames']:.0%} of the kept frames")
+    held = (f"the compressed frames held in RAM ({_mb(c['compressed_in_ram_bytes'])})"
+            if c["compressed_in_ram_bytes"] else "compressed frames read from the files (they do not fit)")
+    decoded_part = ("frames decoded straight into batches (a decoded cache would hold too few)"
+                    if c["decoded_into_batches"] else
+                    f"a cache of {_mb(c['capacity_bytes'])} of decoded frames ({c['fraction_of_frames']:.0%} of them)")
+    print(f"  frame memory with the default budget (Store.open(cache_bytes=...)): {held}; {decoded_part}")
     for name, p in info["prioritized_samplers"].items():
         print(f"  prioritized sampler {name!r}: priorities for {p['transitions']:,} transitions, "
               f"min {p['min']:.3g}, max {p['max']:.3g}")
