@@ -171,7 +171,7 @@ def test_info_tells_episodes_returns_padding_and_cache(store_path, capsys):
     out = capsys.readouterr().out
     assert f"episodes {len(complete)} complete, {sum(not e[4] for e in episodes)} running, 0 cut" in out
     assert f"return mean {np.mean(returns):,.3g}, min {min(returns):,.3g}, max {max(returns):,.3g}" in out
-    assert "stack_padding first" in out and "cache " in out and "of the kept frames" in out
+    assert "stack_padding first" in out and "frame memory with the default budget" in out and "decoded frames" in out
     assert main(["info", store_path, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["episodes"]["complete"] == len(complete) and info["stack_padding"] == "first"
