@@ -514,9 +514,45 @@ class Store(WritePath):
         ``sampler.update_priorities(batch.indices, td_errors.abs())``. They are committed with the store.
         ``n_step=n, gamma=g`` turns ``reward`` into n-step returns, ``next_obs`` into the observation after
         the window and adds ``batch.discount`` (``g ** m`` for a window of m steps)."""
+        if kwargs.get("seq_len") is not None:  # slices of episodes: see sequence_sampler
+            return self.sequence_sampler(batch_size, device=device, prefetch=prefetch, seed=seed, **kwargs)
         from mmreplay.sampling.sampler import Sampler
 
         return Sampler(self, batch_size, device=device, prefetch=prefetch, seed=seed, **kwargs)
+
+    # -- sequences (issue 15): slices of episodes ---------------------------------------------------
+    def sequence_sampler(self, batch_size: int, seq_len: int, **kwargs):
+        """Batches of ``seq_len`` consecutive steps of one episode and stream (``store.sampler(B,
+        seq_len=L)`` returns the same): ``obs (B, T, ...)``, ``action``, ``reward``, ``terminated``,
+        ``truncated``, ``mask``, ``indices`` ``(B, T)`` with ``T = burn_in + seq_len``, and ``next_obs`` of
+        each window's last real step. ``strict=True`` draws only slices of ``seq_len`` real steps;
+        ``strict=False`` pads past an episode end (``mask`` False, zeros). ``burn_in=b`` prepends the ``b``
+        steps before each slice (left-padded near an episode start). ``sample_from="steps"`` draws starts
+        uniformly over steps, ``"episodes"`` over episodes then steps. ``prioritized=True``: one priority
+        per slice start, ``sampler.update_priorities(batch, td_errors)`` mixes max and mean with ``eta``
+        (R2D2: 0.9). Other keywords as ``sampler``; the default ``name`` is ``"sequence"``."""
+        from mmreplay.sampling.sequence_sampler import SequenceSampler
+
+        return SequenceSampler(self, batch_size, seq_len, **kwargs)
+
+    def fill_sequence_batch(self, buf, drawer, rng: np.random.Generator, *, priorities=None,
+                            beta: float = 0.0) -> None:
+        """Draw windows with ``drawer`` (``sampling.sequences.StartDrawer``) into ``buf``; in a reader,
+        redo it if the writer overwrote what it read."""
+        from mmreplay.sampling.sequences import assemble_sequences
+
+        with self._lock:
+            self._check_open()
+            if self._needs_reload:
+                self.refresh()
+            for _ in range(10):
+                self._drain()
+                ids, weights = drawer.draw(self._ring, self._frames.head, buf.batch_size, rng, priorities, beta)
+                g, obs_ids, next_ids = assemble_sequences(self._ring, self._frames, self.schema, ids, buf, weights)
+                if self._batch_still_valid(g, obs_ids, next_ids):
+                    return
+                self.refresh()
+            raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled")
 
     def get(self, indices) -> "Any":
         """The transitions with these global ids (must be valid), as a Batch."""
