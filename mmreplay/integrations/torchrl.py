@@ -20,7 +20,7 @@ Invariants:
 - ``dumps(path)`` commits the store and writes ``path/mmreplay_storage.json`` (JSON, no pickle);
   ``loads(path)`` reopens the store that file names and checks it holds at least what was committed.
 
-Supported TorchRL: 0.11 - 0.14 (tested with torchrl 0.14.1, tensordict 0.14.3, torch 2.13 CPU).
+Supported TorchRL: 0.14.x (tested with torchrl 0.14.1, tensordict 0.14.3, torch 2.13 CPU).
 TorchRL is imported only here (``pip install 'mmreplay[torchrl]'``).
 """
 
