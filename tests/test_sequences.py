@@ -175,6 +175,9 @@ def test_prioritized_slices_follow_updated_priorities_and_persist(store_path):
             td[0] = torch.tensor([0.0, 4.0, 0.0, 0.0, 0.0])  # R2D2 mix with eta=0.9: 0.9*4 + 0.1*0.8
             assert smp.update_priorities(batch, td) == 32
             favoured = int(batch.start[0])
+            with pytest.raises(ValueError, match="give errors for 5"):
+                smp.update_priorities(batch, td[:, :3])
+            assert smp.update_priorities(batch, td[:, :3], mask=batch.mask[:, :3]) == 32  # any width, with a mask
             # every other drawable start to zero: only the favoured one (and those at 0 priority eps) remain
             _, head = store.valid_range()
             others = [g for g in range(head) if g != favoured]

@@ -105,23 +105,32 @@ class SequenceSampler(Sampler):
 
     def update_priorities(self, indices, priorities=None, mask=None) -> int:
         """New priorities for sampled slices. Either ``update_priorities(batch, td_errors)`` with per-step
-        errors ``(B, seq_len)`` (or ``(B, burn_in + seq_len)``; burn-in steps are left out): each slice's
-        priority is R2D2's ``eta * max|td| + (1 - eta) * mean|td|`` over its real steps; or
+        errors ``(B, seq_len)`` (or ``(B, burn_in + seq_len)``; burn-in steps are left out; or any width
+        with a ``mask`` of the same shape): each slice's priority is R2D2's
+        ``eta * max|td| + (1 - eta) * mean|td|`` over its real (masked) steps; or
         ``update_priorities(batch.start, p)`` with one priority per slice. Returns how many were updated."""
         if self.priorities is None:
             raise RuntimeError("this sampler is uniform; make it with prioritized=True to update priorities")
         if isinstance(indices, SequenceBatch):
-            batch = indices
-            td = priorities.detach().cpu().numpy() if hasattr(priorities, "detach") else np.asarray(priorities)
-            if td.ndim != 2 or td.shape[0] != batch.mask.shape[0]:
-                raise ValueError(f"td_errors must be shaped (batch, seq_len) = ({batch.mask.shape[0]}, "
-                                 f"{self.seq_len}), got {td.shape}")
-            m = batch.mask.cpu().numpy() if mask is None else np.asarray(mask, dtype=bool)
-            if td.shape[1] == self.seq_len and m.shape[1] == self.spec.width:
-                m = m[:, self.burn_in:]
-            elif td.shape[1] == self.spec.width:
-                td, m = td[:, self.burn_in:], m[:, self.burn_in:]
-            else:
-                raise ValueError(f"td_errors must have {self.seq_len} or {self.spec.width} steps, got {td.shape[1]}")
-            return self.store.update_priorities(batch.start.cpu(), sequence_priority(td, m, self.eta), name=self.name)
+            td, m = self._errors_and_mask(indices, priorities, mask)
+            return self.store.update_priorities(indices.start.cpu(), sequence_priority(td, m, self.eta),
+                                                name=self.name)
         return self.store.update_priorities(indices, priorities, name=self.name)
+
+    def _errors_and_mask(self, batch: SequenceBatch, td_errors, mask) -> tuple[np.ndarray, np.ndarray]:
+        td = td_errors.detach().cpu().numpy() if hasattr(td_errors, "detach") else np.asarray(td_errors)
+        n = batch.mask.shape[0]
+        if td.ndim != 2 or td.shape[0] != n:
+            raise ValueError(f"td_errors must be shaped (batch, steps) with batch {n}, got {td.shape}")
+        full = batch.mask.cpu().numpy()
+        if mask is not None:
+            m = mask.detach().cpu().numpy() if hasattr(mask, "detach") else np.asarray(mask)
+            if m.shape != td.shape:
+                raise ValueError(f"mask shape {m.shape} does not match td_errors shape {td.shape}")
+            return td, m.astype(bool)
+        if td.shape[1] == self.spec.width:
+            return td[:, self.burn_in:], full[:, self.burn_in:]
+        if td.shape[1] == self.seq_len:
+            return td, full[:, self.burn_in:]
+        raise ValueError(f"td_errors has {td.shape[1]} steps: give errors for {self.seq_len} (or burn_in + seq_len "
+                         f"= {self.spec.width}) steps, or a mask= of the same shape")
