@@ -84,7 +84,7 @@ def test_slices_match_brute_force(store_path, capacity, frame_stack, strict):
         store.close()
 
 
-def test_zero_stack_padding_and_dict_free_extras(store_path):
+def test_zero_stack_padding_within_slices(store_path):
     """``stack_padding="zeros"``: stacks of a window's first steps hold zeros before the episode's first frame."""
     store = mmreplay.Store.create(store_path, spaces.Box(0, 255, (3,), np.uint8), spaces.Discrete(2), capacity=None,
                                   frame_stack=3, stack_padding="zeros", durable=False)
@@ -251,5 +251,26 @@ def test_episode_table_counts_cut_episodes_from_their_first_full_stack(store_pat
         starts = {int(table.members[table.offsets[e] + table.first[e] + p])
                   for e, n in enumerate(table.drawable(spec)) for p in range(n)}
         assert starts == valid
+    finally:
+        store.close()
+
+
+def test_dict_observations_and_extras_come_per_step(store_path):
+    obs_space = spaces.Dict({"pos": spaces.Box(-9, 9, (2,), np.float32), "img": spaces.Box(0, 255, (2, 2), np.uint8)})
+    store = mmreplay.Store.create(store_path, obs_space, spaces.Discrete(3), capacity=64, durable=False,
+                                  extras=[mmreplay.ColumnSpec.numeric("lives", (), "int8")])
+    try:
+        def o(t):
+            return {"pos": np.full(2, t, np.float32), "img": np.full((2, 2), t, np.uint8)}
+        for t in range(100):  # one episode of 100 steps in a ring of 64: wrapped
+            store.add(o(t), t % 3, 1.0, o(t + 1), False, t == 99, extras={"lives": t % 5})
+        batch = store.sampler(8, seq_len=6, seed=0).sample()
+        for row in range(8):
+            ids = batch.indices[row].numpy()
+            assert (np.diff(ids) == 1).all() and ids[0] >= store.valid_range()[0]
+            np.testing.assert_array_equal(batch.obs["pos"][row, :, 0].numpy(), ids.astype(np.float32))
+            np.testing.assert_array_equal(batch.obs["img"][row, :, 1, 1].numpy(), ids.astype(np.uint8))
+            np.testing.assert_array_equal(batch.extras["lives"][row].numpy(), ids % 5)
+            assert float(batch.next_obs["pos"][row, 0]) == ids[-1] + 1
     finally:
         store.close()
