@@ -173,8 +173,20 @@ def episode_table(ring, frame_stack: int, cached: EpisodeTable | None = None) ->
     counts = np.bincount(episode, minlength=n_eps)
     offsets = np.zeros(n_eps + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    members = ring.oldest + np.argsort(episode, kind="stable")  # stable: each episode's steps stay in order
+    members = np.empty(n, dtype=np.int64)
+    _group_by_episode(episode, offsets, ring.oldest, members)
     return EpisodeTable(key, members, offsets, first[:n_eps])
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_by_episode(episode, offsets, oldest, members):  # pragma: no cover (compiled)
+    """A counting sort: each episode's steps, in order, at ``members[offsets[e]:offsets[e+1]]`` (O(n), where
+    an argsort of a million steps took ~40 ms here, on every batch while the store grows)."""
+    fill = offsets[:-1].copy()
+    for i in range(episode.size):
+        e = episode[i]
+        members[fill[e]] = oldest + i
+        fill[e] += 1
 
 
 @numba.njit(cache=True, nogil=True)
