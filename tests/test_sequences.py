@@ -274,3 +274,26 @@ def test_dict_observations_and_extras_come_per_step(store_path):
             assert float(batch.next_obs["pos"][row, 0]) == ids[-1] + 1
     finally:
         store.close()
+
+
+def test_prioritized_slice_starts_are_proportional_among_drawable_starts(store_path):
+    """Random priorities on every transition: strict starts come with probability p_i / sum over the
+    drawable ones (starts whose window cannot hold L steps are drawn again, never returned)."""
+    rng = np.random.default_rng(12)
+    store, ref = drive(store_path, rng, capacity=None, frame_stack=1, steps=120, p_term=0.06, p_trunc=0.02)
+    try:
+        valid = set(ref.valid_ids(0))
+        drawable = drawable_starts(ref, valid, 4, True)
+        _, head = store.valid_range()
+        p = rng.uniform(0.1, 1.0, head)
+        with store.sampler(64, seq_len=4, prioritized=True, alpha=1.0, seed=0) as smp:
+            store.update_priorities(np.arange(head), p, name="sequence")
+            starts = np.concatenate([next(smp).start.numpy().copy() for _ in range(60)])
+        at = {g: i for i, g in enumerate(drawable)}
+        assert set(starts.tolist()) <= set(drawable)
+        counts = np.bincount([at[g] for g in starts.tolist()], minlength=len(drawable)).astype(float)
+        want = p[drawable] / p[drawable].sum() * starts.size
+        assert chi_square(counts, want) < 240  # df ~ len(drawable) - 1 (< 150)
+        assert chi_square(counts, np.full(len(drawable), starts.size / len(drawable))) > 300
+    finally:
+        store.close()
