@@ -139,6 +139,18 @@ def warm_cache(store, B: int, L: int, least_s: float, most_s: float = 60.0) -> f
     return time.perf_counter() - t0
 
 
+def via_torchrl(store, B: int, L: int, args) -> float:
+    """The same slices through TorchRL's ReplayBuffer: MMReplayStorage + MMReplaySliceSampler (flat
+    TensorDicts of B*L steps with per-step next observations, as TorchRL's SliceSampler returns)."""
+    from torchrl.data import TensorDictReplayBuffer
+
+    from mmreplay.integrations.torchrl import MMReplaySliceSampler, MMReplayStorage
+
+    rb = TensorDictReplayBuffer(storage=MMReplayStorage(store), sampler=MMReplaySliceSampler(num_slices=B, seed=0),
+                                batch_size=B * L)
+    return statistics.median(rate_windows(rb.sample, args.windows, args.window, args.warmup))
+
+
 def run(kind: str, n: int, B: int, L: int, k: int, args, workdir: str) -> dict:
     d = make_data(kind, n)
     out = {"workload": kind, "steps": n, "B": B, "L": L, "frame_stack": k}
@@ -154,6 +166,7 @@ def run(kind: str, n: int, B: int, L: int, k: int, args, workdir: str) -> dict:
     out["mmreplay_rss_growth_mb"] = (cur_rss_bytes() - rss0) / 2**20
     out["cache_budget_mb"] = args.cache_mb
     out["mmreplay_cpu"] = meter.result()
+    out["mmreplay_via_torchrl_rb"] = via_torchrl(store, B, L, args)
     store.close()
     for backend in ("tensor", "memmap"):
         rb = torchrl_buffer(backend, d, k, B, L, workdir)
@@ -190,7 +203,8 @@ def main(argv=None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     for r in results:
         print(f"{r['workload']}: {r['steps']} steps, B={r['B']} L={r['L']} stack {r['frame_stack']}  batches/s: "
-              f"mmreplay {r['mmreplay_episodes']:.0f} (steps mode {r['mmreplay_steps']:.0f}), TorchRL SliceSampler "
+              f"mmreplay {r['mmreplay_episodes']:.0f} (steps mode {r['mmreplay_steps']:.0f}; through TorchRL's "
+              f"ReplayBuffer with MMReplayStorage {r['mmreplay_via_torchrl_rb']:.0f}), TorchRL SliceSampler "
               f"LazyTensorStorage {r['torchrl_tensor']:.0f}, LazyMemmapStorage {r['torchrl_memmap']:.0f}; ratios "
               f"{r['ratio_vs_tensor']:.2f}x / {r['ratio_vs_memmap']:.2f}x; RSS growth while sampling "
               f"{r['mmreplay_rss_growth_mb']:.0f} MB (cache budget {r['cache_budget_mb']} MB); other processes "

@@ -415,6 +415,8 @@ class MMReplaySliceSampler(_StoreSampler):
                              f"num_slices={num_slices!r}")
         self.slice_len, self.num_slices = slice_len, num_slices
         self.strict_length, self.sample_from = strict_length, sample_from
+        validate_sequence(slice_len or 1, 0, strict_length, sample_from)  # bad options fail here, not at sample()
+        self._drawers: dict[int, StartDrawer] = {}
 
     def sample(self, storage, batch_size: int):
         store = self._store(storage)
@@ -425,7 +427,10 @@ class MMReplaySliceSampler(_StoreSampler):
         if n < 1 or seq_len < 1 or n * seq_len != batch_size:
             raise ValueError(f"batch_size {batch_size} must be a multiple of slice_len/num_slices "
                              f"(slice_len={self.slice_len}, num_slices={self.num_slices})")
-        drawer = StartDrawer(validate_sequence(seq_len, 0, self.strict_length, self.sample_from), store.frame_stack)
+        drawer = self._drawers.get(seq_len)
+        if drawer is None:  # kept: its episode table is reused while the store is unchanged
+            spec = validate_sequence(seq_len, 0, self.strict_length, self.sample_from)
+            drawer = self._drawers[seq_len] = StartDrawer(spec, store.frame_stack)
         with store._lock:
             store._drain()
             ids, _ = drawer.draw(store._ring, store._frames.head, n, self.rng)
