@@ -94,12 +94,24 @@ def test_torchrl_slice_sampler_and_native_slices_follow_episodes(storage):
 
 
 def test_native_slices_over_interleaved_streams(tmp_path):
-    data = rollout(4, 60, seed=2)  # env-major rows: the store sees 4 streams in one extend
+    """Two collector batches of 4 envs (env-major rows each): episodes that cross the batch boundary stay one
+    episode in the store (one stream per live trajectory), and slices walk them."""
+    full = rollout(4, 60, seed=2)
+    t = torch.arange(60).repeat(4)
+    order = torch.cat([torch.nonzero(t < 30).reshape(-1), torch.nonzero(t >= 30).reshape(-1)])
+    data = full[order]  # rows in the order the store receives them
     storage = MMReplayStorage(str(tmp_path / "s.mmr"), None)
     try:
         rb = TensorDictReplayBuffer(storage=storage, sampler=MMReplaySliceSampler(slice_len=5, sample_from="steps",
                                                                                   seed=0), batch_size=40)
-        rb.extend(data)
+        rb.extend(data[:120])
+        rb.extend(data[120:])
+        prev, _, _ = storage.store.episode_links(0, 240)
+        tid = data["collector", "traj_ids"].tolist()
+        last = {}
+        for g, traj in enumerate(tid):
+            assert prev[g] == last.get(traj, -1), f"episode link of step {g} (trajectory {traj})"
+            last[traj] = g
         s = rb.sample()
         assert_rows_equal(s, data, s["index"])
         for sl in s["index"].reshape(8, 5):
