@@ -12,9 +12,10 @@ observation, which TorchRL's collectors would also store. Both sides draw an epi
 start within it (``sample_from="episodes"``), strict slices, and return torch tensors.
 
 mmreplay first samples until its cache stops missing (every frame decoded once; TorchRL's storages hold
-decoded data from the start). Each rate is the median of ``--windows`` windows of ``--window`` seconds after a warm-up (batches/s);
-ratios are mmreplay / TorchRL. The machine is shared: the other processes' CPU use is printed with the
-results. RSS: growth of this process while mmreplay samples, next to the store's cache budget.
+decoded data from the start). Each rate is the median of ``--windows`` windows of ``--window`` seconds
+after a warm-up (batches/s); ratios are mmreplay / TorchRL. The machine is shared: the other processes'
+CPU use is printed with the results. RSS: growth of this process while mmreplay samples, next to the
+store's cache budget.
 
     python scripts/bench_sequences.py --lowdim-steps 200000 --atari-steps 20000
 """
@@ -114,7 +115,8 @@ def torchrl_buffer(kind_storage: str, d: dict, k: int, B: int, L: int, workdir: 
         m = s.stop - s.start
         sub = {key: v[s] for key, v in d.items() if key not in ("frames",)}
         obs = stacked({**sub, "frames": d["frames"], "obs": d["obs"][s], "episode": d["episode"][s]}, k)
-        flag = lambda x: torch.as_tensor(x).reshape(m, 1)  # noqa: E731
+        def flag(x, m=m):
+            return torch.as_tensor(x).reshape(m, 1)
         rb.extend(TensorDict({"observation": torch.as_tensor(obs), "action": torch.as_tensor(sub["action"]),
                               "episode": torch.as_tensor(sub["episode"]),
                               "next": TensorDict({"reward": flag(sub["reward"]), "terminated": flag(sub["terminated"]),

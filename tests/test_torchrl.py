@@ -38,7 +38,7 @@ def rollout(n_envs, steps, seed=0, obs_dim=3, first_traj=0):
             if term or trunc:
                 traj, ep_t, t = traj + 1, 0, t + 1000  # the next episode starts from a fresh observation
         traj += 1
-    obs, act, rew, nxt, term, trunc, tid = map(np.array, zip(*rows))
+    obs, act, rew, nxt, term, trunc, tid = map(np.array, zip(*rows, strict=True))
     n = len(rows)
     b = lambda x: torch.as_tensor(x).reshape(n, 1)  # noqa: E731
     return TensorDict({"observation": torch.as_tensor(obs), "action": torch.nn.functional.one_hot(

@@ -154,7 +154,8 @@ class MMReplayStorage(_OutOfCoreStorage):
             truncated = done & ~terminated if done is not None else torch.zeros_like(terminated)
         return {"obs": _np(data.get(key)), "next_obs": _np(nxt.get(key)), "action": _np(action),
                 "reward": _np(nxt.get("reward")).reshape(len(data), *self._reward_shape()),
-                "terminated": _np(terminated).reshape(-1).astype(bool), "truncated": _np(truncated).reshape(-1).astype(bool)}
+                "terminated": _np(terminated).reshape(-1).astype(bool),
+                "truncated": _np(truncated).reshape(-1).astype(bool)}
 
     def _is_one_hot(self, action) -> bool:
         """A one-hot action: rows of 0/1 summing to 1, and a Discrete action space of that width (given,

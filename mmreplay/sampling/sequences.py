@@ -419,7 +419,7 @@ def assemble_sequences(ring, frames, schema, ids: np.ndarray, buf: SequenceBuffe
     last = ids[np.arange(B), T - 1 - np.argmax(mask[:, ::-1], axis=1)]
     _, next_ids, _ = ring.stack_frames(last, k, frames.head)
     zero_pad = schema.stack_padding == "zeros" and k > 1
-    for name, (obs_t, obs_np) in buf.obs.items():
+    for name, (_, obs_np) in buf.obs.items():
         frames.gather(name, obs_ids.reshape(B, T, k) if k > 1 else obs_ids.reshape(B, T), obs_np)
         next_np = buf.next_obs[name][1]
         frames.gather(name, next_ids if k > 1 else next_ids[:, 0], next_np)
