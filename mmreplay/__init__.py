@@ -15,6 +15,7 @@ _EXPORTS = {
     "ColumnSpec": "mmreplay.columns.spec",
     "Schema": "mmreplay.columns.spec",
     "Batch": "mmreplay.sampling.batch",
+    "SequenceBatch": "mmreplay.sampling.sequences",
     "MMReplayError": "mmreplay.errors",
     "NotAStoreError": "mmreplay.errors",
     "FormatError": "mmreplay.errors",
