@@ -16,6 +16,7 @@ _EXPORTS = {
     "Schema": "mmreplay.columns.spec",
     "Batch": "mmreplay.sampling.batch",
     "SequenceBatch": "mmreplay.sampling.sequences",
+    "SequenceSampler": "mmreplay.sampling.sequence_sampler",
     "MMReplayError": "mmreplay.errors",
     "NotAStoreError": "mmreplay.errors",
     "FormatError": "mmreplay.errors",

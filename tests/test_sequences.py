@@ -1,6 +1,8 @@
 """Sequence sampling: every sampled slice against a brute-force walk of the reference episodes, and the
 statistics of slice starts (uniform over steps, over episodes, prioritized)."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -181,7 +183,7 @@ def test_prioritized_slices_follow_updated_priorities_and_persist(store_path):
             # every other drawable start to zero: only the favoured one (and those at 0 priority eps) remain
             _, head = store.valid_range()
             others = [g for g in range(head) if g != favoured]
-            store.update_priorities(others, np.zeros(len(others)), name="sequence")
+            smp.update_priorities(others, np.zeros(len(others)))
             assert set(next(smp).start.tolist()) == {favoured}
         store.close()
         store = mmreplay.Store.open(store_path, durable=False)
@@ -241,11 +243,24 @@ def test_bad_sequence_arguments_are_named():
         validate_sequence(4, strict="yes")
 
 
+def _links_of(store):
+    """What ``episode_table`` reads of an index ring (its bounds and each slot's episode link), rebuilt from
+    the store's public ``episode_links``."""
+    oldest, head = store.valid_range()
+    geometry = store.geometry.transitions
+    prev, _, _ = store.episode_links(oldest, head)
+    g = np.arange(oldest, head, dtype=np.int64)
+    delta = np.zeros(geometry.rows, dtype=np.int64)
+    delta[geometry.slot(g)] = np.where(prev >= 0, g - prev, 0)
+    return SimpleNamespace(head=head, oldest=oldest, rows=geometry.rows,
+                           capacity=None if geometry.unbounded else store.capacity, arrays={"prev_delta": delta})
+
+
 def test_episode_table_counts_cut_episodes_from_their_first_full_stack(store_path):
     rng = np.random.default_rng(9)
     store, ref = drive(store_path, rng, capacity=80, frame_stack=3, steps=120)
     try:
-        table = episode_table(store._ring, 3)
+        table = episode_table(_links_of(store), 3)
         valid = set(ref.valid_ids(store.valid_range()[0]))
         spec = validate_sequence(1, strict=False)
         starts = {int(table.members[table.offsets[e] + table.first[e] + p])
@@ -287,7 +302,7 @@ def test_prioritized_slice_starts_are_proportional_among_drawable_starts(store_p
         _, head = store.valid_range()
         p = rng.uniform(0.1, 1.0, head)
         with store.sampler(64, seq_len=4, prioritized=True, alpha=1.0, seed=0) as smp:
-            store.update_priorities(np.arange(head), p, name="sequence")
+            smp.update_priorities(np.arange(head), p)
             starts = np.concatenate([next(smp).start.numpy().copy() for _ in range(60)])
         at = {g: i for i, g in enumerate(drawable)}
         assert set(starts.tolist()) <= set(drawable)

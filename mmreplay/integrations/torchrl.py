@@ -289,8 +289,8 @@ class MMReplayStorage(_OutOfCoreStorage):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         path = state_dict["path"]
-        if self.store is None or os.path.abspath(self.store.path) != path or self.store._closed:
-            if self.store is not None and not self.store._closed:
+        if self.store is None or os.path.abspath(self.store.path) != path or self.store.closed:
+            if self.store is not None and not self.store.closed:
                 self.store.close()
             self.store = Store.open(path, mode=self._open_mode)
             self.path = path
@@ -363,9 +363,8 @@ class MMReplayRandomSampler(_StoreSampler):
 
     def sample(self, storage, batch_size: int):
         store = self._store(storage)
-        with store._lock:
-            g, _, _ = store.sample_indices(batch_size, self.rng)
-            oldest = store._ring.oldest
+        g, _ = store.draw_indices(batch_size, self.rng)
+        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
         return torch.from_numpy(g - oldest), {}
 
 
@@ -378,28 +377,37 @@ class MMReplayPrioritizedSampler(_StoreSampler):
                  seed: int | None = None):
         super().__init__(seed)
         self.alpha, self.beta, self.eps, self.name = alpha, beta, eps, name
+        self._held: tuple[Store, Any] | None = None  # (store, its sampler ``name``): the set is updated through it
 
-    def _priorities(self, store: Store):
-        return store.priorities(self.name, alpha=self.alpha, eps=self.eps)
+    def _prioritized(self, store: Store):
+        """The store's prioritized sampler ``name`` (made once per store, as a distributed shard does): the
+        one way to update the set's priorities; its set (``alpha``, ``eps``) is what ``sample`` draws by."""
+        held = self._held
+        if held is None or held[0] is not store or held[1].closed:
+            if held is not None and held[0] is not store:
+                held[1].close()  # the storage reopened its store: the old store's sampler goes with it
+            smp = store.sampler(1, name=self.name, prioritized=True, alpha=self.alpha, eps=self.eps, prefetch=0)
+            self._held = held = (store, smp)
+        elif held[1].priorities.alpha != self.alpha or held[1].priorities.eps != self.eps:
+            store.priorities(self.name, alpha=self.alpha, eps=self.eps)  # exponents assigned since
+        return held[1]
 
     def sample(self, storage, batch_size: int):
         store = self._store(storage)
-        prio = self._priorities(store)
-        with store._lock:
-            store._check_batch_size(batch_size)
-            g, _, _, w = prio.draw(batch_size, self.rng, self.beta)
-            pos = g - store._ring.oldest
-        return torch.from_numpy(pos.copy()), {"priority_weight": torch.from_numpy(w.astype(np.float32))}
+        prio = self._prioritized(store).priorities
+        g, w = store.draw_indices(batch_size, self.rng, priorities=prio, beta=self.beta)
+        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
+        return torch.from_numpy(g - oldest), {"priority_weight": torch.from_numpy(w)}
 
     def update_priority(self, index, priority, *, storage=None) -> None:
         if storage is None:
             raise ValueError("MMReplayPrioritizedSampler.update_priority needs the storage (ReplayBuffer passes it)")
         store = self._store(storage)
-        self._priorities(store)
+        smp = self._prioritized(store)
         oldest, _ = store.valid_range()
         pos = np.asarray(index.detach().cpu() if hasattr(index, "detach") else index, dtype=np.int64).reshape(-1)
         p = np.asarray(priority.detach().cpu() if hasattr(priority, "detach") else priority, dtype=np.float64)
-        store.update_priorities(oldest + pos, p.reshape(-1), name=self.name)
+        smp.update_priorities(oldest + pos, p.reshape(-1))
 
 
 class MMReplaySliceSampler(_StoreSampler):
@@ -432,10 +440,8 @@ class MMReplaySliceSampler(_StoreSampler):
         if drawer is None:  # kept: its episode table is reused while the store is unchanged
             spec = validate_sequence(seq_len, 0, self.strict_length, self.sample_from)
             drawer = self._drawers[seq_len] = StartDrawer(spec, store.frame_stack)
-        with store._lock:
-            store._drain()
-            ids, _ = drawer.draw(store._ring, store._frames.head, n, self.rng)
-            oldest = store._ring.oldest
+        ids = store.draw_windows(drawer, n, self.rng)
+        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
         mask = ids >= 0
         last = np.maximum.accumulate(np.where(mask, ids, -1), axis=1)  # padding repeats the last real step
         pos = torch.from_numpy((last - oldest).reshape(-1))

@@ -1,87 +1,71 @@
 """SequenceSampler: batches of episode slices (``sampling/sequences.py``) with the ``Sampler``'s lifecycle.
 
-Invariants (those of ``Sampler``, which this class shares its iteration, prefetch thread and close with):
+Invariants (those of ``Sampler``, whose iteration, prefetch thread, reused slots, CUDA event, close and
+saved RNG state this class shares; it changes only the buffers of a batch and how a batch is drawn):
 - Batches come out in the order the RNG drew them; ``state`` is the RNG state after the last batch
   handed out, committed with the store under the sampler's ``name`` (default ``"sequence"``, so a
   transition sampler's ``"default"`` state and priorities are never mixed with a sequence sampler's).
 - Host buffers are reused: a CPU batch is valid until the next ``next()`` call.
 - Prioritized: one priority per slice *start* (the priority set ``name``, persisted with the store);
   ``update_priorities(batch, td_errors)`` turns per-step errors into R2D2's max/mean mix.
+
+Nothing here knows the ``Store``: it is given the schema, a ``fill`` that draws one batch under the
+store's lock, and (prioritized) the priority set with its ``update``.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
-import torch
 
-from mmreplay.sampling.sampler import DEFAULT_ACCELERATOR_PREFETCH, Sampler, _Slot
-from mmreplay.sampling.sequences import (DEFAULT_ETA, SequenceBatch, SequenceBuffers, StartDrawer, sequence_priority,
-                                         validate_sequence)
-from mmreplay.storage import forking
+from mmreplay.columns.spec import Schema
+from mmreplay.sampling.priorities import Priorities
+from mmreplay.sampling.sampler import Sampler, UpdateFn, check_sampler_args
+from mmreplay.sampling.sequences import (DEFAULT_ETA, SequenceBatch, SequenceBuffers, SequenceSpec, StartDrawer,
+                                         sequence_priority, validate_sequence)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mmreplay.store import Store
+DEFAULT_SEQUENCE_NAME = "sequence"
+
+# fill(buffers, drawer, rng, *, priorities, beta): draw windows with drawer into buffers (the store's, locked)
+SequenceFillFn = Callable[..., None]
+
+
+def check_sequence_args(schema: Schema, batch_size, name, beta, seq_len, burn_in, strict, sample_from,
+                        prioritized: bool, eta) -> tuple[SequenceSpec, float]:
+    """Refuse bad sequence sampler arguments before anything is made for the sampler; returns the checked
+    ``(spec, eta)``."""
+    check_sampler_args(schema, batch_size, name, beta, 1, 1.0)
+    spec = validate_sequence(seq_len, burn_in, strict, sample_from)
+    if prioritized and sample_from != "steps":
+        raise ValueError(f"prioritized slices are drawn by priority, not {sample_from!r}; leave sample_from "
+                         "at 'steps' with prioritized=True")
+    if not 0.0 <= float(eta) <= 1.0:
+        raise ValueError(f"eta (R2D2's max/mean mix) must lie in [0, 1], got {eta!r}")
+    return spec, float(eta)
 
 
 class SequenceSampler(Sampler):
-    def __init__(self, store: "Store", batch_size: int, seq_len: int, *, burn_in: int = 0, strict: bool = True,
-                 sample_from: str = "steps", device=None, prefetch: int | None = None, seed: int | None = None,
-                 name: str = "sequence", pin_memory: bool | None = None, prioritized: bool = False,
-                 alpha: float | None = None, beta: float = 0.4, priority_eps: float | None = None,
-                 eta: float = DEFAULT_ETA):
-        from mmreplay.sampling.priorities import check_exponent, check_name
-        from mmreplay.storage.meta import validate_capacity
+    """An iterator of ``SequenceBatch``es (make it with ``Store.sampler(B, seq_len=L)`` or
+    ``Store.sequence_sampler``). What users must know is ``Sampler``'s (reused buffers, ``seed`` and
+    resume, prefetch, close), plus: ``update_priorities(batch, td_errors)`` for prioritized slices."""
 
-        validate_capacity(batch_size, "batch_size")
-        check_name(name)
-        self.spec = validate_sequence(seq_len, burn_in, strict, sample_from)
-        if prioritized and sample_from != "steps":
-            raise ValueError(f"prioritized slices are drawn by priority, not {sample_from!r}; leave sample_from "
-                             "at 'steps' with prioritized=True")
-        if not 0.0 <= float(eta) <= 1.0:
-            raise ValueError(f"eta (R2D2's max/mean mix) must lie in [0, 1], got {eta!r}")
-        self.eta = float(eta)
-        self._beta = check_exponent(beta, "beta")
-        self.n_step, self.gamma = 1, 1.0
-        if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
-        if prefetch is None:  # as Sampler: a producer thread pays only when training runs on an accelerator
-            prefetch = DEFAULT_ACCELERATOR_PREFETCH if device is not None and torch.device(device).type != "cpu" \
-                else 0
-        if not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
-        self.store = store
-        self.batch_size = int(batch_size)
-        self.device = torch.device(device) if device is not None else None
-        self.prefetch = prefetch
-        self.name = name
-        self.priorities = store.priorities(name, alpha=alpha, eps=priority_eps) if prioritized else None
-        self.drawer = StartDrawer(self.spec, store.frame_stack)
-        self.rng = np.random.Generator(np.random.PCG64(seed))
-        saved = store._saved_sampler_state(name)
-        if seed is None and saved is not None:
-            self.rng.bit_generator.state = saved  # continue the sequence the store was committed with
-        self.state = self.rng.bit_generator.state
-        cuda = self.device is not None and self.device.type == "cuda"
-        pin = cuda if pin_memory is None else bool(pin_memory)
-        self._slots = [_Slot(SequenceBuffers(store.schema, self.batch_size, self.spec, pin_memory=pin,
-                                             weights=prioritized))
-                       for _ in range(prefetch + 2 if prefetch else 1)]
-        self._cuda = cuda
-        self._free: queue.Queue = queue.Queue()
-        self._ready: queue.Queue = queue.Queue()
-        self._held = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._closed = False
-        for slot in self._slots:
-            self._free.put(slot)
-        store._register_sampler(self)
-        forking.register(self)
+    def __init__(self, schema: Schema, fill: SequenceFillFn, batch_size: int, seq_len: int, *, burn_in: int = 0,
+                 strict: bool = True, sample_from: str = "steps", device=None, prefetch: int | None = None,
+                 seed: int | None = None, name: str = DEFAULT_SEQUENCE_NAME, pin_memory: bool | None = None,
+                 priorities: Priorities | None = None, update: UpdateFn | None = None, beta: float = 0.4,
+                 eta: float = DEFAULT_ETA, saved_state: dict | None = None):
+        """Slices of ``seq_len`` steps after ``burn_in`` steps of context from the store whose columns
+        ``schema`` describes; ``fill(buffers, drawer, rng, priorities=, beta=)`` draws one batch under the
+        store's lock; ``priorities`` (with ``update``) make it prioritized; ``saved_state`` is the committed
+        RNG state of ``name`` (continued when ``seed`` is None)."""
+        self.spec, self.eta = check_sequence_args(schema, batch_size, name, beta, seq_len, burn_in, strict,
+                                                  sample_from, priorities is not None, eta)
+        self.drawer = StartDrawer(self.spec, schema.frame_stack)  # keeps its episode table between batches
+        self._fill_sequences = fill
+        super().__init__(schema, fill, batch_size, device=device, prefetch=prefetch, seed=seed, name=name,
+                         pin_memory=pin_memory, priorities=priorities, update=update, beta=beta, n_step=1,
+                         gamma=1.0, saved_state=saved_state)
 
     @property
     def seq_len(self) -> int:
@@ -91,17 +75,17 @@ class SequenceSampler(Sampler):
     def burn_in(self) -> int:
         return self.spec.burn_in
 
+    # -- Sampler's hooks --------------------------------------------------------------------------
+    def _new_buffers(self, pin_memory: bool) -> SequenceBuffers:
+        return SequenceBuffers(self.schema, self.batch_size, self.spec, pin_memory=pin_memory,
+                               weights=self.priorities is not None)
+
+    def _draw_into(self, buffers: SequenceBuffers) -> None:
+        self._fill_sequences(buffers, self.drawer, self.rng, priorities=self.priorities, beta=self._beta)
+
     def sample(self) -> SequenceBatch:
         """The next batch of slices."""
         return super().sample()
-
-    def _fill(self, slot: _Slot) -> None:
-        if slot.copied is not None:
-            slot.copied.synchronize()  # the previous device copy from these host buffers is done
-            slot.copied = None
-        self.store.fill_sequence_batch(slot.buffers, self.drawer, self.rng, priorities=self.priorities,
-                                       beta=self._beta)
-        slot.state_after = self.rng.bit_generator.state
 
     def update_priorities(self, indices, priorities=None, mask=None) -> int:
         """New priorities for sampled slices. Either ``update_priorities(batch, td_errors)`` with per-step
@@ -113,9 +97,8 @@ class SequenceSampler(Sampler):
             raise RuntimeError("this sampler is uniform; make it with prioritized=True to update priorities")
         if isinstance(indices, SequenceBatch):
             td, m = self._errors_and_mask(indices, priorities, mask)
-            return self.store.update_priorities(indices.start.cpu(), sequence_priority(td, m, self.eta),
-                                                name=self.name)
-        return self.store.update_priorities(indices, priorities, name=self.name)
+            return super().update_priorities(indices.start.cpu(), sequence_priority(td, m, self.eta))
+        return super().update_priorities(indices, priorities)
 
     def _errors_and_mask(self, batch: SequenceBatch, td_errors, mask) -> tuple[np.ndarray, np.ndarray]:
         td = td_errors.detach().cpu().numpy() if hasattr(td_errors, "detach") else np.asarray(td_errors)
@@ -134,3 +117,4 @@ class SequenceSampler(Sampler):
             return td, full[:, self.burn_in:]
         raise ValueError(f"td_errors has {td.shape[1]} steps: give errors for {self.seq_len} (or burn_in + seq_len "
                          f"= {self.spec.width}) steps, or a mask= of the same shape")
+

@@ -14,8 +14,8 @@ Invariants (``window`` of a slice start ``s``, every id a global transition id):
 - ``next_obs`` is the next observation (stack) of the last real step: the final observation of a
   terminated or truncated episode, the bootstrap observation of a window cut at ``L``.
 
-Nothing here knows the ``Store``: the functions take the index ring, the frame ring and the schema.
-Frames are read only through ``FrameRing.gather``; the caller holds the store's lock.
+Nothing here knows the ``Store``: the functions take the index ring, the frame reader and the schema.
+Frames are read only through ``FrameReader.gather``; the caller holds the store's lock.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mmreplay.sampling.batch import FLAG_TABLE, _torch_dtype, check_host_memory
+from mmreplay.reading.frames import FrameReader
 
 SAMPLE_FROM = ("steps", "episodes")
 DEFAULT_ETA = 0.9  # R2D2's mix of max and mean |TD| over a sequence
@@ -394,7 +395,7 @@ class SequenceBuffers:
         self.dict_obs = schema.dict_obs
         self.extra_names = [c.name for c in schema.extras]
 
-    def batch(self, _store=None) -> SequenceBatch:
+    def batch(self) -> SequenceBatch:
         obs = {k: t for k, (t, _) in self.obs.items()}
         next_obs = {k: t for k, (t, _) in self.next_obs.items()}
         if not self.dict_obs:
@@ -405,10 +406,11 @@ class SequenceBuffers:
                              self.weights[0] if self.weights is not None else None)
 
 
-def assemble_sequences(ring, frames, schema, ids: np.ndarray, buf: SequenceBuffers,
+def assemble_sequences(ring, frames: FrameReader, schema, ids: np.ndarray, buf: SequenceBuffers,
                        weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Fill ``buf`` with windows ``ids`` (B, T; ``-1`` = padding). Returns what was read (real ids, their
-    frame ids, the next-obs frame ids) for a reader's check that the writer did not overwrite it."""
+    """Fill ``buf`` with windows ``ids`` (B, T; ``-1`` = padding), frames read through ``frames``. Returns
+    what was read (real ids, their frame ids, the next-obs frame ids) for a reader's check that the writer
+    did not overwrite it."""
     k = schema.frame_stack
     B, T = ids.shape
     mask = ids >= 0
