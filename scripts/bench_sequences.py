@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench import CpuMeter, cur_rss_bytes, rate_windows  # noqa: E402
+from benchmarks.measure import CpuMeter, cur_rss_bytes, rate_windows  # noqa: E402
 
 from gymnasium import spaces  # noqa: E402
 

@@ -312,3 +312,40 @@ def test_prioritized_slice_starts_are_proportional_among_drawable_starts(store_p
         assert chi_square(counts, np.full(len(drawable), starts.size / len(drawable))) > 300
     finally:
         store.close()
+
+
+def test_sequence_options_are_explicit_and_public_draws_match_the_samplers(store_path):
+    """Sequence options only with ``seq_len`` (n-step ones never with it); one open sampler per name; the
+    index-only draws (``draw_indices``, ``draw_windows``, what TorchRL's samplers use) draw what the
+    samplers draw from the same RNG state."""
+    from mmreplay.sampling.sequences import StartDrawer
+
+    rng = np.random.default_rng(13)
+    store, _ = drive(store_path, rng, capacity=None, frame_stack=2, steps=100, p_term=0.05, p_trunc=0.0)
+    try:
+        with pytest.raises(TypeError, match="burn_in is a sequence option of Store.sampler: give seq_len="):
+            store.sampler(4, burn_in=2)
+        with pytest.raises(TypeError, match="eta, strict are sequence options"):
+            store.sampler(4, strict=False, eta=0.5)
+        with pytest.raises(ValueError, match="n_step=3, gamma=None are for transition samplers"):
+            store.sampler(4, seq_len=3, n_step=3)
+        with pytest.raises(ValueError, match="gamma=0.9"):
+            store.sampler(4, seq_len=3, gamma=0.9)
+        with pytest.raises(ValueError, match="eta .* must lie in \\[0, 1\\], got 2"):
+            store.sequence_sampler(4, 3, eta=2)
+        smp = store.sampler(4, seq_len=3, burn_in=1, seed=7)
+        assert isinstance(smp, mmreplay.SequenceSampler) and smp.name == "sequence"
+        with pytest.raises(ValueError, match="a sampler named 'sequence' is already open"):
+            store.sequence_sampler(4, 3)
+        batch = next(smp)
+        drawer = StartDrawer(smp.spec, store.frame_stack)
+        windows = store.draw_windows(drawer, 4, np.random.Generator(np.random.PCG64(7)))
+        assert windows.tolist() == batch.indices.tolist()
+        smp.close()
+        store.sequence_sampler(4, 3).close()  # the name is free again
+        ids, weights = store.draw_indices(8, np.random.default_rng(1))
+        assert weights is None and ids.tolist() == store.sample(8, rng=np.random.default_rng(1)).indices.tolist()
+        assert not store.closed
+    finally:
+        store.close()
+    assert store.closed
