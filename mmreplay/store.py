@@ -231,9 +231,9 @@ class Store:
                                          **common, **given)
         given = sorted(k for k, v in options.items() if v is not None)
         if given:
-            raise TypeError(f"{', '.join(given)} {'is a sequence option' if len(given) == 1 else 'are sequence options'}"
-                            f" of Store.sampler: give seq_len= too (slices of episodes), or leave "
-                            f"{'it' if len(given) == 1 else 'them'} out")
+            what = "is a sequence option" if len(given) == 1 else "are sequence options"
+            raise TypeError(f"{', '.join(given)} {what} of Store.sampler: give seq_len= too (slices of episodes), "
+                            f"or leave {'it' if len(given) == 1 else 'them'} out")
         name = "default" if name is None else name
         gamma = 0.99 if gamma is None else gamma
         check_sampler_args(self.schema, batch_size, name, beta, n_step, gamma)  # before a priority set is made

@@ -62,7 +62,6 @@ class SequenceSampler(Sampler):
         self.spec, self.eta = check_sequence_args(schema, batch_size, name, beta, seq_len, burn_in, strict,
                                                   sample_from, priorities is not None, eta)
         self.drawer = StartDrawer(self.spec, schema.frame_stack)  # keeps its episode table between batches
-        self._fill_sequences = fill
         super().__init__(schema, fill, batch_size, device=device, prefetch=prefetch, seed=seed, name=name,
                          pin_memory=pin_memory, priorities=priorities, update=update, beta=beta, n_step=1,
                          gamma=1.0, saved_state=saved_state)
@@ -81,7 +80,7 @@ class SequenceSampler(Sampler):
                                weights=self.priorities is not None)
 
     def _draw_into(self, buffers: SequenceBuffers) -> None:
-        self._fill_sequences(buffers, self.drawer, self.rng, priorities=self.priorities, beta=self._beta)
+        self._fill_fn(buffers, self.drawer, self.rng, priorities=self.priorities, beta=self._beta)
 
     def sample(self) -> SequenceBatch:
         """The next batch of slices."""
