@@ -15,6 +15,8 @@ _EXPORTS = {
     "ColumnSpec": "mmreplay.columns.spec",
     "Schema": "mmreplay.columns.spec",
     "Batch": "mmreplay.sampling.batch",
+    "SequenceBatch": "mmreplay.sampling.sequences",
+    "SequenceSampler": "mmreplay.sampling.sequence_sampler",
     "MMReplayError": "mmreplay.errors",
     "NotAStoreError": "mmreplay.errors",
     "FormatError": "mmreplay.errors",

@@ -26,8 +26,10 @@ from mmreplay.errors import FormatError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
 from mmreplay.sampling.batch import BatchBuffers, assemble
-from mmreplay.sampling.draw import draw_into
+from mmreplay.sampling.draw import check_batch_size, draw_into, draw_uniform
+from mmreplay.sampling.priorities import Priorities
 from mmreplay.sampling.registry import PrioritySets, SamplerStates
+from mmreplay.sampling.sequences import SequenceBuffers, StartDrawer, assemble_sequences
 from mmreplay.settings import Settings
 from mmreplay.storage.commit import FORMAT_VERSION, CommitLog, CommitWatcher, read_commit
 from mmreplay.reading.frames import FrameReader
@@ -192,16 +194,48 @@ class StoreState:
     def draw(self, buf: BatchBuffers, rng: np.random.Generator, drain: Callable[[], None], **draw: Any) -> None:
         """Draw a batch into ``buf`` (``sampling.draw.draw_into`` with ``draw``'s options), after ``drain()``
         (pending adds); a reader draws again if the writer overwrote what it read."""
+        self._read_checked(drain, lambda: draw_into(self.ring, self.reader, self.schema.frame_stack, buf, rng,
+                                                    decode_reward=self._decode_reward, **draw))
+
+    def draw_sequences(self, buf: SequenceBuffers, drawer: StartDrawer, rng: np.random.Generator,
+                       drain: Callable[[], None], *, priorities: Priorities | None = None, beta: float = 0.0) -> None:
+        """Draw windows with ``drawer`` into ``buf`` (``sampling.sequences.assemble_sequences``), after
+        ``drain()``; a reader draws again if the writer overwrote what it read."""
+        def read():
+            ids, weights = drawer.draw(self.ring, self.reader.head, buf.batch_size, rng, priorities, beta)
+            return assemble_sequences(self.ring, self.reader, self.schema, ids, buf, weights)
+        self._read_checked(drain, read)
+
+    def _read_checked(self, drain: Callable[[], None], read: Callable[[], tuple]) -> None:
+        """``read()`` (returning the transition ids, obs and next-obs frame ids it read) after ``drain()``,
+        again after a refresh while a reader finds that the writer overwrote what it read."""
         if self.needs_reload:
             self.refresh()
         for _ in range(10):
             drain()
-            read = draw_into(self.ring, self.reader, self.schema.frame_stack, buf, rng,
-                             decode_reward=self._decode_reward, **draw)
-            if self.still_valid(*read):
+            if self.still_valid(*read()):
                 return
             self.refresh()
         raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled")
+
+    def draw_indices(self, size: int, rng: np.random.Generator, *, priorities: Priorities | None = None,
+                     beta: float = 0.0) -> tuple[np.ndarray, np.ndarray | None]:
+        """``size`` valid transition ids (uniform, or by ``priorities`` with importance weights for ``beta``),
+        no frame read; fresh arrays ``(ids, weights or None)``. The caller drained pending adds."""
+        if self.needs_reload:
+            self.refresh()
+        check_batch_size(self.ring, self.schema.frame_stack, self.reader.head, size)
+        if priorities is None:
+            return draw_uniform(self.ring, self.schema.frame_stack, self.reader.head, size, rng)[0], None
+        g, _, _, weights = priorities.draw(size, rng, beta)  # the set's buffers are reused: copy
+        return g.copy(), weights.astype(np.float32)
+
+    def draw_windows(self, drawer: StartDrawer, size: int, rng: np.random.Generator) -> np.ndarray:
+        """``size`` windows drawn by ``drawer`` (``(size, burn_in + seq_len)`` ids, ``-1`` padding), no
+        frame read. The caller drained pending adds."""
+        if self.needs_reload:
+            self.refresh()
+        return drawer.draw(self.ring, self.reader.head, size, rng)[0]
 
     def gather(self, g: np.ndarray, buf: BatchBuffers) -> None:
         """Transitions ``g`` (which must be valid) into ``buf``; a reader re-checks them against a newer commit

@@ -32,6 +32,8 @@ from mmreplay.sampling.batch import Batch, BatchBuffers
 from mmreplay.sampling.draw import check_batch_size, draw_uniform
 from mmreplay.sampling.priorities import Priorities
 from mmreplay.sampling.sampler import Sampler, check_sampler_args
+from mmreplay.sampling.sequence_sampler import DEFAULT_SEQUENCE_NAME, SequenceSampler, check_sequence_args
+from mmreplay.sampling.sequences import DEFAULT_ETA, SequenceBuffers, StartDrawer
 from mmreplay.settings import Settings
 from mmreplay.state import StoreState
 from mmreplay.storage import forking
@@ -188,33 +190,87 @@ class Store:
 
     # -- sampling ---------------------------------------------------------------------------------
     def sampler(self, batch_size: int, *, device=None, prefetch: int | None = None, seed: int | None = None,
-                name: str = "default", pin_memory: bool | None = None, prioritized: bool = False,
+                name: str | None = None, pin_memory: bool | None = None, prioritized: bool = False,
                 alpha: float | None = None, beta: float = 0.4, eps: float | None = None, n_step: int = 1,
-                gamma: float = 0.99, priority_eps: float | None = None) -> Sampler:
+                gamma: float | None = None, priority_eps: float | None = None, seq_len: int | None = None,
+                burn_in: int | None = None, strict: bool | None = None, sample_from: str | None = None,
+                eta: float | None = None) -> Sampler:
         """An iterator of batches in reused buffers (see ``Sampler``): valid until the next batch on CPU.
 
         ``device``: batches are copied there (from pinned buffers, ``non_blocking``, for CUDA).
         ``prefetch`` batches are assembled ahead by a background thread (default: 2 for an accelerator
         device, 0 on CPU, where the thread would compete with training). ``seed=None`` continues the
-        committed RNG state of sampler ``name`` (one open sampler per name). ``pin_memory`` defaults to
-        True for CUDA.
+        committed RNG state of sampler ``name`` (default ``"default"``; one open sampler per name).
+        ``pin_memory`` defaults to True for CUDA.
 
         Prioritized replay (``prioritized=True``): draws proportionally to ``(priority + eps) ** alpha``
         (``alpha``/``eps`` left out: the committed set's, else 0.6 and 1e-6) and sets ``batch.weights``,
         importance weights ``(P / min P) ** -beta``; report priorities with
         ``sampler.update_priorities(batch.indices, td_errors.abs())``. Committed with the store.
-        n-step returns (``n_step=n``, ``gamma``): ``reward`` becomes the discounted sum over the episode's
-        next ``m <= n`` steps, ``next_obs`` the observation after them, and ``batch.discount`` is
-        ``gamma ** m``. ``priority_eps`` is the deprecated spelling of ``eps``."""
+        n-step returns (``n_step=n``, ``gamma``, default 0.99): ``reward`` becomes the discounted sum over
+        the episode's next ``m <= n`` steps, ``next_obs`` the observation after them, and ``batch.discount``
+        is ``gamma ** m``. ``priority_eps`` is the deprecated spelling of ``eps``.
+
+        Sequences (``seq_len=L``): the same as ``sequence_sampler(batch_size, L, ...)``, a
+        ``SequenceSampler`` of slices of episodes (default ``name`` ``"sequence"``); ``burn_in``,
+        ``strict``, ``sample_from`` and ``eta`` are its options, refused without ``seq_len``, and
+        ``n_step``/``gamma`` are refused with it (a slice holds every step's own reward)."""
         if priority_eps is not None:
             warnings.warn("Store.sampler(priority_eps=...) is deprecated; use eps=...", DeprecationWarning,
                           stacklevel=2)
             eps = priority_eps if eps is None else eps
+        options = {"burn_in": burn_in, "strict": strict, "sample_from": sample_from, "eta": eta}
+        common = dict(device=device, prefetch=prefetch, seed=seed, pin_memory=pin_memory, prioritized=prioritized,
+                      alpha=alpha, beta=beta, eps=eps)
+        if seq_len is not None:
+            if n_step != 1 or gamma is not None:
+                raise ValueError(f"n_step={n_step!r}, gamma={gamma!r} are for transition samplers; a sequence "
+                                 f"sampler (seq_len={seq_len!r}) returns every step's own reward: leave them out")
+            given = {k: v for k, v in options.items() if v is not None}
+            return self.sequence_sampler(batch_size, seq_len, name=DEFAULT_SEQUENCE_NAME if name is None else name,
+                                         **common, **given)
+        given = sorted(k for k, v in options.items() if v is not None)
+        if given:
+            what = "is a sequence option" if len(given) == 1 else "are sequence options"
+            raise TypeError(f"{', '.join(given)} {what} of Store.sampler: give seq_len= too (slices of episodes), "
+                            f"or leave {'it' if len(given) == 1 else 'them'} out")
+        name = "default" if name is None else name
+        gamma = 0.99 if gamma is None else gamma
         check_sampler_args(self.schema, batch_size, name, beta, n_step, gamma)  # before a priority set is made
         prio = self.priorities(name, alpha=alpha, eps=eps) if prioritized else None
         smp = Sampler(self.schema, self._fill_batch, batch_size, device=device, prefetch=prefetch, seed=seed,
                       name=name, pin_memory=pin_memory, priorities=prio, update=self._update_priorities, beta=beta,
                       n_step=n_step, gamma=gamma, saved_state=self._state.samplers.saved_state(name))
+        return self._register(smp)
+
+    def sequence_sampler(self, batch_size: int, seq_len: int, *, burn_in: int = 0, strict: bool = True,
+                         sample_from: str = "steps", device=None, prefetch: int | None = None,
+                         seed: int | None = None, name: str = DEFAULT_SEQUENCE_NAME, pin_memory: bool | None = None,
+                         prioritized: bool = False, alpha: float | None = None, beta: float = 0.4,
+                         eps: float | None = None, eta: float = DEFAULT_ETA) -> SequenceSampler:
+        """Batches of ``seq_len`` consecutive steps of one episode and stream (``SequenceBatch``): ``obs
+        (B, T, ...)``, ``action``, ``reward``, ``terminated``, ``truncated``, ``mask``, ``indices`` ``(B, T)``
+        with ``T = burn_in + seq_len``, and ``next_obs`` of each window's last real step.
+
+        ``strict=True`` draws only slices of ``seq_len`` real steps; ``strict=False`` pads past an episode
+        end (``mask`` False, zeros). ``burn_in=b`` prepends the ``b`` steps before each slice (left-padded
+        near an episode start). ``sample_from="steps"`` draws starts uniformly over steps, ``"episodes"``
+        over episodes then steps. ``prioritized=True``: one priority per slice start (``alpha``, ``beta``,
+        ``eps`` as for ``sampler``); ``sampler.update_priorities(batch, td_errors)`` mixes max and mean
+        with ``eta`` (R2D2: 0.9). ``device``, ``prefetch``, ``seed``, ``pin_memory`` as for ``sampler``; the
+        default ``name`` is ``"sequence"`` (one open sampler per name)."""
+        # before a priority set is made
+        check_sequence_args(self.schema, batch_size, name, beta, seq_len, burn_in, strict, sample_from, prioritized,
+                            eta)
+        prio = self.priorities(name, alpha=alpha, eps=eps) if prioritized else None
+        smp = SequenceSampler(self.schema, self._fill_sequences, batch_size, seq_len, burn_in=burn_in, strict=strict,
+                              sample_from=sample_from, device=device, prefetch=prefetch, seed=seed, name=name,
+                              pin_memory=pin_memory, priorities=prio, update=self._update_priorities, beta=beta,
+                              eta=eta, saved_state=self._state.samplers.saved_state(name))
+        return self._register(smp)
+
+    def _register(self, smp: Sampler) -> Sampler:
+        """``smp`` is now the open sampler of its name (an error, and ``smp`` closed, if one is open)."""
         with self._lock:
             try:
                 self._state.samplers.register(smp)
@@ -246,6 +302,39 @@ class Store:
         with self._lock:
             self._check_open()
             self._state.draw(buf, rng, self._drain, priorities=priorities, beta=beta, n_step=n_step, gamma=gamma)
+
+    def _fill_sequences(self, buf: SequenceBuffers, drawer: StartDrawer, rng: np.random.Generator, *,
+                        priorities: Priorities | None = None, beta: float = 0.0) -> None:
+        """Draw windows with ``drawer`` into ``buf`` (see ``StoreState.draw_sequences``)."""
+        with self._lock:
+            self._check_open()
+            self._state.draw_sequences(buf, drawer, rng, self._drain, priorities=priorities, beta=beta)
+
+    def draw_indices(self, batch_size: int, rng: np.random.Generator | None = None, *,
+                     priorities: Priorities | None = None, beta: float = 0.4) -> tuple[np.ndarray, np.ndarray | None]:
+        """Transition ids drawn as a sampler draws them, without reading any frame (for samplers of other
+        libraries that fetch the data later, with ``get``): ``batch_size`` valid ids uniformly, or
+        proportionally to ``priorities`` (a set from ``priorities(name)``) with importance weights for
+        ``beta``. Returns ``(ids, weights)`` (weights None when uniform); ``rng`` defaults to the store's."""
+        validate_capacity(batch_size, "batch_size")
+        rng = self._rng if rng is None else rng
+        with self._lock:
+            self._check_open()
+            self._drain()
+            return self._state.draw_indices(batch_size, rng, priorities=priorities, beta=beta)
+
+    def draw_windows(self, drawer: StartDrawer, batch_size: int,
+                     rng: np.random.Generator | None = None) -> np.ndarray:
+        """Episode slices drawn as a sequence sampler draws them, without reading any frame: ``(batch_size,
+        burn_in + seq_len)`` transition ids, ``-1`` where a window is padded. ``drawer`` is a
+        ``mmreplay.sampling.sequences.StartDrawer`` (it keeps its episode table between calls); ``rng``
+        defaults to the store's."""
+        validate_capacity(batch_size, "batch_size")
+        rng = self._rng if rng is None else rng
+        with self._lock:
+            self._check_open()
+            self._drain()
+            return self._state.draw_windows(drawer, batch_size, rng)
 
     def get(self, indices) -> Batch:
         """The transitions with these global ids (must be valid), as a Batch of fresh tensors."""
@@ -412,6 +501,11 @@ class Store:
         except Exception as exc:  # nobody to raise to: say it, at least
             warnings.warn(f"mmreplay: store {self.path!r} could not commit when it was garbage collected: {exc}",
                           RuntimeWarning, stacklevel=1)
+
+    @property
+    def closed(self) -> bool:
+        """Was the store closed (``close()``, or opened before this process was forked)?"""
+        return self._closed
 
     def __enter__(self) -> "Store":
         return self

@@ -101,8 +101,7 @@ class Sampler:
         cuda = self.device is not None and self.device.type == "cuda"
         pin = cuda if pin_memory is None else bool(pin_memory)
         n_slots = prefetch + 2 if prefetch else 1
-        self._slots = [_Slot(BatchBuffers(schema, self.batch_size, pin_memory=pin, weights=priorities is not None,
-                                          nstep=self.n_step > 1)) for _ in range(n_slots)]
+        self._slots = [_Slot(self._new_buffers(pin)) for _ in range(n_slots)]
         self._cuda = cuda
         self._free: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
@@ -113,6 +112,17 @@ class Sampler:
         for slot in self._slots:
             self._free.put(slot)
         forking.register(self)
+
+    # -- what a subclass changes (SequenceSampler): the buffers of one batch and how a batch is drawn ----
+    def _new_buffers(self, pin_memory: bool) -> BatchBuffers:
+        """Host buffers for one batch of ``batch_size`` (one per slot, reused)."""
+        return BatchBuffers(self.schema, self.batch_size, pin_memory=pin_memory, weights=self.priorities is not None,
+                            nstep=self.n_step > 1)
+
+    def _draw_into(self, buffers) -> None:
+        """Draw the next batch of this sampler's sequence into ``buffers`` (advances ``rng``)."""
+        self._fill_fn(buffers, self.rng, priorities=self.priorities, beta=self._beta, n_step=self.n_step,
+                      gamma=self.gamma)
 
     @property
     def beta(self) -> float:
@@ -168,8 +178,7 @@ class Sampler:
         if slot.copied is not None:
             slot.copied.synchronize()  # the previous device copy from these host buffers is done
             slot.copied = None
-        self._fill_fn(slot.buffers, self.rng, priorities=self.priorities, beta=self._beta, n_step=self.n_step,
-                      gamma=self.gamma)
+        self._draw_into(slot.buffers)
         slot.state_after = self.rng.bit_generator.state
 
     def sample_into(self, buffers: BatchBuffers) -> Batch:
@@ -179,8 +188,7 @@ class Sampler:
             raise RuntimeError("sampler is closed")
         if self.prefetch:
             raise RuntimeError("sample_into draws in the caller's thread: make the sampler with prefetch=0")
-        self._fill_fn(buffers, self.rng, priorities=self.priorities, beta=self._beta, n_step=self.n_step,
-                      gamma=self.gamma)
+        self._draw_into(buffers)
         self.state = self.rng.bit_generator.state
         return buffers.batch()
 

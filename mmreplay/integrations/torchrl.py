@@ -1,0 +1,483 @@
+"""TorchRL: ``MMReplayStorage``, a ``torchrl.data.Storage`` over an mmreplay store, and native samplers.
+
+``ReplayBuffer(storage=MMReplayStorage(path, ...), sampler=..., batch_size=...)`` keeps a TorchRL
+buffer on disk (frames once, compressed; crash-safe commits) and samples TensorDicts with TorchRL's keys:
+``observation``, ``action``, ``done`` / ``terminated`` / ``truncated`` (False: a stored step never starts
+from a terminal state) and ``("next", "observation" | "reward" | "done" | "terminated" | "truncated")``.
+
+Invariants:
+- TorchRL index ``i`` of the storage is the ``i``-th valid transition, oldest first: ``g = oldest + i``
+  where ``(oldest, head)`` is the store's valid range when the index is read. So ``len(storage)`` counts
+  what can be sampled, ``RandomSampler`` draws uniformly, and ``storage[:]`` lists steps in the order
+  they were added. TorchRL's round-robin writer index equals it until the store first overwrites (a
+  bounded store after ``capacity`` adds); samplers that key state on written indices (TorchRL's
+  ``PrioritizedSampler``) are exact only until then: use ``MMReplayPrioritizedSampler`` (priorities
+  keyed by the store's stable ids and committed with it) for long runs.
+- ``storage[:]`` (what TorchRL's ``SliceSampler`` reads to find episodes) returns the small columns only
+  (flags, reward, action, ``episode``), never every frame; any other index decodes whole transitions.
+- ``extend`` keeps episodes intact: rows of one ``("collector", "traj_ids")`` (or of one row of a 2-D
+  ``(envs, time)`` batch) form one stream of the store; stream ids are reused once an episode ended.
+- ``dumps(path)`` commits the store and writes ``path/mmreplay_storage.json`` (JSON, no pickle);
+  ``loads(path)`` reopens the store that file names and checks it holds at least what was committed.
+
+Supported TorchRL: 0.14.x (tested with torchrl 0.14.1, tensordict 0.14.3, torch 2.13 CPU).
+TorchRL is imported only here (``pip install 'mmreplay[torchrl]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import Storage
+
+try:  # TorchRL picks a ReplayBuffer's default collate_fn by storage class: out-of-core storages get the identity
+    from torchrl.data.replay_buffers.storages import StoreStorage as _OutOfCoreStorage
+except ImportError:  # TorchRL < 0.14: give ReplayBuffer(..., collate_fn=lambda td: td)
+    _OutOfCoreStorage = Storage
+
+from mmreplay.sampling.sequences import StartDrawer, validate_sequence
+from mmreplay.store import Store
+
+UNBOUNDED_MAX_SIZE = 1 << 62  # what an unbounded store tells TorchRL's writer (its cursor is taken mod this)
+CHECKPOINT_FILE = "mmreplay_storage.json"
+ACTION_ENCODINGS = ("auto", "categorical", "one_hot")
+
+
+class MMReplayStorage(_OutOfCoreStorage):
+    """A TorchRL storage whose data lives in an mmreplay store at ``path``.
+
+    An existing store is opened; otherwise one is created with ``capacity`` (default ``max_size``; None
+    grows without bound) from ``observation_space`` / ``action_space`` (gymnasium spaces) or, if they are
+    left out, from the first TensorDict written (a one-hot ``action`` of width n becomes ``Discrete(n)``).
+    ``action_encoding`` says how actions come back: ``"one_hot"``, ``"categorical"`` or ``"auto"`` (as
+    they were last written). Other keywords go to ``Store.create`` (``frame_stack``, ``cache_bytes``...).
+    """
+
+    def __init__(self, path: str | os.PathLike | Store, max_size: int | None = None, *, observation_space=None,
+                 action_space=None, action_encoding: str = "auto", observation_key: str = "observation",
+                 mode: str = "a", **create_kwargs):
+        if action_encoding not in ACTION_ENCODINGS:
+            raise ValueError(f"action_encoding must be one of {ACTION_ENCODINGS}, got {action_encoding!r}")
+        self.store: Store | None = None
+        self.path = path.path if isinstance(path, Store) else os.fspath(path)
+        self.observation_key = observation_key
+        self.action_encoding = action_encoding
+        self._written_one_hot: bool | None = None
+        self._one_hot_width: int | None = None
+        self._create = dict(create_kwargs, observation_space=observation_space, action_space=action_space,
+                            capacity=max_size)
+        self._open_mode = mode
+        if isinstance(path, Store):
+            self.store = path
+        elif _is_store(self.path):
+            self.store = Store.open(self.path, mode=mode)
+        elif observation_space is not None and action_space is not None:
+            self._create_store(observation_space, action_space)
+        if self.store is not None and max_size is None:
+            max_size = self.store.capacity
+        # Storage's own __init__, not the key-value store's: every method that touches data is ours.
+        Storage.__init__(self, UNBOUNDED_MAX_SIZE if max_size is None else max_size)
+        self._stream_of: dict[int, int] = {}  # ("collector", "traj_ids") -> stream id of the store
+        self._free_streams: list[int] = []
+        self._next_stream = 0
+
+    def _create_store(self, observation_space, action_space) -> None:
+        kw = {k: v for k, v in self._create.items() if k not in ("observation_space", "action_space", "capacity")}
+        kw.setdefault("capacity", self._create["capacity"])
+        self.store = Store.create(self.path, observation_space, action_space, **kw)
+
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise RuntimeError(f"MMReplayStorage {self.path!r}: no store yet (nothing written, and no "
+                               "observation_space / action_space given to create one)")
+        return self.store
+
+    # -- TorchRL's Storage API ------------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return 1
+
+    def __len__(self) -> int:
+        if self.store is None:
+            return 0
+        oldest, head = self.store.valid_range()
+        return head - oldest
+
+    @property
+    def _is_full(self) -> bool:
+        # Index space never wraps (index i is the i-th valid transition), so no sampler must look for
+        # a trajectory split at the writer's cursor.
+        return False
+
+    def set(self, cursor, data, *, set_cursor: bool = True) -> None:
+        """Append the transitions of ``data`` (a TensorDict of shape (n,) or (envs, time)) to the store; the
+        store places them itself (``cursor`` is TorchRL's round-robin index, see the module invariant)."""
+        if not isinstance(data, TensorDict) and not hasattr(data, "batch_size"):
+            raise TypeError(f"MMReplayStorage stores TensorDicts, got {type(data).__name__}")
+        if data.ndim == 0:
+            data = data.unsqueeze(0)
+        streams = self._streams_for(data)
+        if data.ndim == 2:  # (envs, time): add time-major so each env is one stream, steps in order
+            data = data.transpose(0, 1).reshape(-1)
+        cols = self._columns(data)
+        if self.store is None:
+            self._create_store(*self._spaces_from(cols))
+        self.store.extend(cols["obs"], cols["action"], cols["reward"], cols["next_obs"], cols["terminated"],
+                          cols["truncated"], streams=streams)
+        self._release_ended(data, cols)
+        if set_cursor:
+            self._set_last_cursor(cursor)
+        self._bump_mutation_revision()
+
+    def _columns(self, data) -> dict[str, np.ndarray]:
+        key = self.observation_key
+        nxt = data.get("next")
+        if nxt is None or key not in nxt.keys():
+            raise KeyError(f"MMReplayStorage needs {key!r} and ('next', {key!r}) in each TensorDict (TorchRL's "
+                           f"collector layout); got keys {sorted(map(str, data.keys(True)))}")
+        action = data.get("action")
+        one_hot = self._is_one_hot(action)
+        self._written_one_hot = one_hot
+        if one_hot:
+            self._one_hot_width = int(action.shape[-1])
+        action = action.argmax(-1) if one_hot else action
+        done = nxt.get("done")
+        terminated = nxt.get("terminated", done)
+        truncated = nxt.get("truncated", None)
+        if truncated is None:
+            truncated = done & ~terminated if done is not None else torch.zeros_like(terminated)
+        return {"obs": _np(data.get(key)), "next_obs": _np(nxt.get(key)), "action": _np(action),
+                "reward": _np(nxt.get("reward")).reshape(len(data), *self._reward_shape()),
+                "terminated": _np(terminated).reshape(-1).astype(bool),
+                "truncated": _np(truncated).reshape(-1).astype(bool)}
+
+    def _is_one_hot(self, action) -> bool:
+        """A one-hot action: rows of 0/1 summing to 1, and a Discrete action space of that width (given,
+        or still to be made from the data)."""
+        if action.ndim != 2 or action.dtype.is_complex:
+            return False
+        width = self._discrete_width()
+        space = self.store.action_space if self.store is not None else self._create.get("action_space")
+        if width is None and space is not None:
+            return False  # a Box action space: vectors are vectors
+        if width is not None and width != action.shape[-1]:
+            return False
+        return bool(((action == 0) | (action == 1)).all()) and bool((action.sum(-1) == 1).all())
+
+    def _discrete_width(self) -> int | None:
+        if self.store is None:
+            space = self._create.get("action_space")
+        else:
+            space = self.store.action_space
+        return int(space.n) if space is not None and hasattr(space, "n") else None
+
+    def _reward_shape(self) -> tuple:
+        return self.store.schema.reward.shape if self.store is not None else ()
+
+    def _spaces_from(self, cols) -> tuple:
+        from gymnasium import spaces
+
+        obs = cols["obs"]
+        obs_space = self._create.get("observation_space")
+        if obs_space is None:
+            high = np.inf if obs.dtype.kind == "f" else np.iinfo(obs.dtype).max
+            obs_space = spaces.Box(-high if obs.dtype.kind == "f" else 0, high, obs.shape[1:], obs.dtype)
+        action_space = self._create.get("action_space")
+        if action_space is None:
+            if not self._written_one_hot:
+                raise ValueError("MMReplayStorage: give action_space= to create the store (only one-hot actions "
+                                 "tell their number of values)")
+            action_space = spaces.Discrete(self._one_hot_width)
+        return obs_space, action_space
+
+    def _streams_for(self, data) -> np.ndarray:
+        """Stream ids for the rows of ``data`` (time-major order for 2-D data)."""
+        if data.ndim == 2:
+            envs, steps = data.shape
+            return np.tile(np.arange(envs), steps)
+        traj = data.get(("collector", "traj_ids"), None)
+        if traj is None:
+            return np.zeros(len(data), dtype=np.int64)
+        out = np.empty(len(data), dtype=np.int64)
+        for i, t in enumerate(_np(traj).reshape(-1).tolist()):
+            sid = self._stream_of.get(t)
+            if sid is None:
+                sid = self._free_streams.pop() if self._free_streams else self._new_stream()
+                self._stream_of[t] = sid
+            out[i] = sid
+        return out
+
+    def _new_stream(self) -> int:
+        self._next_stream += 1
+        return self._next_stream - 1
+
+    def _release_ended(self, data, cols) -> None:
+        """Trajectories that ended give their stream back (streams stay few however many episodes)."""
+        traj = data.get(("collector", "traj_ids"), None) if data.ndim == 1 else None
+        if traj is None:
+            return
+        ended = cols["terminated"] | cols["truncated"]
+        for t in np.unique(_np(traj).reshape(-1)[ended]).tolist():
+            sid = self._stream_of.pop(t, None)
+            if sid is not None:
+                self._free_streams.append(sid)
+
+    def get(self, index) -> TensorDict:
+        store = self._require_store()
+        if isinstance(index, slice) and index == slice(None):
+            return self._index_view()
+        oldest, head = store.valid_range()
+        pos = _positions(index, head - oldest)
+        batch = store.get(oldest + pos.reshape(-1))
+        return self._to_tensordict(batch, pos.shape)
+
+    def _to_tensordict(self, batch, shape) -> TensorDict:
+        n = batch.action.shape[0]
+        action = batch.action
+        if self._one_hot_out():
+            action = torch.nn.functional.one_hot(action.long(), self._discrete_width()).to(torch.int64)
+        term = batch.terminated.reshape(n, 1)
+        trunc = batch.truncated.reshape(n, 1)
+        reward = batch.reward.reshape(n, *self.store.schema.reward.shape) if self.store.schema.reward.shape \
+            else batch.reward.reshape(n, 1)
+        false = torch.zeros(n, 1, dtype=torch.bool)
+        td = TensorDict({self.observation_key: batch.obs, "action": action, "done": false, "terminated": false,
+                         "truncated": false.clone(),
+                         "next": TensorDict({self.observation_key: batch.next_obs, "reward": reward,
+                                             "done": term | trunc, "terminated": term, "truncated": trunc},
+                                            batch_size=[n])},
+                        batch_size=[n])
+        for name, value in batch.extras.items():
+            td[name] = value
+        return td.reshape(shape) if tuple(shape) != (n,) else td
+
+    def _one_hot_out(self) -> bool:
+        if self.action_encoding == "auto":
+            return bool(self._written_one_hot) and self._discrete_width() is not None
+        return self.action_encoding == "one_hot"
+
+    def _index_view(self) -> TensorDict:
+        """Every valid transition's small columns (what TorchRL's SliceSampler reads), no frames."""
+        store = self.store
+        oldest, head = store.valid_range()
+        prev, term, trunc = store.episode_links(oldest, head)
+        n = head - oldest
+        episode = _episode_numbers(prev, oldest)
+        term_t, trunc_t = torch.from_numpy(term).reshape(n, 1), torch.from_numpy(trunc).reshape(n, 1)
+        return TensorDict({"episode": torch.from_numpy(episode),
+                           "next": TensorDict({"done": term_t | trunc_t, "terminated": term_t, "truncated": trunc_t},
+                                              batch_size=[n])}, batch_size=[n])
+
+    def contains(self, item) -> bool:
+        return isinstance(item, (int, np.integer)) and 0 <= int(item) < len(self)
+
+    def _empty(self):
+        raise RuntimeError(f"MMReplayStorage {self.path!r}: a store on disk is not emptied by ReplayBuffer.empty(); "
+                           "create a new store (or delete its directory) instead")
+
+    def state_dict(self) -> dict[str, Any]:
+        store = self._require_store()
+        oldest, head = store.valid_range()
+        return {"path": os.path.abspath(store.path), "head": head, "oldest": oldest,
+                "one_hot": self._written_one_hot}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        path = state_dict["path"]
+        if self.store is None or os.path.abspath(self.store.path) != path or self.store.closed:
+            if self.store is not None and not self.store.closed:
+                self.store.close()
+            self.store = Store.open(path, mode=self._open_mode)
+            self.path = path
+        if self.store.num_added < state_dict["head"]:
+            raise RuntimeError(f"store {path!r} holds {self.store.num_added} transitions, fewer than the "
+                               f"{state_dict['head']} of the checkpoint (an older copy of the store?)")
+        self._written_one_hot = state_dict.get("one_hot")
+
+    def dumps(self, path) -> None:
+        """Commit the store (its data stays where it is) and write a small JSON pointer to it at ``path``."""
+        store = self._require_store()
+        store.flush()
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, CHECKPOINT_FILE), "w") as f:
+            json.dump(self.state_dict(), f)
+
+    def loads(self, path) -> None:
+        with open(os.path.join(path, CHECKPOINT_FILE)) as f:
+            self.load_state_dict(json.load(f))
+        self._bump_mutation_revision()
+
+    def flush(self) -> None:
+        self._require_store().flush()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def __getstate__(self):
+        raise TypeError("MMReplayStorage is not pickled (its data is a store on disk): open it again in the other "
+                        "process with MMReplayStorage(path, mode='r')")
+
+    def __repr__(self) -> str:
+        return f"MMReplayStorage({self.path!r}, max_size={self.max_size}, len={len(self)})"
+
+
+# -- native samplers ------------------------------------------------------------------------------------------
+class _StoreSampler(Sampler):
+    """A TorchRL sampler that draws in the store (its RNG state, JSON, goes with ``dumps``)."""
+
+    def __init__(self, seed: int | None = None):
+        self.rng = np.random.default_rng(seed)
+
+    def _store(self, storage) -> Store:
+        if not isinstance(storage, MMReplayStorage):
+            raise TypeError(f"{type(self).__name__} samples an MMReplayStorage, got {type(storage).__name__}")
+        return storage._require_store()
+
+    def _empty(self):
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state_dict["rng"]
+
+    def dumps(self, path):
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "sampler_state.json"), "w") as f:
+            json.dump(self.state_dict(), f)
+
+    def loads(self, path):
+        with open(os.path.join(path, "sampler_state.json")) as f:
+            self.load_state_dict(json.load(f))
+
+
+class MMReplayRandomSampler(_StoreSampler):
+    """Uniform over valid transitions, drawn by the store (never an id whose frame stack is gone)."""
+
+    def sample(self, storage, batch_size: int):
+        store = self._store(storage)
+        g, _ = store.draw_indices(batch_size, self.rng)
+        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
+        return torch.from_numpy(g - oldest), {}
+
+
+class MMReplayPrioritizedSampler(_StoreSampler):
+    """Proportional prioritized replay in the store: priorities keyed by the store's transition ids,
+    committed with it (``dumps`` / ``flush``) and reopened exactly. ``info["priority_weight"]`` holds the
+    importance weights; give new priorities with ``rb.update_priority(sample["index"], td_error)``."""
+
+    def __init__(self, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, name: str = "torchrl",
+                 seed: int | None = None):
+        super().__init__(seed)
+        self.alpha, self.beta, self.eps, self.name = alpha, beta, eps, name
+        self._held: tuple[Store, Any] | None = None  # (store, its sampler ``name``): the set is updated through it
+
+    def _prioritized(self, store: Store):
+        """The store's prioritized sampler ``name`` (made once per store, as a distributed shard does): the
+        one way to update the set's priorities; its set (``alpha``, ``eps``) is what ``sample`` draws by."""
+        held = self._held
+        if held is None or held[0] is not store or held[1].closed:
+            if held is not None and held[0] is not store:
+                held[1].close()  # the storage reopened its store: the old store's sampler goes with it
+            smp = store.sampler(1, name=self.name, prioritized=True, alpha=self.alpha, eps=self.eps, prefetch=0)
+            self._held = held = (store, smp)
+        elif held[1].priorities.alpha != self.alpha or held[1].priorities.eps != self.eps:
+            store.priorities(self.name, alpha=self.alpha, eps=self.eps)  # exponents assigned since
+        return held[1]
+
+    def sample(self, storage, batch_size: int):
+        store = self._store(storage)
+        prio = self._prioritized(store).priorities
+        g, w = store.draw_indices(batch_size, self.rng, priorities=prio, beta=self.beta)
+        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
+        return torch.from_numpy(g - oldest), {"priority_weight": torch.from_numpy(w)}
+
+    def update_priority(self, index, priority, *, storage=None) -> None:
+        if storage is None:
+            raise ValueError("MMReplayPrioritizedSampler.update_priority needs the storage (ReplayBuffer passes it)")
+        store = self._store(storage)
+        smp = self._prioritized(store)
+        oldest, _ = store.valid_range()
+        pos = np.asarray(index.detach().cpu() if hasattr(index, "detach") else index, dtype=np.int64).reshape(-1)
+        p = np.asarray(priority.detach().cpu() if hasattr(priority, "detach") else priority, dtype=np.float64)
+        smp.update_priorities(oldest + pos, p.reshape(-1))
+
+
+class MMReplaySliceSampler(_StoreSampler):
+    """Slices of ``slice_len`` consecutive steps of one episode and stream (``num_slices`` of them, or
+    ``batch_size // slice_len``), walked in the store's episode links, so vector-env streams may
+    interleave. ``strict_length=False`` pads short slices by repeating their last step and marks the
+    padding False in ``info["mask"]``. The index is flat, slice after slice, as TorchRL's SliceSampler's."""
+
+    def __init__(self, *, slice_len: int | None = None, num_slices: int | None = None, strict_length: bool = True,
+                 sample_from: str = "episodes", seed: int | None = None):
+        super().__init__(seed)
+        if (slice_len is None) == (num_slices is None):
+            raise ValueError(f"give exactly one of slice_len and num_slices, got slice_len={slice_len!r}, "
+                             f"num_slices={num_slices!r}")
+        self.slice_len, self.num_slices = slice_len, num_slices
+        self.strict_length, self.sample_from = strict_length, sample_from
+        validate_sequence(slice_len or 1, 0, strict_length, sample_from)  # bad options fail here, not at sample()
+        self._drawers: dict[int, StartDrawer] = {}
+
+    def sample(self, storage, batch_size: int):
+        store = self._store(storage)
+        if self.slice_len is not None:
+            seq_len, n = self.slice_len, batch_size // self.slice_len
+        else:
+            seq_len, n = batch_size // self.num_slices, self.num_slices
+        if n < 1 or seq_len < 1 or n * seq_len != batch_size:
+            raise ValueError(f"batch_size {batch_size} must be a multiple of slice_len/num_slices "
+                             f"(slice_len={self.slice_len}, num_slices={self.num_slices})")
+        drawer = self._drawers.get(seq_len)
+        if drawer is None:  # kept: its episode table is reused while the store is unchanged
+            spec = validate_sequence(seq_len, 0, self.strict_length, self.sample_from)
+            drawer = self._drawers[seq_len] = StartDrawer(spec, store.frame_stack)
+        ids = store.draw_windows(drawer, n, self.rng)
+        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
+        mask = ids >= 0
+        last = np.maximum.accumulate(np.where(mask, ids, -1), axis=1)  # padding repeats the last real step
+        pos = torch.from_numpy((last - oldest).reshape(-1))
+        return pos, {"mask": torch.from_numpy(mask.reshape(-1))}
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+def _is_store(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "zarr.json"))
+
+
+def _np(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def _positions(index, n: int) -> np.ndarray:
+    """TorchRL's index (int, slice, sequence, tensor) as positions ``0 <= p < n``."""
+    if isinstance(index, slice):
+        return np.arange(n, dtype=np.int64)[index]
+    if isinstance(index, tuple) and len(index) == 1:
+        index = index[0]
+    pos = np.asarray(_np(index), dtype=np.int64)
+    if pos.size and (pos.min() < -n or pos.max() >= n):
+        raise IndexError(f"index out of range for MMReplayStorage of length {n}: "
+                         f"{pos[(pos < -n) | (pos >= n)][:8].tolist()}")
+    return np.where(pos < 0, pos + n, pos)
+
+
+def _episode_numbers(prev: np.ndarray, oldest: int) -> np.ndarray:
+    """Episode number of each step (numbered by first step) from ``prev`` links (global ids, -1 at a start)."""
+    n = prev.size
+    root = np.where(prev < oldest, np.arange(n), prev - oldest)
+    while True:  # pointer jumping: each round halves the distance to the episode's first step
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            break
+        root = nxt
+    _, number = np.unique(root, return_inverse=True)  # first steps in order of their ids
+    return number.astype(np.int64)
