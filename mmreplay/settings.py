@@ -24,7 +24,7 @@ class Settings:
     """Per-session settings of a ``Store`` (``Store.create(..., settings=)`` / ``Store.open(..., settings=)``).
 
     - ``cache_bytes``: RAM for frames, per process: the compressed shards held whole when they fit, and
-      decoded frames (an LRU cache of chunks); split between the two by ``reading.frames.plan_tiers``.
+      decoded frames (an LRU cache of chunks); split between the two by ``reading.tiers.plan_tiers``.
     - ``commit_every`` / ``commit_seconds``: a writer commits on its own after this many transitions or
       seconds since the last commit. A crash loses at most what was added since the last commit (call
       ``flush()`` to commit now; ``close()`` always commits).

@@ -14,7 +14,8 @@ from numcodecs import blosc, zstd
 import mmreplay
 import synthetic as syn
 from mmreplay.reading import native
-from mmreplay.reading.frames import MAX_RESIDENT_SHARE, FrameReader, MIN_DECODED_SHARE, TierPlan, plan_tiers
+from mmreplay.reading.frames import FrameReader
+from mmreplay.reading.tiers import MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, TierPlan, plan_tiers
 from mmreplay.reading.resident import EMPTY_CHUNK, ResidentShards
 from mmreplay.storage.layout import ArrayLayout
 from mmreplay.storage.shardfile import build_shard

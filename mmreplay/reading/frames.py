@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
 from mmreplay.errors import CorruptDataError
 from mmreplay.reading import native
-from mmreplay.reading.cache import ChunkCache
 from mmreplay.reading.gather import gather_cached, gather_stacks
-from mmreplay.reading.resident import EMPTY_CHUNK, ResidentShards
-from mmreplay.storage.frame_ring import FrameColumn, FrameEvents, FrameRing
 from mmreplay.reading.pool import decode_pool
+from mmreplay.reading.resident import EMPTY_CHUNK
+from mmreplay.reading.tiers import ColumnReader, plan_tiers
+from mmreplay.storage.frame_ring import FrameEvents, FrameRing
 
 # Below this, handing the copy to two threads costs more than it saves. Measured with PER steps on Atari
 # stacks: batch-32 (0.9 MB per output) 4,010 steps/s inline vs 2,613 split; batch-256 (7.2 MB) 852 split vs
@@ -40,80 +39,8 @@ PARALLEL_GATHER_BYTES = 4 << 20
 # Compiled decodes of a batch are split over the codec threads from this many chunks (a task costs ~20-50
 # us to hand over; one 84x84 frame decodes in ~1 us).
 PARALLEL_MIN_DECODES = 256
-# The compressed tier's share of the budget is at most this; the decoded cache keeps the rest.
-MAX_RESIDENT_SHARE = 0.6
-# The decoded cache is used when it holds at least this share of the ring's frames. Measured on Atari
-# frames (1M store, 2 cores): a frame decoded into a random slot of a large slab and copied out costs ~2.5 us
-# with the LRU bookkeeping, decoded straight into the (cache-hot) batch ~1.1 us, a hit ~0.3 us: the cache
-# pays off above a ~64% hit rate, which uniform sampling reaches when it holds that share of the frames.
-MIN_DECODED_SHARE = 0.65
 # What a frame compresses to before any shard of it was written (Atari frames: ~13x with lz4).
 ASSUMED_RATIO = 8.0
-
-
-@dataclass
-class TierStats:
-    """The compressed tier of one column: decoded-cache misses served from it (hits) or from the file."""
-    hits: int = 0  # chunks decoded from bytes held in RAM
-    misses: int = 0  # chunks read from their file
-    capacity_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class TierPlan:
-    resident_bytes: int  # compressed tier
-    decoded_bytes: int  # decoded cache
-    direct: bool  # decode misses straight into the batch; the decoded cache is not used
-
-
-def plan_tiers(total: int, compressed_bytes: int, decoded_bytes: int) -> TierPlan:
-    """How ``total`` bytes serve a ring whose frames take ``compressed_bytes`` on disk and
-    ``decoded_bytes`` decoded. The compressed ring is held whole when it fits in ``MAX_RESIDENT_SHARE``
-    of the budget: a miss then costs ~1 us of decoding instead of a file read (a tier holding part of
-    the store would load whole shards for single frames, so it holds all or nothing). The decoded
-    cache gets the rest, and is used only if it holds at least ``MIN_DECODED_SHARE`` of the frames:
-    below that, frames are decoded straight into the batch."""
-    if compressed_bytes > MAX_RESIDENT_SHARE * total:
-        return TierPlan(0, total, False)
-    rest = total - compressed_bytes
-    if rest >= MIN_DECODED_SHARE * decoded_bytes:
-        return TierPlan(compressed_bytes, rest, False)
-    return TierPlan(compressed_bytes, 0, True)
-
-
-class ColumnReader:
-    """One observation key's decoded cache and compressed tier."""
-
-    def __init__(self, column: FrameColumn, ring: FrameRing, decoded_bytes: int, resident_bytes: int,
-                 direct: bool, cache: ChunkCache | None = None):
-        spec = column.spec
-        self.column = column
-        self.spec = spec
-        self.row_nbytes = spec.row_nbytes
-        self.cache = cache or ChunkCache(ring.rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape),
-                                         spec.np_dtype, decoded_bytes)
-        kind = native.codec_kind(column.array.compressor.spec)
-        self.codec = kind if native.AVAILABLE else None
-        self.resident = ResidentShards(ring.root, column.layout, ring.rows // spec.chunk_rows) \
-            if resident_bytes > 0 and self.codec is not None else None
-        self.tier = TierStats(capacity_bytes=resident_bytes if self.resident is not None else 0)
-        # frames decoded straight into batches (only for one-frame chunks: images)
-        self.direct = direct and self.resident is not None and spec.chunk_rows == 1
-
-    def stats(self, loading: bool = False) -> dict:
-        """``cache_stats()`` of this key: the decoded cache, and under ``"compressed"`` the tier below it
-        (``loading``: the background pass that reads the shards into it is still running)."""
-        res = self.resident
-        return {**self.cache.stats.as_dict(),
-                "compressed": {"hits": self.tier.hits, "misses": self.tier.misses,
-                               "shard_loads": 0 if res is None else res.loads,
-                               "bytes": 0 if res is None else res.nbytes,
-                               "capacity_bytes": self.tier.capacity_bytes,
-                               "compiled": self.codec is not None, "direct": self.direct, "loading": loading}}
-
-    def invalidate_rows(self, lo: int, hi: int) -> None:
-        c = self.spec.chunk_rows
-        self.cache.invalidate(lo // c, -(-hi // c))
 
 
 class FrameReader(FrameEvents):
