@@ -12,7 +12,6 @@ import pytest
 from numcodecs import blosc, zstd
 
 import mmreplay
-import synthetic as syn
 from mmreplay.reading import native
 from mmreplay.reading.frames import FrameReader
 from mmreplay.reading.tiers import MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, TierPlan, plan_tiers
