@@ -8,7 +8,6 @@ such instead of taking the test run down.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import resource
@@ -16,7 +15,6 @@ import shutil
 import signal
 import sys
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import warnings
 
 import numpy as np
 import pytest

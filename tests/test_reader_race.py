@@ -5,7 +5,6 @@ wraps its ring and replaces shard files at the exact instants a reader is betwee
 or a batch. Every row a reader returns is checked against the ground truth of ``synthetic``.
 """
 
-import numpy as np
 import pytest
 
 import mmreplay

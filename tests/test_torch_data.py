@@ -2,7 +2,6 @@
 the DataLoader, fork workers next to an open writer, a new random stream every epoch."""
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 

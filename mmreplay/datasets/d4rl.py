@@ -73,9 +73,7 @@ def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence
                 "rewards": column("rewards", (), np.float32),
                 "terminals": column("terminals", (), np.bool_), "timeouts": column("timeouts", (), np.bool_)}
         f.attrs["mmreplay"] = json.dumps(export_metadata(store, listing))
-        n = 0
         for piece in iter_pieces(store, listing.episodes, block_rows, progress):
-            m = len(piece)
             timeouts = piece.truncated.copy()
             if piece.end and not (piece.terminated[-1] or piece.truncated[-1]):
                 timeouts[-1] = True  # an unfinished episode (include_partial): the only way to end it here
