@@ -36,26 +36,47 @@ import numpy as np
 
 VARIANTS = {
     "stock": "the library as it is",
-    "serial-decode": "frame_ring.PARALLEL_MIN_CHUNKS = inf: cache misses decoded inline, no thread pool",
-    "serial-gather": "frame_ring.PARALLEL_GATHER_BYTES = inf: the slab -> batch copy inline, no thread pool",
+    "serial-decode": "PARALLEL_MIN_DECODES (older: PARALLEL_MIN_CHUNKS) = inf: misses decoded on one thread",
+    "serial-gather": "PARALLEL_GATHER_BYTES = inf: the slab -> batch copy inline, no thread pool",
     "serial-all": "both of the above: no thread hand-offs at all",
     "torch-1-thread": "torch.set_num_threads(1)",
     "gc-freeze": "gc.freeze() after opening (the collector skips everything allocated so far)",
-    "no-reader-check": "Store._batch_still_valid -> True: no per-batch stat of the commit record (reader mode)",
+    "no-reader-check": "StoreState.still_valid -> True: no per-batch check of the commit record (reader mode)",
 }
 
 
+def _tuning_modules():
+    """The modules that hold the read path's thread thresholds, in this tree or an older snapshot."""
+    import importlib
+    mods = []
+    for name in ("mmreplay.reading.frames", "mmreplay.storage.frame_ring"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    return mods
+
+
+def _decode_pool():
+    try:
+        from mmreplay.reading.pool import decode_pool
+    except ImportError:  # a snapshot from before the read path moved to reading/
+        from mmreplay.storage.frame_ring import decode_pool
+    return decode_pool()
+
+
 def _patch(variant: str) -> None:
-    import mmreplay.storage.frame_ring as fr
-    if variant in ("serial-decode", "serial-all"):
-        fr.PARALLEL_MIN_CHUNKS = 1 << 40
-    if variant in ("serial-gather", "serial-all"):
-        for name in ("PARALLEL_GATHER_ROWS", "PARALLEL_GATHER_BYTES"):  # the name changed after 533f41e
-            if hasattr(fr, name):
-                setattr(fr, name, 1 << 60)
+    names = {"serial-decode": ("PARALLEL_MIN_CHUNKS", "PARALLEL_MIN_DECODES"),
+             "serial-gather": ("PARALLEL_GATHER_ROWS", "PARALLEL_GATHER_BYTES")}  # names changed over time
+    for part, attrs in names.items():
+        if variant in (part, "serial-all"):
+            for mod in _tuning_modules():
+                for name in attrs:
+                    if hasattr(mod, name):
+                        setattr(mod, name, 1 << 60)
     if variant == "no-reader-check":
-        import mmreplay.store as st
-        st.Store._batch_still_valid = lambda self, g, obs_ids: True
+        import mmreplay.state as st
+        st.StoreState.still_valid = lambda self, *read: True
     if variant == "torch-1-thread":
         import torch
         torch.set_num_threads(1)
@@ -219,7 +240,6 @@ def cmd_decode(a) -> None:
     import torch  # noqa: F401
 
     import mmreplay
-    import mmreplay.storage.frame_ring as fr
     s = mmreplay.Store.open(a.store, mode="r", cache_bytes=64 << 20)
     col = next(iter(s._state.frames.columns.values()))
     read = col.array.read_chunk
@@ -246,21 +266,21 @@ def cmd_decode(a) -> None:
             read(c, out[i])
 
     def pool_per_chunk(cs):
-        list(fr.decode_pool().map(lambda ic: read(ic[1], out[ic[0]]), enumerate(cs)))
+        list(_decode_pool().map(lambda ic: read(ic[1], out[ic[0]]), enumerate(cs)))
 
     def pool_groups(cs):
-        w = fr.decode_pool()._max_workers
+        w = _decode_pool()._max_workers
         idx = list(range(len(cs)))
 
         def run(part):
             for i in part:
                 read(cs[i], out[i])
-        list(fr.decode_pool().map(run, [idx[j::w] for j in range(w)]))
+        list(_decode_pool().map(run, [idx[j::w] for j in range(w)]))
     print(f"store {a.store}: {n_chunks} chunks of {col.spec.chunk_rows} row(s) {col.spec.shape} "
           f"{col.spec.np_dtype}; {n} misses per round")
     print(f"  read_chunk inline (pread + crc32c + decode)   {per_chunk(serial):6.1f} us per miss")
     print(f"  thread pool, one task per chunk                {per_chunk(pool_per_chunk):6.1f} us per miss")
-    print(f"  thread pool, one task per worker ({fr.decode_pool()._max_workers} workers)    "
+    print(f"  thread pool, one task per worker ({_decode_pool()._max_workers} workers)    "
           f"{per_chunk(pool_groups):6.1f} us per miss")
     # stages
     shard, inner = divmod(int(chunks[0]), col.layout.chunks_per_shard)
