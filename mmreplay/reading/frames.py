@@ -299,13 +299,7 @@ class FrameReader(FrameEvents):
         the rest (rows in the writer's RAM, a tier that is full) come through the decoded cache. Returns
         ``addr`` with those frames marked done (0)."""
         res = col.resident
-        absent = addr == 0
-        in_ram = self.ring.ram_shards(col.spec.name)
-        for shard in np.unique(rows[absent] // res.per_shard).tolist():
-            if shard in in_ram:
-                continue
-            if res.nbytes >= col.tier.capacity_bytes or not res.load(shard, col.tier.capacity_bytes):
-                break
+        self._load_whole(col, rows[addr == 0])
         addr = res.chunk_addr[rows]
         rest = np.flatnonzero(addr <= 0)
         if rest.size:
@@ -322,6 +316,16 @@ class FrameReader(FrameEvents):
             addr = addr.copy()
             addr[rest] = 0
         return addr
+
+    def _load_whole(self, col: ColumnReader, chunks: np.ndarray) -> None:
+        """The shards holding ``chunks`` (one frame row each when chunks are frames), read whole into the
+        compressed tier while it has room; rows still in the writer's RAM are not read from their files."""
+        res, in_ram = col.resident, self.ring.ram_shards(col.spec.name)
+        for shard in np.unique(chunks // res.per_shard).tolist():
+            if shard in in_ram:
+                continue
+            if res.nbytes >= col.tier.capacity_bytes or not res.load(shard, col.tier.capacity_bytes):
+                break  # full: the rest is read from the files
 
     def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes) -> None:
         """Compiled decodes, split over the codec threads when there are many; raises on the first bad one."""
@@ -398,10 +402,8 @@ class FrameReader(FrameEvents):
             return self._read_files(col, chunks, slots)
         addr = res.chunk_addr[chunks]
         absent = addr == 0
-        if absent.any():  # shards not held yet: load them whole while the tier has room
-            for shard in np.unique(chunks[absent] // res.per_shard).tolist():
-                if res.nbytes >= col.tier.capacity_bytes or not res.load(shard, col.tier.capacity_bytes):
-                    break  # full: the rest is read from the files
+        if absent.any():
+            self._load_whole(col, chunks[absent])
             addr = res.chunk_addr[chunks]
             absent = addr == 0
         empty = addr == EMPTY_CHUNK
