@@ -12,6 +12,7 @@ import time
 import warnings
 
 import numpy as np
+import torch
 import pytest
 from gymnasium import spaces
 
@@ -169,6 +170,18 @@ def test_uniform_sampler_draws_over_the_union_in_proportion_to_shard_sizes(deplo
         expected = sizes[0] / sizes.sum()
         assert abs(share - expected) < 0.04, (share, expected)
         smp.close()
+    # a learner restored from state_dict draws what the saved one drew next, local shards included
+    smp = shards.sampler(16, local=True, seed=9, prefetch=0)
+    smp.sample()
+    saved = smp.state_dict()
+    want = smp.sample()
+    want_shard, want_idx = want.shard.clone(), want.indices.clone()
+    again = shards.sampler(16, local=True, seed=123, prefetch=0)
+    again.load_state_dict(saved)
+    got = again.sample()
+    assert torch.equal(got.shard, want_shard) and torch.equal(got.indices, want_idx)
+    smp.close()
+    again.close()
 
 
 def test_priorities_are_routed_persisted_and_a_restarted_learner_continues(deployment):

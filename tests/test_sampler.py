@@ -91,3 +91,25 @@ def test_closing_the_store_stops_its_samplers(driven):
     store.close()
     with pytest.raises(RuntimeError, match="closed"):
         next(s)
+
+
+def test_draws_into_row_views_land_in_their_rows_only(driven):
+    """``BatchBuffers.rows``: parts of one batch drawn into views of it (how a batch split over shards is
+    assembled) land in their own rows and leave the others alone."""
+    from mmreplay.sampling.batch import BatchBuffers
+
+    store, ref = driven
+    buf = BatchBuffers(store.schema, 24)
+    buf.obs["obs"][1][...] = 77  # a value no stored frame has
+    with store.sampler(1, seed=4, prefetch=0, name="parts") as smp:
+        smp.sample_into(buf.rows(0, 10))
+        smp.sample_into(buf.rows(16, 24))
+    whole = buf.batch()
+    drawn = whole.indices[:10].tolist() + whole.indices[16:].tolist()
+    assert_batch_matches(store.get(drawn), ref, drawn)
+    for field in ("obs", "next_obs", "action", "reward", "terminated", "indices"):
+        got = getattr(whole, field)
+        assert torch.equal(torch.cat([got[:10], got[16:]]), getattr(store.get(drawn), field))
+    assert bool((whole.obs[10:16] == 77).all())  # rows no part was drawn into are untouched
+    with pytest.raises(ValueError, match="rows"):
+        buf.rows(20, 30)

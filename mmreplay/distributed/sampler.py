@@ -13,9 +13,10 @@ Invariants:
 - Every row of a ``ShardedBatch`` carries its shard (``batch.shard``) and its id in that shard's store
   (``batch.indices``); ``update_priorities`` sends each shard the rows that are its own, and the shard
   persists them with its next commit.
-- Shards whose store directory is on this machine are read in place (``Store.open(path, "r")`` and
-  ``refresh``), committed data only, into reused buffers (a batch is valid until the next one, as with
-  ``Store.sampler``); the others are sampled through their actor, ``prefetch`` batches ahead.
+- Every part of a batch lands in its rows of one set of reused buffers (a batch is valid until the next
+  one, as with ``Store.sampler``). Shards whose store directory is on this machine are read in place
+  (``Store.open(path, "r")`` and ``refresh``), committed data only, drawn straight into their rows; the
+  others are sampled through their actor, ``prefetch`` batches ahead, and copied into theirs.
   Prioritized draws always go through the actors (the writer holds the priorities).
 """
 
@@ -30,8 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mmreplay.columns.spec import Schema
 from mmreplay.distributed.cluster import call_all
-from mmreplay.sampling.batch import Batch
+from mmreplay.sampling.batch import Batch, BatchBuffers
 
 
 @dataclass
@@ -54,7 +56,8 @@ class ShardedBatch(Batch):
 
 class DistributedSampler:
     """A learner's iterator of ``ShardedBatch`` es drawn across the shard actors (uniform or prioritized,
-    see the module docstring); shards on this node are read directly from disk. Batches are fresh tensors.
+    see the module docstring); shards on this node are read directly from disk. A batch lives in reused
+    buffers, valid until the next ``sample()`` (as with ``Store.sampler``): ``.clone()`` what you keep.
     Report priorities with ``update_priorities(batch, priorities)``; ``close()`` when done."""
 
     def __init__(self, shards: list, batch_size: int, *, prioritized: bool = False, alpha: float | None = None,
@@ -75,15 +78,17 @@ class DistributedSampler:
         self.name, self.prefetch, self.timeout, self.refresh_seconds = name, prefetch, timeout, refresh_seconds
         self.rng = np.random.default_rng(seed)
         infos = call_all(self.handles, "info", timeout=timeout)
-        self.local: dict[int, object] = {}
-        self._local_buffers: dict[tuple[int, int], object] = {}
+        self.stores: dict[int, object] = {}  # local shards' stores, opened read-only
+        self.local: dict[int, object] = {}  # their samplers: draws straight into rows of the batch
         if local and not prioritized:
             here = ray.get_runtime_context().get_node_id()
             for i, info in enumerate(infos):
                 if info["node_id"] == here and os.path.isdir(info["store_path"]):
-                    from mmreplay.store import Store
-
-                    self.local[i] = Store.open(info["store_path"], "r")
+                    self._open_local(i, info["store_path"])
+        self._out = BatchBuffers(Schema.from_json(infos[0]["schema"]), batch_size, weights=prioritized)
+        self._views: dict[tuple[int, int], BatchBuffers] = {}
+        self._shard = _alloc_shard_ids(batch_size)
+        self._shard_ids = np.arange(len(self.handles), dtype=np.int64)
         self._sizes = np.array([info["size"] for info in infos], dtype=np.float64)
         self._noted_at = np.full(len(self.handles), time.monotonic())
         self._mass = np.ones(len(self.handles)) if prioritized else None
@@ -104,33 +109,47 @@ class DistributedSampler:
         return self.sample()
 
     def sample(self) -> ShardedBatch:
+        """The next batch, in reused buffers: valid until the next ``sample()`` (as with ``Store.sampler``)."""
         self._refresh_local()
         while len(self._planned) < self.prefetch + 1:
             self._planned.append(self._plan())
         counts, refs = self._planned.popleft()
-        parts = {}
-        for i, ref in refs.items():
-            parts[i] = self._get(i, ref, counts[i])
-        for i in np.flatnonzero(counts).tolist():
-            if i in self.local:
-                parts[i] = self._read_local(i, int(counts[i]))
+        parts = {i: self._get(i, ref, int(counts[i])) for i, ref in refs.items()}
         while len(self._planned) < self.prefetch:
             self._planned.append(self._plan())
+        lo = 0
+        for i in np.flatnonzero(counts).tolist():  # shard i's rows are [lo, lo + counts[i]) of the batch
+            rows = self._rows(lo, lo + int(counts[i]))
+            if i in self.local:
+                self.local[i].sample_into(rows)
+            else:
+                write_part(rows, parts[i])
+            lo += int(counts[i])
+        shard = self._shard[1]
+        shard[...] = np.repeat(self._shard_ids, counts)
+        if self.prioritized:
+            weights = self._out.weights[1]
+            weights[...] = global_weights(weights, shard, self._min, self.beta)
         self.stats["batches"] += 1
-        return self._merge(counts, parts)
+        return ShardedBatch(**vars(self._out.batch()), shard=self._shard[0])
 
-    def _read_local(self, i: int, n: int) -> dict:
-        """``n`` rows of local shard ``i`` into reused buffers (valid until the next batch, as with
-        ``Store.sampler``): a learner reading one local shard pays what a single store's sampler pays."""
-        from mmreplay.sampling.batch import BatchBuffers
+    def _rows(self, lo: int, hi: int) -> BatchBuffers:
+        """Rows ``[lo, hi)`` of the output buffers (views; the splits of recent batches are kept)."""
+        view = self._views.get((lo, hi))
+        if view is None:
+            if len(self._views) > 256:  # the split varies from batch to batch: keep the cache bounded
+                self._views.clear()
+            view = self._views[(lo, hi)] = self._out.rows(lo, hi)
+        return view
 
-        store = self.local[i]
-        buf = self._local_buffers.get((i, n))
-        if buf is None:
-            if len(self._local_buffers) > 64:  # counts vary from batch to batch: keep the cache bounded
-                self._local_buffers.clear()
-            buf = self._local_buffers[(i, n)] = BatchBuffers(store.schema, n)
-        return batch_to_parts(store.sample(n, rng=self.rng, out=buf))
+    def _open_local(self, i: int, path: str) -> None:
+        """Read shard ``i`` in place: its store read-only, and a sampler of it (no prefetch: it draws into
+        rows of this learner's batch) seeded from the learner's RNG, so ``seed`` fixes every draw."""
+        from mmreplay.store import Store
+
+        store = self.stores[i] = Store.open(path, "r")
+        self.local[i] = store.sampler(1, name=f"{self.name}-local", prefetch=0,
+                                      seed=int(self.rng.integers(2 ** 63)))
 
     def _weights_of(self) -> np.ndarray:
         return self._mass if self.prioritized else self._sizes
@@ -184,7 +203,7 @@ class DistributedSampler:
     def _refresh_local(self, force: bool = False) -> None:
         if not self.local or (not force and time.monotonic() - self._last_refresh < self.refresh_seconds):
             return
-        for i, store in self.local.items():
+        for i, store in self.stores.items():
             store.refresh()
             self._sizes[i] = len(store)
         self._last_refresh = time.monotonic()
@@ -206,18 +225,6 @@ class DistributedSampler:
                 raise TimeoutError(f"the shards hold {int(self._sizes.sum())} transitions after {self.timeout:g} s; "
                                    f"a batch needs {self.batch_size}")
             time.sleep(0.2)
-
-    def _merge(self, counts: np.ndarray, parts: dict) -> ShardedBatch:
-        order = [i for i in range(len(self.handles)) if counts[i]]
-        cat = _concat([parts[i] for i in order])
-        shard = torch.from_numpy(np.repeat(np.array(order, dtype=np.int64), counts[order]))
-        weights = None
-        if self.prioritized:
-            weights = torch.from_numpy(global_weights(cat["weights"], shard.numpy(), self._min, self.beta))
-        return ShardedBatch(obs=_tensor(cat["obs"]), action=_tensor(cat["action"]), reward=_tensor(cat["reward"]),
-                            next_obs=_tensor(cat["next_obs"]), terminated=_tensor(cat["terminated"]),
-                            truncated=_tensor(cat["truncated"]), indices=_tensor(cat["indices"]),
-                            extras=_tensor(cat["extras"] or {}), weights=weights, shard=shard)
 
     # -- priorities -------------------------------------------------------------------------------
     def update_priorities(self, batch: ShardedBatch, priorities) -> None:
@@ -251,20 +258,27 @@ class DistributedSampler:
 
     def state_dict(self) -> dict:
         """The learner side's RNG state (JSON-able; the shards commit their own)."""
-        return {"rng": self.rng.bit_generator.state, "beta": self.beta}
+        return {"rng": self.rng.bit_generator.state, "beta": self.beta,
+                "local": {str(i): smp.rng.bit_generator.state for i, smp in self.local.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.beta = state["beta"]
+        for i, rng_state in state.get("local", {}).items():
+            if int(i) in self.local:
+                self.local[int(i)].rng.bit_generator.state = rng_state
 
     def close(self) -> None:
         """Wait for the priority updates in flight; close the local readers."""
         if self._updates:
             self._ray.wait(self._updates, num_returns=len(self._updates), timeout=self.timeout)
             self._check_updates()
-        for store in self.local.values():
+        for smp in self.local.values():
+            smp.close()
+        for store in self.stores.values():
             store.close()
         self.local.clear()
+        self.stores.clear()
 
 
 def global_weights(weights: np.ndarray, shard: np.ndarray, shard_min: np.ndarray, beta: float) -> np.ndarray:
@@ -277,28 +291,22 @@ def global_weights(weights: np.ndarray, shard: np.ndarray, shard_min: np.ndarray
     return (np.asarray(weights, dtype=np.float64) * scale).astype(np.float32)
 
 
-def batch_to_parts(batch) -> dict:
-    from mmreplay.distributed.shard import batch_to_numpy
-
-    return batch_to_numpy(batch)
-
-
-def _concat(parts: list[dict]) -> dict:
-    if len(parts) == 1:
-        return parts[0]
-    out = {}
-    for key, first in parts[0].items():
-        if first is None:
-            out[key] = None
-        elif isinstance(first, dict):
-            out[key] = {k: np.concatenate([p[key][k] for p in parts]) for k in first}
-        else:
-            out[key] = np.concatenate([p[key] for p in parts])
-    return out
+def write_part(rows: BatchBuffers, part: dict) -> None:
+    """Copy a shard's reply (``shard.batch_to_numpy``) into ``rows`` of the learner's batch (the one copy
+    out of Ray's object store, whose arrays are read-only)."""
+    obs, next_obs = part["obs"], part["next_obs"]
+    if not isinstance(obs, dict):
+        obs, next_obs = {"obs": obs}, {"obs": next_obs}
+    for name, (_, out) in rows.obs.items():
+        out[...] = obs[name]
+        rows.next_obs[name][1][...] = next_obs[name]
+    for name, (_, out) in rows.columns.items():
+        out[...] = part["extras"][name] if name in part["extras"] else part[name]
+    for name in ("terminated", "truncated", "indices", "weights"):
+        if getattr(rows, name) is not None:
+            getattr(rows, name)[1][...] = part[name]
 
 
-def _tensor(x):
-    if isinstance(x, dict):
-        return {k: _tensor(v) for k, v in x.items()}
-    # arrays from Ray's object store are read-only views: torch needs its own writable copy then
-    return torch.from_numpy(x if x.flags.writeable and x.flags.c_contiguous else np.array(x))
+def _alloc_shard_ids(batch_size: int) -> tuple[torch.Tensor, np.ndarray]:
+    t = torch.empty(batch_size, dtype=torch.int64)
+    return t, t.numpy()

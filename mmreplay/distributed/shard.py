@@ -171,7 +171,7 @@ class ReplayShard:
                     "reopened": self.reopened, "size": len(self.store), "num_added": self.store.num_added,
                     "committed_head": self._committed_entry["head"], "commits": self.commits,
                     "clients": {int(c): s for c, s in self._committed_entry["clients"].items()},
-                    "applied": dict(self.applied)}
+                    "applied": dict(self.applied), "schema": self.store.schema.to_json()}
 
     def _sampler(self, name: str, prioritized: bool, alpha: float | None):
         """The store's sampler ``name``: its RNG state and priorities are committed with the store, so a

@@ -119,6 +119,27 @@ class BatchBuffers:
         self.weights = alloc((batch_size,), torch.float32) if weights else None
         self.discount = alloc((batch_size,), torch.float32) if nstep else None
 
+    def rows(self, lo: int, hi: int) -> "BatchBuffers":
+        """Buffers for rows ``[lo, hi)`` of these, sharing their memory: a batch drawn into the view lands in
+        those rows (how a batch split over several stores is assembled without a copy)."""
+        if not 0 <= lo <= hi <= self.batch_size:
+            raise ValueError(f"rows [{lo}, {hi}) are not inside a batch of {self.batch_size}")
+        view = object.__new__(BatchBuffers)
+        view.schema, view.batch_size, view.decode_tables = self.schema, hi - lo, self.decode_tables
+
+        def cut(pair):
+            return None if pair is None else (pair[0][lo:hi], pair[1][lo:hi])
+
+        view.obs = {k: cut(v) for k, v in self.obs.items()}
+        view.next_obs = {k: cut(v) for k, v in self.next_obs.items()}
+        view.stack_words = {spec.name: (FrameReader.stack_words(view.obs[spec.name][1], spec.row_nbytes),
+                                        FrameReader.stack_words(view.next_obs[spec.name][1], spec.row_nbytes))
+                            for spec in self.schema.observations}
+        view.columns = {k: cut(v) for k, v in self.columns.items()}
+        for name in ("terminated", "truncated", "indices", "weights", "discount"):
+            setattr(view, name, cut(getattr(self, name)))
+        return view
+
     def batch(self) -> Batch:
         obs = {k: t for k, (t, _) in self.obs.items()}
         next_obs = {k: t for k, (t, _) in self.next_obs.items()}
