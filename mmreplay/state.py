@@ -26,7 +26,7 @@ from mmreplay.errors import FormatError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
 from mmreplay.sampling.batch import BatchBuffers, assemble
-from mmreplay.sampling.draw import check_batch_size, draw_into, draw_uniform
+from mmreplay.sampling.draw import check_batch_size, draw_into, draw_uniform, lowest_read
 from mmreplay.sampling.priorities import Priorities
 from mmreplay.sampling.registry import PrioritySets, SamplerStates
 from mmreplay.sampling.sequences import SequenceBuffers, StartDrawer, assemble_sequences
@@ -187,8 +187,7 @@ class StoreState:
     def still_valid(self, g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray) -> bool:
         """Readers: were transitions ``g`` and frames ``obs_ids``/``next_ids``, just read, still the
         committed ones (see ``CommitWatcher.still_valid``)? Writers: always."""
-        return self.watcher is None or self.watcher.still_valid(
-            int(g.min()), min(int(obs_ids.min()), int(next_ids.min())))
+        return self.watcher is None or self.watcher.still_valid(*lowest_read(g, obs_ids, next_ids))
 
     # -- reading, safe against a writer in another process ---------------------------------------
     def draw(self, buf: BatchBuffers, rng: np.random.Generator, drain: Callable[[], None], **draw: Any) -> None:
@@ -253,6 +252,8 @@ class StoreState:
             self.refresh()  # then re-check validity against the newer commit
 
     def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
         self.reader.stop_preload()
         self.frames.close()
         self.reader.cleared()

@@ -113,6 +113,29 @@ def test_the_watcher_trusts_rows_only_above_every_oldest_seen(tmp_path):
     assert watcher.still_valid(40, 25)
 
 
+def test_the_watcher_reads_the_record_only_when_a_commit_replaced_it(tmp_path, monkeypatch):
+    """It holds the file it read open: the same inode at the path means no commit since (one stat per
+    batch); every commit (a new file renamed over the old) is noticed, even many in a row."""
+    from mmreplay.storage import commit
+
+    reads = []
+    real = commit.open_commit
+    monkeypatch.setattr(commit, "open_commit", lambda root: reads.append(root) or real(root))
+    root = str(tmp_path)
+    write_commit(root, record(sequence=1, oldest=0, frame_oldest=0), durable=False)
+    watcher = CommitWatcher(root)
+    watcher.newest()
+    for _ in range(50):
+        assert watcher.still_valid(0, 0)
+    assert len(reads) == 1  # nothing committed: no read at all
+    for seq in range(2, 40):  # fast commits (freed inodes get reused by later files)
+        write_commit(root, record(sequence=seq, oldest=seq, frame_oldest=0), durable=False)
+        assert not watcher.still_valid(seq - 1, 0) and watcher.still_valid(seq, 0)
+    assert len(reads) == 39
+    watcher.close()
+    assert watcher.still_valid(39, 0) and len(reads) == 40  # closed: it reads again, then holds the new one
+
+
 def test_ring_geometry_maps_ids_to_rows_and_file_shards():
     ring = RingGeometry(32, 8)
     assert ring.slot(35) == 3 and ring.file_shard(5) == 1 and ring.n_shards == 4

@@ -40,3 +40,14 @@ def test_layout_is_lsb_first():
 def test_bad_bits_rejected():
     with pytest.raises(ValueError, match="bits must be one of"):
         packing.pack(np.zeros(3), 3)
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 1000])
+def test_two_flag_columns_read_together_match_reading_each(n):
+    rng = np.random.default_rng(n)
+    first, second = rng.integers(0, 2, n), rng.integers(0, 2, n)
+    a, b = packing.pack(first, 1), packing.pack(second, 1)
+    pos = rng.integers(0, n, 3 * n)
+    out_a, out_b = np.empty(pos.size, bool), np.empty(pos.size, bool)
+    packing.bits_into(a, b, pos, out_a, out_b)
+    assert (out_a == first[pos].astype(bool)).all() and (out_b == second[pos].astype(bool)).all()

@@ -259,6 +259,10 @@ class TransitionRing:
         else:
             out[...] = self.arrays[name][slots]
 
+    def read_flags_into(self, slots: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+        """The episode flags at ``slots`` into boolean ``terminated`` / ``truncated``, in one pass."""
+        packing.bits_into(self.arrays["terminated"], self.arrays["truncated"], slots, terminated, truncated)
+
     def stack_frames(self, g: np.ndarray, k: int, frame_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Frame ids of the obs stack and next-obs stack of transitions ``g`` (shape (n, k) each, oldest
         first) and a mask of which ``g`` are valid. Stacks never cross an episode start: they are

@@ -118,6 +118,7 @@ class BatchBuffers:
         self.indices = alloc((batch_size,), torch.int64)
         self.weights = alloc((batch_size,), torch.float32) if weights else None
         self.discount = alloc((batch_size,), torch.float32) if nstep else None
+        self._fields: dict | None = None  # what batch() wraps, made at its first call
 
     def rows(self, lo: int, hi: int) -> "BatchBuffers":
         """Buffers for rows ``[lo, hi)`` of these, sharing their memory: a batch drawn into the view lands in
@@ -126,6 +127,7 @@ class BatchBuffers:
             raise ValueError(f"rows [{lo}, {hi}) are not inside a batch of {self.batch_size}")
         view = object.__new__(BatchBuffers)
         view.schema, view.batch_size, view.decode_tables = self.schema, hi - lo, self.decode_tables
+        view._fields = None
 
         def cut(pair):
             return None if pair is None else (pair[0][lo:hi], pair[1][lo:hi])
@@ -141,15 +143,25 @@ class BatchBuffers:
         return view
 
     def batch(self) -> Batch:
+        """A new ``Batch`` of these buffers' tensors (a new object each time: a caller may reassign its
+        fields; only the tensors are shared)."""
+        if self._fields is None:
+            self._fields = self._batch_fields()
+        fields_ = self._fields
+        return Batch(fields_["obs"], fields_["action"], fields_["reward"], fields_["next_obs"], fields_["terminated"],
+                     fields_["truncated"], fields_["indices"], dict(fields_["extras"]), fields_["weights"],
+                     fields_["discount"])
+
+    def _batch_fields(self) -> dict:
         obs = {k: t for k, (t, _) in self.obs.items()}
         next_obs = {k: t for k, (t, _) in self.next_obs.items()}
         if not self.schema.dict_obs:
             obs, next_obs = obs["obs"], next_obs["obs"]
-        extras = {c.name: self.columns[c.name][0] for c in self.schema.extras}
-        return Batch(obs, self.columns["action"][0], self.columns["reward"][0], next_obs, self.terminated[0],
-                     self.truncated[0], self.indices[0], extras,
-                     weights=self.weights[0] if self.weights is not None else None,
-                     discount=self.discount[0] if self.discount is not None else None)
+        return {"obs": obs, "action": self.columns["action"][0], "reward": self.columns["reward"][0],
+                "next_obs": next_obs, "terminated": self.terminated[0], "truncated": self.truncated[0],
+                "indices": self.indices[0], "extras": {c.name: self.columns[c.name][0] for c in self.schema.extras},
+                "weights": self.weights[0] if self.weights is not None else None,
+                "discount": self.discount[0] if self.discount is not None else None}
 
 
 def assemble(ring: TransitionRing, frames: FrameReader, g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray,
@@ -173,8 +185,7 @@ def assemble(ring: TransitionRing, frames: FrameReader, g: np.ndarray, obs_ids: 
     for name, (_, out) in buf.columns.items():
         ring.read_into(name, slots, out, buf.decode_tables.get(name))
     if nstep is None:
-        ring.read_into("terminated", slots, buf.terminated[1], FLAG_TABLE)
-        ring.read_into("truncated", slots, buf.truncated[1], FLAG_TABLE)
+        ring.read_flags_into(slots, buf.terminated[1], buf.truncated[1])
     else:
         buf.columns["reward"][1][...] = nstep.reward
         buf.terminated[1][...] = nstep.terminated

@@ -9,6 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from mmreplay.index.ring import TransitionRing
@@ -35,14 +36,14 @@ def draw_uniform(ring: TransitionRing, frame_stack: int, frame_head: int, batch_
                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``batch_size`` valid transition ids drawn uniformly, with their obs / next-obs frame stacks."""
     check_batch_size(ring, frame_stack, frame_head, batch_size)
-    span = ring.head - ring.oldest
-    g = ring.oldest + rng.integers(0, span, size=batch_size)
+    lo, hi = ring.oldest, ring.head
+    g = rng.integers(lo, hi, size=batch_size)  # the same draws as lo + integers(0, hi - lo), a call cheaper
     obs_ids, next_ids, valid = ring.stack_frames(g, frame_stack, frame_head)
     for _ in range(MAX_REDRAWS):  # rejection keeps the draw uniform over valid transitions
         if valid.all():
             return g, obs_ids, next_ids
         bad = np.flatnonzero(~valid)
-        g[bad] = ring.oldest + rng.integers(0, span, size=bad.size)
+        g[bad] = rng.integers(lo, hi, size=bad.size)
         o, nx, v = ring.stack_frames(g[bad], frame_stack, frame_head)
         obs_ids[bad], next_ids[bad], valid[bad] = o, nx, v
     raise RuntimeError("could not draw valid transitions (index inconsistent?)")
@@ -64,3 +65,20 @@ def draw_into(ring: TransitionRing, frames: FrameReader, frame_stack: int, buf: 
         next_ids = ring.stack_frames(nstep.last, frame_stack, frames.head)[1]
     assemble(ring, frames, g, obs_ids, next_ids, buf, weights=weights, nstep=nstep)
     return g, obs_ids, next_ids
+
+
+@numba.njit(cache=True, nogil=True)
+def lowest_read(g, obs_ids, next_ids):  # pragma: no cover (compiled)
+    """``(g.min(), min(obs_ids.min(), next_ids.min()))``: the oldest transition and frame a batch read
+    (what a reader checks against the newest commit), in one pass instead of three reductions."""
+    low_g = g[0]
+    for i in range(1, g.size):
+        low_g = min(low_g, g[i])
+    low_f = obs_ids[0, 0]
+    for i in range(obs_ids.shape[0]):
+        for j in range(obs_ids.shape[1]):
+            low_f = min(low_f, obs_ids[i, j])
+    for i in range(next_ids.shape[0]):
+        for j in range(next_ids.shape[1]):
+            low_f = min(low_f, next_ids[i, j])
+    return low_g, low_f

@@ -80,6 +80,13 @@ def read_commit(root: str) -> dict[str, Any]:
 def read_commit_bytes(root: str) -> bytes:
     """The commit file as it is now (readers compare these bytes to notice a new commit: the record's
     ``sequence`` grows with every commit, so equal bytes mean the same commit)."""
+    fd, raw = open_commit(root)
+    os.close(fd)
+    return raw
+
+
+def open_commit(root: str) -> tuple[int, bytes]:
+    """The commit file opened (the caller closes the fd) and its bytes, read through that fd."""
     path = os.path.join(root, COMMIT_FILE)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -101,9 +108,10 @@ def read_commit_bytes(root: str) -> bytes:
                 break
             parts.append(part)
             size = 1 << 16
-    finally:
+    except BaseException:
         os.close(fd)
-    return b"".join(parts)
+        raise
+    return fd, b"".join(parts)
 
 
 def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
@@ -260,17 +268,23 @@ class CommitLog:
 
 
 class CommitWatcher:
-    """A reader's side: which commit it last saw, and the floor below which rows may have been replaced."""
+    """A reader's side: which commit it last saw, and the floor below which rows may have been replaced.
+
+    It keeps the commit file it last read open. Every commit replaces the file (a new file renamed over
+    it, never an edit in place), and an inode held open cannot be reused, so while the path still names
+    the held inode no commit happened since: the common check is one ``stat``, not an open and a read."""
 
     def __init__(self, root: str):
         self.root = root
         self.path = os.path.join(root, COMMIT_FILE)
         self.seen: bytes | None = None  # the commit file's bytes when last looked at
         self.floor = (0, 0)  # (oldest, frame_oldest) of the newest commit seen since the last ``newest``
+        self._held: int | None = None  # fd of the file whose bytes are ``seen``
+        self._held_id: tuple[int, int] | None = None  # its (device, inode)
 
     def newest(self) -> dict[str, Any]:
         """Read the record now and restart the floor from it (right after loading a commit's files)."""
-        raw = read_commit_bytes(self.root)
+        raw = self._read()
         record = parse_commit(raw, self.path)
         self.seen = raw
         self.floor = (record["oldest"], record["frame_oldest"])
@@ -279,11 +293,33 @@ class CommitWatcher:
     def still_valid(self, min_transition: int, min_frame: int) -> bool:
         """Were rows read before this call (transitions >= ``min_transition``, frames >= ``min_frame``)
         above the ``oldest`` of every commit seen so far, the newest read now? The floor only rises until
-        the next ``newest``. Equal file bytes mean no new commit (the sequence grows with each), so the
-        common case is one small read."""
-        raw = read_commit_bytes(self.root)
-        if raw != self.seen:
-            record = parse_commit(raw, self.path)
-            self.seen = raw
-            self.floor = (max(self.floor[0], record["oldest"]), max(self.floor[1], record["frame_oldest"]))
+        the next ``newest``. Equal file bytes mean no new commit (the sequence grows with each)."""
+        if not self._unchanged():
+            raw = self._read()
+            if raw != self.seen:
+                record = parse_commit(raw, self.path)
+                self.seen = raw
+                self.floor = (max(self.floor[0], record["oldest"]), max(self.floor[1], record["frame_oldest"]))
         return min_transition >= self.floor[0] and min_frame >= self.floor[1]
+
+    def _unchanged(self) -> bool:
+        """Does the path still name the file last read (so nothing was committed since)?"""
+        if self._held_id is None:
+            return False
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False  # gone: _read says what is wrong
+        return (st.st_dev, st.st_ino) == self._held_id
+
+    def _read(self) -> bytes:
+        fd, raw = open_commit(self.root)
+        st = os.fstat(fd)
+        self.close()
+        self._held, self._held_id = fd, (st.st_dev, st.st_ino)
+        return raw
+
+    def close(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = self._held_id = None
