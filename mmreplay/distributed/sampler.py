@@ -114,24 +114,25 @@ class DistributedSampler:
         while len(self._planned) < self.prefetch + 1:
             self._planned.append(self._plan())
         counts, refs = self._planned.popleft()
-        parts = {i: self._get(i, ref, int(counts[i])) for i, ref in refs.items()}
+        parts = {i: self._get(i, ref, counts[i]) for i, ref in refs.items()} if refs else refs
         while len(self._planned) < self.prefetch:
             self._planned.append(self._plan())
         lo = 0
-        for i in np.flatnonzero(counts).tolist():  # shard i's rows are [lo, lo + counts[i]) of the batch
-            rows = self._rows(lo, lo + int(counts[i]))
-            if i in self.local:
-                self.local[i].sample_into(rows)
-            else:
-                write_part(rows, parts[i])
-            lo += int(counts[i])
+        for i, n in enumerate(counts):  # shard i's rows are [lo, lo + n) of the batch
+            if n:
+                rows = self._rows(lo, lo + n)
+                if i in self.local:
+                    self.local[i].sample_into(rows)
+                else:
+                    write_part(rows, parts[i])
+                lo += n
         shard = self._shard[1]
-        shard[...] = np.repeat(self._shard_ids, counts)
+        shard[...] = self._shard_ids.repeat(counts)
         if self.prioritized:
             weights = self._out.weights[1]
             weights[...] = global_weights(weights, shard, self._min, self.beta)
         self.stats["batches"] += 1
-        return ShardedBatch(**vars(self._out.batch()), shard=self._shard[0])
+        return ShardedBatch(**self._out.batch().__dict__, shard=self._shard[0])
 
     def _rows(self, lo: int, hi: int) -> BatchBuffers:
         """Rows ``[lo, hi)`` of the output buffers (views; the splits of recent batches are kept)."""
@@ -154,26 +155,35 @@ class DistributedSampler:
     def _weights_of(self) -> np.ndarray:
         return self._mass if self.prioritized else self._sizes
 
-    def _plan(self) -> tuple[np.ndarray, dict]:
-        """Split the next batch over the shards and ask the remote ones for their parts now (prefetch)."""
+    def _plan(self) -> tuple[list[int], dict]:
+        """Split the next batch over the shards (rows per shard) and ask the remote ones for their parts
+        now (prefetch)."""
         w = self._weights_of()
         total = w.sum()
         if total <= 0 or (not self.prioritized and self._sizes.sum() < self.batch_size):
             self._wait_for_data()
             w, total = self._weights_of(), self._weights_of().sum()
-        for _ in range(100):
-            counts = self.rng.multinomial(self.batch_size, w / total)
-            if self.prioritized or (counts <= self._sizes).all():
-                break
-        else:
-            raise ValueError(f"cannot split a batch of {self.batch_size} over shards of sizes "
-                             f"{self._sizes.astype(int).tolist()}")
+        counts = self._split(w / total)
+        if len(self.local) == len(self.handles):
+            return counts, {}
         now = time.monotonic()
         # shards given no rows this time are still asked for their size / mass now and then (0 rows), or a
         # shard that was empty once would never be drawn from again
-        refs = {i: self._ask(i, int(c)) for i, c in enumerate(counts.tolist()) if i not in self.local and
+        refs = {i: self._ask(i, c) for i, c in enumerate(counts) if i not in self.local and
                 (c or now - self._noted_at[i] >= self.refresh_seconds)}
         return counts, refs
+
+    def _split(self, p: np.ndarray) -> list[int]:
+        """Rows per shard: a multinomial draw over ``p``; uniform draws never take more rows from a shard
+        than it holds (drawn again). One shard takes the whole batch without a draw."""
+        if p.size == 1:
+            return [self.batch_size]
+        for _ in range(100):
+            counts = self.rng.multinomial(self.batch_size, p)
+            if self.prioritized or (counts <= self._sizes).all():
+                return counts.tolist()
+        raise ValueError(f"cannot split a batch of {self.batch_size} over shards of sizes "
+                         f"{self._sizes.astype(int).tolist()}")
 
     def _ask(self, i: int, n: int):
         return self.handles[i].sample.remote(n, self.name, self.prioritized, self.beta, self.alpha)
