@@ -53,6 +53,7 @@ class StoreState:
                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable)
         self.reader = FrameReader(self.frames, settings.cache_bytes, preload=False)  # frames are read here
         self.priorities = None
+        self.watcher: CommitWatcher | None = None  # readers: made by _load
         try:
             self._load(record, writable=writable, durable=settings.durable)
         except BaseException:  # release the files (and the encoder child) of a state that could not load

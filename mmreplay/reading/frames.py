@@ -268,6 +268,15 @@ class FrameReader(FrameEvents):
         stacks, frame ``j > 0`` of the obs stack is frame ``j - 1`` of the next stack: decoded once, copied."""
         n, k = obs_ids.shape
         nbytes = col.row_nbytes
+        res = col.resident
+        rows, src, sizes, dst, copies, absent = native.plan_stack_decodes(
+            obs_ids, next_ids, shifted, obs_words.ctypes.data, next_words.ctypes.data, nbytes,
+            0 if self.ring.unbounded else self.ring.rows, res.chunk_addr, res.chunk_size)
+        if absent == 0:  # the common case: every chunk held, the plan made in one compiled pass
+            self._run_decodes(col, rows, src, sizes, dst, copies, nbytes)
+            col.tier.hits += src.size
+            col.cache.stats.misses += src.size
+            return
         obs_pos = np.arange(n * k, dtype=np.int64)
         obs_dst = obs_words.ctypes.data + obs_pos * nbytes
         if shifted:
@@ -281,7 +290,6 @@ class FrameReader(FrameEvents):
             copies = np.zeros(ids.size, dtype=np.int64)
         dst = np.concatenate([obs_dst, next_words.ctypes.data + next_pos * nbytes])
         rows = self.ring.row_of(ids)
-        res = col.resident
         addr = res.chunk_addr[rows]
         if not (addr > 0).all():
             addr = self._resolve_absent(col, ids, rows, addr, n * k, obs_words, next_words, next_pos,

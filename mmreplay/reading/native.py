@@ -93,6 +93,48 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
     return bad
 
 
+@numba.njit(cache=True, nogil=True)
+def plan_stack_decodes(obs_ids, next_ids, shifted, obs_base, next_base, nbytes, ring_rows, chunk_addr,
+                       chunk_size):  # pragma: no cover (compiled)
+    """The ``decode_chunks`` arguments that fill a batch's obs and next-obs stacks (``(n, k)`` frame ids,
+    one frame a chunk) from held chunks: frame ``p`` of the flat obs stacks goes to ``obs_base + p *
+    nbytes``, and with ``shifted`` on to its place one frame earlier in the next stacks, so that only each
+    next stack's last frame is decoded on its own. Returns ``(rows, src, sizes, dst, copies, absent)``:
+    ``absent`` counts frames whose chunk address is not held (0); the caller then takes the general path."""
+    n, k = obs_ids.shape
+    total = n * k + (n if shifted else n * k)
+    rows = np.empty(total, dtype=np.int64)
+    src = np.empty(total, dtype=np.int64)
+    sizes = np.empty(total, dtype=np.int64)
+    dst = np.empty(total, dtype=np.int64)
+    copies = np.zeros(total, dtype=np.int64)
+    absent = 0
+    for t in range(total):
+        if t < n * k:
+            fid = obs_ids[t // k, t % k]
+            dst[t] = obs_base + t * nbytes
+            if shifted and t % k > 0:
+                copies[t] = next_base + (t - 1) * nbytes
+        elif shifted:
+            i = t - n * k
+            fid = next_ids[i, k - 1]
+            dst[t] = next_base + (i * k + k - 1) * nbytes
+        else:
+            p = t - n * k
+            fid = next_ids[p // k, p % k]
+            dst[t] = next_base + p * nbytes
+        row = fid % ring_rows if ring_rows else fid
+        rows[t] = row
+        if 0 <= row < chunk_addr.size:
+            src[t] = chunk_addr[row]
+            sizes[t] = chunk_size[row]
+        else:  # beyond what the tier has room for yet: the general path deals with it
+            src[t] = sizes[t] = 0
+        if src[t] <= 0:
+            absent += 1
+    return rows, src, sizes, dst, copies, absent
+
+
 def codec_kind(spec) -> int | None:
     """The kernel's code for a codec spec (``storage/codecs.py``), or None if it has none."""
     if spec.get("name") == "blosc":
