@@ -269,13 +269,26 @@ class FrameReader(FrameEvents):
         n, k = obs_ids.shape
         nbytes = col.row_nbytes
         res = col.resident
-        rows, src, sizes, dst, copies, absent = native.plan_stack_decodes(
-            obs_ids, next_ids, shifted, obs_words.ctypes.data, next_words.ctypes.data, nbytes,
-            0 if self.ring.unbounded else self.ring.rows, res.chunk_addr, res.chunk_size)
-        if absent == 0:  # the common case: every chunk held, the plan made in one compiled pass
-            self._run_decodes(col, rows, src, sizes, dst, copies, nbytes)
-            col.tier.hits += src.size
-            col.cache.stats.misses += src.size
+        ring_rows = 0 if self.ring.unbounded else self.ring.rows
+        decodes = n * (k + 1 if shifted else 2 * k)
+        # The common case, every chunk held: plan and decodes in one compiled call, or the plan in one and
+        # the decodes split over the codec threads when there are many.
+        if decodes < PARALLEL_MIN_DECODES:
+            status = np.empty(decodes, dtype=np.int8)
+            bad, rows = native.decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows,
+                                             res.chunk_addr, res.chunk_size, col.codec, status)
+            if bad > 0:
+                self._raise_bad_chunk(col, rows, status)
+            done = bad == 0
+        else:
+            rows, src, sizes, dst, copies, absent = native.plan_stack_decodes(
+                obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows, res.chunk_addr, res.chunk_size)
+            if absent == 0:
+                self._run_decodes(col, rows, src, sizes, dst, copies, nbytes)
+            done = absent == 0
+        if done:
+            col.tier.hits += decodes
+            col.cache.stats.misses += decodes
             return
         obs_pos = np.arange(n * k, dtype=np.int64)
         obs_dst = obs_words.ctypes.data + obs_pos * nbytes
@@ -351,10 +364,15 @@ class FrameReader(FrameEvents):
         else:
             bad = decode(slice(None))
         if bad:
-            i = int(np.flatnonzero(status != native.OK)[0])
-            shard, inner = divmod(int(chunks[i]), col.resident.per_shard)
-            raise CorruptDataError(f"{col.column.array.where(shard, inner)}: "
-                                   f"{native.STATUS_TEXT.get(int(status[i]), 'unreadable')}")
+            self._raise_bad_chunk(col, chunks, status)
+
+    @staticmethod
+    def _raise_bad_chunk(col: ColumnReader, chunks: np.ndarray, status: np.ndarray) -> None:
+        """The first failed decode (``status`` by decode, ``chunks`` its chunk) as an error naming the chunk."""
+        i = int(np.flatnonzero(status[:chunks.size] != native.OK)[0])
+        shard, inner = divmod(int(chunks[i]), col.resident.per_shard)
+        raise CorruptDataError(f"{col.column.array.where(shard, inner)}: "
+                               f"{native.STATUS_TEXT.get(int(status[i]), 'unreadable')}")
 
     @staticmethod
     def stack_words(out: np.ndarray, row_nbytes: int) -> np.ndarray:

@@ -94,14 +94,16 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
 
 
 @numba.njit(cache=True, nogil=True)
-def plan_stack_decodes(obs_ids, next_ids, shifted, obs_base, next_base, nbytes, ring_rows, chunk_addr,
+def plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
                        chunk_size):  # pragma: no cover (compiled)
     """The ``decode_chunks`` arguments that fill a batch's obs and next-obs stacks (``(n, k)`` frame ids,
-    one frame a chunk) from held chunks: frame ``p`` of the flat obs stacks goes to ``obs_base + p *
-    nbytes``, and with ``shifted`` on to its place one frame earlier in the next stacks, so that only each
-    next stack's last frame is decoded on its own. Returns ``(rows, src, sizes, dst, copies, absent)``:
-    ``absent`` counts frames whose chunk address is not held (0); the caller then takes the general path."""
+    one frame a chunk) from held chunks into the contiguous outputs ``obs_out`` / ``next_out`` (``n * k``
+    frames of ``nbytes`` each): frame ``p`` of the flat obs stacks goes to row ``p`` of ``obs_out``, and
+    with ``shifted`` on to row ``p - 1`` of ``next_out``, so that only each next stack's last frame is
+    decoded on its own. Returns ``(rows, src, sizes, dst, copies, absent)``: ``absent`` counts frames
+    whose chunk address is not held (0); the caller then takes the general path."""
     n, k = obs_ids.shape
+    obs_base, next_base = obs_out.ctypes.data, next_out.ctypes.data
     total = n * k + (n if shifted else n * k)
     rows = np.empty(total, dtype=np.int64)
     src = np.empty(total, dtype=np.int64)
@@ -133,6 +135,19 @@ def plan_stack_decodes(obs_ids, next_ids, shifted, obs_base, next_base, nbytes, 
         if src[t] <= 0:
             absent += 1
     return rows, src, sizes, dst, copies, absent
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size, codec,
+                  status):  # pragma: no cover (compiled)
+    """``plan_stack_decodes`` and ``decode_chunks`` in one call (a batch too small to split over threads).
+    Returns ``(failures, rows)``, with ``failures == -1`` and nothing written when a chunk is not held;
+    ``status`` (at least one entry per decode) and ``rows`` say which chunk failed."""
+    rows, src, sizes, dst, copies, absent = plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out,
+                                                               nbytes, ring_rows, chunk_addr, chunk_size)
+    if absent:
+        return -1, rows
+    return decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size]), rows
 
 
 def codec_kind(spec) -> int | None:
