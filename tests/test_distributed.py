@@ -156,8 +156,9 @@ def test_killed_shard_restarts_and_every_transition_is_stored_exactly_once(deplo
 def test_uniform_sampler_draws_over_the_union_in_proportion_to_shard_sizes(deployment):
     shards = deployment["shards"]
     sizes = np.array([i["size"] for i in shards.info()], dtype=float)
-    for local in (True, False):
-        smp = shards.sampler(64, local=local, seed=3, prefetch=1)
+    # 12 batches a call ask a shard for more rows than it holds: one call a batch then
+    for local, per_call in ((True, None), (False, None), (False, 3), (False, 12)):
+        smp = shards.sampler(64, local=local, seed=3, prefetch=1, batches_per_call=per_call)
         assert bool(smp.local) == local
         counts = np.zeros(2)
         for _ in range(40):

@@ -62,10 +62,14 @@ class DistributedSampler:
 
     def __init__(self, shards: list, batch_size: int, *, prioritized: bool = False, alpha: float | None = None,
                  beta: float = 0.4, name: str = "learner", local: bool = True, prefetch: int = 2,
-                 seed: int | None = None, refresh_seconds: float = 0.5, timeout: float = 60.0):
+                 seed: int | None = None, refresh_seconds: float = 0.5, timeout: float = 60.0,
+                 batches_per_call: int | None = None):
         """``shards``: the shard actor handles. ``name`` names the shards' sampler (its RNG state and its
         priorities are committed with each shard's store: a learner restarted with the same name goes on
-        with them). ``local=False`` samples every shard through its actor."""
+        with them). ``local=False`` samples every shard through its actor. ``batches_per_call`` (default 4
+        with ``prefetch``, else 1): a remote shard is asked once for its rows of that many planned batches
+        (a Ray call costs milliseconds; batch-32 from a remote shard here: 361/s one batch a call, 755/s
+        eight). Those rows are drawn ahead, as prefetched ones are."""
         import ray
 
         self._ray = ray
@@ -73,6 +77,10 @@ class DistributedSampler:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
+        batches_per_call = (4 if prefetch else 1) if batches_per_call is None else batches_per_call
+        if not isinstance(batches_per_call, int) or batches_per_call < 1:
+            raise ValueError(f"batches_per_call must be a positive integer, got {batches_per_call!r}")
+        self.batches_per_call = batches_per_call
         self.handles = list(shards)
         self.batch_size, self.prioritized, self.alpha, self.beta = batch_size, prioritized, alpha, beta
         self.name, self.prefetch, self.timeout, self.refresh_seconds = name, prefetch, timeout, refresh_seconds
@@ -97,7 +105,7 @@ class DistributedSampler:
             for i, reply in enumerate(call_all(self.handles, "sample", 0, name, True, beta, alpha, timeout=timeout)):
                 self._note(i, reply)
         self._last_refresh = time.monotonic()
-        self._planned: collections.deque = collections.deque()  # (counts, {shard: ObjectRef})
+        self._planned: collections.deque = collections.deque()  # (counts, {shard: (_Call, offset)}) per batch
         self._updates: list = []
         self.stats = collections.Counter()
 
@@ -112,11 +120,11 @@ class DistributedSampler:
         """The next batch, in reused buffers: valid until the next ``sample()`` (as with ``Store.sampler``)."""
         self._refresh_local()
         while len(self._planned) < self.prefetch + 1:
-            self._planned.append(self._plan())
-        counts, refs = self._planned.popleft()
-        parts = {i: self._get(i, ref, counts[i]) for i, ref in refs.items()} if refs else refs
+            self._planned.extend(self._plan())
+        counts, asks = self._planned.popleft()
+        parts = {i: self._part(i, call, offset, counts[i]) for i, (call, offset) in asks.items()} if asks else asks
         while len(self._planned) < self.prefetch:
-            self._planned.append(self._plan())
+            self._planned.extend(self._plan())
         lo = 0
         for i, n in enumerate(counts):  # shard i's rows are [lo, lo + n) of the batch
             if n:
@@ -155,23 +163,38 @@ class DistributedSampler:
     def _weights_of(self) -> np.ndarray:
         return self._mass if self.prioritized else self._sizes
 
-    def _plan(self) -> tuple[list[int], dict]:
-        """Split the next batch over the shards (rows per shard) and ask the remote ones for their parts
-        now (prefetch)."""
+    def _plan(self) -> list[tuple[list[int], dict]]:
+        """Split the next ``batches_per_call`` batches over the shards (rows per shard) and ask each remote
+        shard now (prefetch), once for its rows of all of them. Returns per batch ``(counts, asks)``, where
+        ``asks[i] = (call, offset)``: shard ``i``'s part is rows ``[offset, offset + counts[i])`` of
+        ``call``'s reply."""
         w = self._weights_of()
         total = w.sum()
         if total <= 0 or (not self.prioritized and self._sizes.sum() < self.batch_size):
             self._wait_for_data()
             w, total = self._weights_of(), self._weights_of().sum()
-        counts = self._split(w / total)
+        p = w / total
+        planned = [(self._split(p), {}) for _ in range(self.batches_per_call)]
         if len(self.local) == len(self.handles):
-            return counts, {}
+            return planned
         now = time.monotonic()
-        # shards given no rows this time are still asked for their size / mass now and then (0 rows), or a
-        # shard that was empty once would never be drawn from again
-        refs = {i: self._ask(i, c) for i, c in enumerate(counts) if i not in self.local and
-                (c or now - self._noted_at[i] >= self.refresh_seconds)}
-        return counts, refs
+        for i in range(len(self.handles)):
+            if i in self.local:
+                continue
+            rows = sum(counts[i] for counts, _ in planned)
+            # shards given no rows this time are still asked for their size / mass now and then (0 rows),
+            # or a shard that was empty once would never be drawn from again
+            if not rows and now - self._noted_at[i] < self.refresh_seconds:
+                continue
+            if self.prioritized or rows <= self._sizes[i]:
+                call, offset = _Call(self._ask(i, rows), rows), 0
+                for counts, asks in planned:
+                    asks[i] = (call, offset)
+                    offset += counts[i]
+            else:  # a uniform draw of more rows than the shard holds would be refused: one call a batch
+                for counts, asks in planned:
+                    asks[i] = (_Call(self._ask(i, counts[i]), counts[i]), 0)
+        return planned
 
     def _split(self, p: np.ndarray) -> list[int]:
         """Rows per shard: a multinomial draw over ``p``; uniform draws never take more rows from a shard
@@ -187,6 +210,12 @@ class DistributedSampler:
 
     def _ask(self, i: int, n: int):
         return self.handles[i].sample.remote(n, self.name, self.prioritized, self.beta, self.alpha)
+
+    def _part(self, i: int, call: "_Call", offset: int, n: int) -> dict:
+        """Rows ``[offset, offset + n)`` of the reply to ``call`` to shard ``i`` (waited for once)."""
+        if not call.answered:
+            call.batch, call.answered = self._get(i, call.ref, call.rows), True
+        return slice_part(call.batch, offset, offset + n)
 
     def _get(self, i: int, ref, n: int) -> dict:
         """Shard ``i``'s part; a shard that died is asked again until it is back (bounded by ``timeout``)."""
@@ -299,6 +328,24 @@ def global_weights(weights: np.ndarray, shard: np.ndarray, shard_min: np.ndarray
     smallest = shard_min[finite].min() if finite.any() else 1.0
     scale = (shard_min[shard] / smallest) ** -beta
     return (np.asarray(weights, dtype=np.float64) * scale).astype(np.float32)
+
+
+@dataclass
+class _Call:
+    """A request to a remote shard for ``rows`` rows (the parts of one or more planned batches)."""
+
+    ref: object
+    rows: int
+    batch: dict | None = None  # the reply's rows, once waited for (None for 0 rows)
+    answered: bool = False
+
+
+def slice_part(batch: dict | None, lo: int, hi: int) -> dict | None:
+    """Rows ``[lo, hi)`` of a shard's reply (``shard.batch_to_numpy``), as views."""
+    if batch is None:
+        return None
+    return {k: None if v is None else {c: a[lo:hi] for c, a in v.items()} if isinstance(v, dict) else v[lo:hi]
+            for k, v in batch.items()}
 
 
 def write_part(rows: BatchBuffers, part: dict) -> None:
