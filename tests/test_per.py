@@ -124,6 +124,7 @@ def test_new_transitions_enter_at_the_max_priority_and_overwritten_ones_leave(st
     np.testing.assert_array_equal(prio.raw[slots[100 - oldest:]], 9.0)  # new ones: the max so far
     np.testing.assert_array_equal(prio.tree.leaves[slots[: 100 - oldest]], 0.5)
     assert prio.tree.total == pytest.approx(48 * 0.5 + 80 * 9.0)
+    assert prio.total == pytest.approx(48 * 0.5 + 80 * 9.0) and prio.smallest == pytest.approx(0.5)
     # an id the ring gave up is skipped, one never added is an error
     assert smp.update_priorities([10, 60], [1.0, 1.0]) == 1
     with pytest.raises(IndexError, match=r"\[180\] were never added"):

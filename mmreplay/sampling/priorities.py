@@ -248,6 +248,13 @@ class Priorities:
         self.sync()
         return float(self.tree.total)
 
+    @property
+    def smallest(self) -> float:
+        """The smallest positive drawable leaf ``(priority + eps) ** alpha`` (what importance weights are
+        relative to; ``inf`` when no leaf is drawable)."""
+        self.sync()
+        return float(self.tree.min_positive)
+
     def _mark(self, slots: np.ndarray) -> None:
         self._tick += 1
         self._shard_tick[slots // self.shard_rows] = self._tick
