@@ -29,6 +29,7 @@ Run: ``python scripts/bench_distributed.py [--configs 1x1,2x1,2x2,4x2] [--codecs
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -157,6 +158,7 @@ def bench_reference(args, root) -> dict:
 
     rows = make_rows(0, args.transitions, args.episode)
     obs_space, act_space = spaces()
+    shutil.rmtree(os.path.join(root, "ref"), ignore_errors=True)  # the previous round's
     store = mmreplay.Store.create(os.path.join(root, "ref"), obs_space, act_space, **store_kwargs(args.capacity))
     for lo in range(0, args.warmup, args.batch):  # encoder process, compiled kernels, first shard files
         s = slice(lo, lo + args.batch)
@@ -225,31 +227,33 @@ def env_actor_class(ray):
     return MMEnvActor
 
 
-def client_kwargs(args) -> dict:
+def client_kwargs(args, client_batch: int = 0) -> dict:
     """ShardClient arguments given on the command line (the rest keep the client's defaults)."""
     out = {}
-    if args.client_batch:
-        out["batch_size"] = args.client_batch
+    if client_batch:
+        out["batch_size"] = client_batch
     if args.max_inflight:
         out["max_inflight"] = args.max_inflight
     return out
 
 
-def bench_mmreplay(args, ray, root, actors: int, shards_n: int, compress, sample: bool, tag: str = "") -> dict:
+def bench_mmreplay(args, ray, root, actors: int, shards_n: int, compress, sample: bool, tag: str = "",
+                   client_batch: int = 0) -> dict:
     from mmreplay.distributed import ReplayShards
 
     obs_space, act_space = spaces()
-    prefix = f"bench-{actors}x{shards_n}-{compress}{tag}"
+    prefix = f"bench-{actors}x{shards_n}-{compress}-{client_batch}{tag}"
     shards = ReplayShards.create(os.path.join(root, prefix), shards_n, obs_space, act_space, prefix=prefix,
                                  commit_every=args.commit_every, durable=True, actor_options={"num_cpus": 0},
                                  **store_kwargs(args.capacity))
     cls = env_actor_class(ray)
     env_actors = [cls.remote(a, args.transitions, args.episode, prefix, shards_n, args.batch, compress, args.warmup,
-                             client_kwargs(args)) for a in range(actors)]
+                             client_kwargs(args, client_batch)) for a in range(actors)]
     primed_stats = ray.get([a.prime.remote() for a in env_actors])
     primed = sum(s["added"] for s in primed_stats)
     primed_bytes = sum(s["bytes_sent"] for s in primed_stats)
-    shard_pids = [info["pid"] for info in shards.info()]
+    infos = shards.info()
+    shard_pids = [info["pid"] for info in infos]
     table = process_table()
     meter = CpuMeter({"env_actors": ray.get([a.pid.remote() for a in env_actors]), "shards": shard_pids,
                       "shard_encoders": [c for pid in shard_pids for c in encoder_children(table, pid)],
@@ -258,13 +262,20 @@ def bench_mmreplay(args, ray, root, actors: int, shards_n: int, compress, sample
     stats = ray.get([a.run.remote() for a in env_actors])
     dt = time.perf_counter() - t0
     cpu = meter.stop()
+    infos_after = shards.info()
     total = sum(s["added"] for s in stats) - primed
+    # the threads doing the work, by step (the rest of each process's CPU: Ray's threads and task dispatch)
+    steps = {f"env_{k}": sum(s["cpu_s"][k] - p["cpu_s"][k] for s, p in zip(stats, primed_stats))
+             for k in stats[0]["cpu_s"]}
+    steps.update({f"shard_{k}": sum(b["ingest_cpu_s"][k] - a["ingest_cpu_s"][k] for a, b in zip(infos, infos_after))
+                  for k in infos[0].get("ingest_cpu_s", {})})
     out = {"actors": actors, "shards": shards_n, "compress": compress, "transitions": total,
-           "client": client_kwargs(args), "ingest_per_s": total / dt, "ingest_per_s_per_shard": total / dt / shards_n,
+           "client": client_kwargs(args, client_batch), "ingest_per_s": total / dt, "ingest_per_s_per_shard": total / dt / shards_n,
            "wire_bytes_per_transition": (sum(s["bytes_sent"] for s in stats) - primed_bytes) / total,
            "calls_per_1000_transitions": 1000 * (sum(s["batches"] for s in stats) - sum(
                s["batches"] for s in primed_stats)) / total,
-           "dropped": sum(s["dropped"] for s in stats), "cpu_us_per_transition": us_per_transition(cpu, total)}
+           "dropped": sum(s["dropped"] for s in stats), "cpu_us_per_transition": us_per_transition(cpu, total),
+           "steps_cpu_us_per_transition": {k: round(v / total * 1e6, 2) for k, v in steps.items()}}
     if sample and args.sample_seconds > 0:
         for local in (True, False):
             smp = shards.sampler(args.sample_batch, local=local, prefetch=0 if local else 2)
@@ -341,7 +352,8 @@ def cpu_line(cpu: dict) -> str:
 
 
 def label_of(r: dict) -> str:
-    return f"{r['actors']}x{r['shards']} compress={r['compress']}"
+    batch = r["client"].get("batch_size")
+    return f"{r['actors']}x{r['shards']} compress={r['compress']}" + (f" batch={batch}" if batch else "")
 
 
 def run_round(args, ray, root, configs, codecs, k: int) -> dict:
@@ -353,17 +365,18 @@ def run_round(args, ray, root, configs, codecs, k: int) -> dict:
               f"; one local store: sample({args.sample_batch}) {ref['sample_batches_per_s']:,.0f}/s, sampler "
               f"{ref['sampler_batches_per_s']:,.0f}/s" if "sample_batches_per_s" in ref else ""), flush=True)
     out["mmreplay"] = []
-    for a, s in configs:
-        for compress in codecs:
-            r = bench_mmreplay(args, ray, root, a, s, compress, sample=compress is None, tag=f"-r{k}")
-            r["ratio"] = r["ingest_per_s_per_shard"] / ref["extend_per_s"]
-            out["mmreplay"].append(r)
-            extra = "".join(f", {key.split('_')[0]} {r[key]:,.0f} batches/s" for key in
-                            ("local_batches_per_s", "remote_batches_per_s") if key in r)
-            print(f"[round {k}] mmreplay {label_of(r)}: ingest {r['ingest_per_s']:,.0f} transitions/s "
-                  f"({r['ingest_per_s_per_shard']:,.0f}/shard = {r['ratio']:.2f}x one store), "
-                  f"{r['wire_bytes_per_transition']:,.0f} B/transition on the wire{extra}; "
-                  f"{cpu_line(r['cpu_us_per_transition'])}", flush=True)
+    for (a, s), compress, client_batch in itertools.product(configs, codecs, args.client_batch):
+        r = bench_mmreplay(args, ray, root, a, s, compress, sample=compress is None, tag=f"-r{k}",
+                           client_batch=client_batch)
+        r["ratio"] = r["ingest_per_s_per_shard"] / ref["extend_per_s"]
+        out["mmreplay"].append(r)
+        extra = "".join(f", {key.split('_')[0]} {r[key]:,.0f} batches/s" for key in
+                        ("local_batches_per_s", "remote_batches_per_s") if key in r)
+        print(f"[round {k}] mmreplay {label_of(r)}: ingest {r['ingest_per_s']:,.0f} transitions/s "
+              f"({r['ingest_per_s_per_shard']:,.0f}/shard = {r['ratio']:.2f}x one store), "
+              f"{r['wire_bytes_per_transition']:,.0f} B/transition on the wire{extra}; "
+              f"{cpu_line(r['cpu_us_per_transition'])}; of which {cpu_line(r['steps_cpu_us_per_transition'])}",
+              flush=True)
     out["torchrl"] = []
     if not args.no_torchrl:
         for a in sorted({a for a, _ in configs}):
@@ -385,9 +398,9 @@ def summarize(rounds: list[dict]) -> dict:
     def med(values):
         return statistics.median(values) if values else None
 
-    def cpu_median(runs):
-        roles = sorted({role for r in runs for role in r["cpu_us_per_transition"]})
-        return {role: round(med([r["cpu_us_per_transition"].get(role, 0.0) for r in runs]), 2) for role in roles}
+    def cpu_median(runs, key="cpu_us_per_transition"):
+        roles = sorted({role for r in runs for role in r.get(key, {})})
+        return {role: round(med([r[key].get(role, 0.0) for r in runs]), 2) for role in roles}
 
     refs = [r["reference"] for r in rounds]
     out = {"reference": {"extend_per_s": med([r["extend_per_s"] for r in refs]), "cpu_us_per_transition": cpu_median(refs)}}
@@ -402,6 +415,7 @@ def summarize(rounds: list[dict]) -> dict:
         out[label] = {"ingest_per_s": med([r["ingest_per_s"] for r in runs]),
                       "ingest_per_s_per_shard": med([r.get("ingest_per_s_per_shard", r["ingest_per_s"]) for r in runs]),
                       "ratio": med([r["ratio"] for r in runs]), "cpu_us_per_transition": cpu_median(runs),
+                      "steps_cpu_us_per_transition": cpu_median(runs, "steps_cpu_us_per_transition"),
                       "rounds": len(runs)}
     return out
 
@@ -414,11 +428,13 @@ def main(argv=None) -> int:
     p.add_argument("--transitions", type=int, default=8192, help="transitions per env actor")
     p.add_argument("--warmup", type=int, default=1024, help="of which the first ones are not timed")
     p.add_argument("--batch", type=int, default=256, help="rows per extend call (the reference's and the actors')")
-    p.add_argument("--client-batch", type=int, default=0, help="ShardClient batch_size (default: the client's)")
+    p.add_argument("--client-batch", type=lambda v: [int(x) for x in v.split(",")], default=[0],
+                   help="ShardClient batch_size(s), comma separated (default: the client's)")
     p.add_argument("--max-inflight", type=int, default=0, help="ShardClient max_inflight (default: the client's)")
     p.add_argument("--episode", type=int, default=200)
     p.add_argument("--capacity", type=int, default=100_000)
-    p.add_argument("--commit-every", type=int, default=5000)
+    p.add_argument("--commit-every", type=int, default=25_000,
+                   help="shards' commit_every (default: Store's default, the reference's cadence)")
     p.add_argument("--sample-batch", type=int, default=32)
     p.add_argument("--sample-seconds", type=float, default=4.0, help="0: ingest only")
     p.add_argument("--no-torchrl", action="store_true")
@@ -427,6 +443,9 @@ def main(argv=None) -> int:
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     codecs = [None if c == "none" else c for c in args.codecs.split(",")]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray lowers its workers' priority by 15 (nice) by default. On a box shared with other jobs that starves the
+    # env and shard actors, not the reference (this process): run every process at this process's priority.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
     root = tempfile.mkdtemp(prefix="mmreplay_bench_dist_")
@@ -447,7 +466,8 @@ def main(argv=None) -> int:
     for label, r in results["median"].items():
         rate_s = r.get("extend_per_s", r.get("ingest_per_s"))
         ratio = f" per shard {r['ingest_per_s_per_shard']:,.0f}/s = {r['ratio']:.2f}x" if "ratio" in r else ""
-        print(f"{label:32s} {rate_s:>9,.0f}/s{ratio}; {cpu_line(r['cpu_us_per_transition'])}")
+        steps = f"; of which {cpu_line(r['steps_cpu_us_per_transition'])}" if r.get("steps_cpu_us_per_transition") else ""
+        print(f"{label:32s} {rate_s:>9,.0f}/s{ratio}; {cpu_line(r['cpu_us_per_transition'])}{steps}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmreplay.distributed.shard import STREAMS_PER_CLIENT
-from mmreplay.distributed.wire import check_codec, encode_batch, payload_nbytes
+from mmreplay.distributed.wire import BatchBuilder, check_codec, payload_nbytes, rows_of
+
+
+SPARE_BATCHES = 2  # emptied batches whose arrays are kept to fill again (fresh memory costs page faults)
 
 
 @dataclass
@@ -32,6 +35,7 @@ class _Logged:
     seq: int
     payload: dict
     n: int
+    builder: BatchBuilder | None = None  # whose arrays the payload views (reused once it is committed)
 
 
 @dataclass
@@ -75,9 +79,10 @@ class ShardClient:
         self.retry_seconds, self.call_timeout = float(retry_seconds), float(call_timeout)
         self.compress = check_codec(compress)
         self._links = [_Link(h) for h in shards]
-        self._pending: list[list] = [[] for _ in shards]  # rows waiting to fill a batch, per shard
-        self._pending_n = [0] * len(shards)
+        self._pending: list[BatchBuilder | None] = [None] * len(shards)  # the batch being filled, per shard
+        self._spare: list[BatchBuilder] = []  # arrays of batches nothing reads any more, to fill again
         self._stats = collections.Counter()
+        self._cpu = {"encode": 0.0, "ray_calls": 0.0}  # CPU seconds of the calling thread (stats()["cpu_s"])
         for i in range(len(shards)):
             if self._attach(i, time.monotonic() + self.retry_seconds) is None:
                 # Without the shard's answer the client cannot know where its sequence continues.
@@ -99,26 +104,50 @@ class ShardClient:
     def extend(self, obs, action, reward, next_obs, terminated, truncated, *, streams=None, extras=None) -> None:
         """Row ``i`` is one transition of env ``streams[i]`` (default ``range(n)``: a vector env)."""
         action = np.asarray(action)
+        if action.ndim == 0:
+            raise ValueError(f"extend: action must have a leading batch axis, got shape {action.shape}")
         n = action.shape[0]
         streams = np.arange(n) if streams is None else np.asarray(streams, dtype=np.int64)
         if streams.shape != (n,):
             raise ValueError(f"streams: expected {n} stream ids, got shape {streams.shape}")
-        target = np.array([self.shard_of(int(s)) for s in streams])
-        for shard in np.unique(target).tolist():
-            rows = np.flatnonzero(target == shard)
-            self._pending[shard].append((streams[rows], _take(obs, rows), action[rows], np.asarray(reward)[rows],
-                                         _take(next_obs, rows), np.asarray(terminated)[rows],
-                                         np.asarray(truncated)[rows],
-                                         {k: np.asarray(v)[rows] for k, v in (extras or {}).items()}))
-            self._pending_n[shard] += rows.size
-            if self._pending_n[shard] >= self.batch_size:
+        if n and (streams.min() < 0 or streams.max() >= STREAMS_PER_CLIENT):
+            raise ValueError(f"stream must lie in [0, {STREAMS_PER_CLIENT}), got {np.unique(streams)[:8].tolist()}")
+        rows = rows_of(streams, obs, action, reward, next_obs, terminated, truncated, extras)
+        target = (self.client_id + streams) % len(self._links)
+        if len(self._links) == 1 or not n or (target == target[0]).all():
+            self._add(int(target[0]) if n else 0, rows, None)
+        else:
+            for shard in np.unique(target).tolist():
+                self._add(shard, rows, np.flatnonzero(target == shard))
+
+    def _add(self, shard: int, rows, sel) -> None:
+        """Copy rows ``sel`` (all when None) into the shard's batch, sending each batch as it fills."""
+        idx = np.arange(rows.n) if sel is None else sel
+        done = 0
+        while done < idx.size:
+            builder = self._pending[shard]
+            if builder is not None and not builder.accepts(rows):
+                self._send(shard)  # other dtypes or shapes than the batch's: they go in a batch of their own
+                builder = None
+            if builder is None:
+                builder = self._spare.pop() if self._spare else None
+                if builder is None or not builder.accepts(rows):
+                    builder = BatchBuilder(self.batch_size, self.compress)
+                self._pending[shard] = builder
+            take = min(builder.room, idx.size - done)
+            part = slice(done, done + take) if sel is None else idx[done:done + take]
+            t0 = time.thread_time()
+            builder.add(rows, part)
+            self._cpu["encode"] += time.thread_time() - t0
+            done += take
+            if builder.room == 0:
                 self._send(shard)
 
     def flush(self, commit: bool = True) -> dict:
         """Send every pending row and wait for the replies; with ``commit`` also have each shard commit, so
         that everything added so far is durable. Returns ``stats()``."""
         for shard in range(len(self._links)):
-            if self._pending_n[shard]:
+            if self._pending[shard] is not None:
                 self._send(shard)
             self._drain(shard, 0)
             if commit:
@@ -129,23 +158,34 @@ class ShardClient:
         """Counts: transitions ``added`` (handed to the client), ``sent``, ``committed`` (confirmed durable),
         ``resent`` (after a shard restart), ``dropped`` (given up: the reported loss), ``rejected`` (batches
         the shard refused as bad input; the error was raised), ``retries``,
-        ``bytes_sent`` (array bytes of the payloads) and ``unconfirmed`` (in the log now)."""
+        ``bytes_sent`` (array bytes of the payloads), ``unconfirmed`` (in the log now) and ``cpu_s``: CPU seconds
+        of the calling thread spent building batches (``encode``) and in Ray calls (``ray_calls``: submitting
+        a batch, which copies it into Ray's object store, and waiting for replies)."""
         out = {k: int(self._stats[k]) for k in ("added", "sent", "committed", "resent", "dropped", "rejected",
                                                   "retries", "bytes_sent", "batches")}
         out["unconfirmed"] = sum(link.unconfirmed for link in self._links)
+        out["cpu_s"] = dict(self._cpu)
         return out
 
     # -- sending and confirming -------------------------------------------------------------------
     def _send(self, shard: int) -> None:
-        parts, self._pending[shard], n = self._pending[shard], [], self._pending_n[shard]
-        self._pending_n[shard] = 0
-        cols = list(zip(*parts))
-        extras = {k: np.concatenate([p[k] for p in cols[7]]) for k in cols[7][0]}
-        payload = encode_batch(np.concatenate(cols[0]), _cat(cols[1]), np.concatenate(cols[2]),
-                               np.concatenate(cols[3]), _cat(cols[4]), np.concatenate(cols[5]),
-                               np.concatenate(cols[6]), extras or None, compress=self.compress)
+        t0 = time.thread_time()
+        builder, self._pending[shard] = self._pending[shard], None
+        n = builder.n
+        payload = builder.payload()
+        t1 = time.thread_time()
+        self._cpu["encode"] += t1 - t0
+        try:
+            self._submit_logged(shard, builder, payload, n)
+        finally:
+            self._cpu["ray_calls"] += time.thread_time() - t1
+
+    def _submit_logged(self, shard: int, builder: BatchBuilder, payload: dict, n: int) -> None:
+        if self.compress is not None:  # the payload holds compressed copies: the arrays can be filled again
+            self._recycle(builder)
+            builder = None
         link = self._links[shard]
-        entry = _Logged(link.next_seq, payload, n)
+        entry = _Logged(link.next_seq, payload, n, builder)
         link.next_seq += 1
         link.log.append(entry)
         self._stats.update(added=n, batches=1, bytes_sent=payload_nbytes(payload))
@@ -219,7 +259,14 @@ class ShardClient:
         link = self._links[shard]
         link.committed = max(link.committed, committed)
         while link.log and link.log[0].seq <= link.committed:
-            self._stats["committed"] += link.log.popleft().n
+            entry = link.log.popleft()
+            self._stats["committed"] += entry.n
+            if entry.builder is not None:
+                self._recycle(entry.builder)
+
+    def _recycle(self, builder: BatchBuilder) -> None:
+        if len(self._spare) < SPARE_BATCHES:
+            self._spare.append(builder.recycled())
 
     def _attach(self, shard: int, deadline: float) -> dict | None:
         """Ask the shard what it holds of this client, retrying until ``deadline``; None if it never answers."""
@@ -288,15 +335,3 @@ def _one(obs):
     if isinstance(obs, dict):
         return {k: np.asarray(v)[None] for k, v in obs.items()}
     return np.asarray(obs)[None]
-
-
-def _take(obs, rows):
-    if isinstance(obs, dict):
-        return {k: np.asarray(v)[rows] for k, v in obs.items()}
-    return np.asarray(obs)[rows]
-
-
-def _cat(parts):
-    if isinstance(parts[0], dict):
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return np.concatenate(parts)
