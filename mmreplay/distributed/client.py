@@ -3,8 +3,9 @@
 Invariants:
 - Each stream (env) of a client always goes to the same shard (``shard_of``), in order, so its episodes
   stay intact in that shard's store.
-- Every batch carries a per-(client, shard) sequence number and stays in the client's log until the
-  shard reports it *committed*; after a shard restart the client resends, in order, every logged batch
+- Every batch carries a per-(client, shard) sequence number and stays in the client's log (as an object
+  in Ray's object store that this client owns: put once, passed again on a resend) until the shard
+  reports it *committed*; after a shard restart the client resends, in order, every logged batch
   after the shard's committed one (the shard skips any it already holds). So as long as the client
   lives and the shard comes back within ``retry_seconds``, every transition is stored exactly once.
 - No call waits without a bound. A shard that does not come back within ``retry_seconds`` makes the
@@ -27,15 +28,14 @@ from mmreplay.distributed.shard import STREAMS_PER_CLIENT
 from mmreplay.distributed.wire import BatchBuilder, check_codec, payload_nbytes, rows_of
 
 
-SPARE_BATCHES = 2  # emptied batches whose arrays are kept to fill again (fresh memory costs page faults)
+SPARE_BATCHES = 2  # sent batches whose arrays are kept to fill again (fresh memory costs page faults)
 
 
 @dataclass
 class _Logged:
     seq: int
-    payload: dict
+    ref: object  # the payload in Ray's object store (put once; a resend passes the same object again)
     n: int
-    builder: BatchBuilder | None = None  # whose arrays the payload views (reused once it is committed)
 
 
 @dataclass
@@ -173,22 +173,25 @@ class ShardClient:
         builder, self._pending[shard] = self._pending[shard], None
         n = builder.n
         payload = builder.payload()
+        nbytes = payload_nbytes(payload)
         t1 = time.thread_time()
         self._cpu["encode"] += t1 - t0
         try:
-            self._submit_logged(shard, builder, payload, n)
+            # Ray copies the payload into its object store here, once: the log keeps that object (owned by
+            # this process, alive while referenced) for resends, and the batch's arrays are refilled at once.
+            ref = self._ray.put(payload)
+            del payload
+            self._recycle(builder)
+            self._submit_logged(shard, ref, n, nbytes)
         finally:
             self._cpu["ray_calls"] += time.thread_time() - t1
 
-    def _submit_logged(self, shard: int, builder: BatchBuilder, payload: dict, n: int) -> None:
-        if self.compress is not None:  # the payload holds compressed copies: the arrays can be filled again
-            self._recycle(builder)
-            builder = None
+    def _submit_logged(self, shard: int, ref, n: int, nbytes: int) -> None:
         link = self._links[shard]
-        entry = _Logged(link.next_seq, payload, n, builder)
+        entry = _Logged(link.next_seq, ref, n)
         link.next_seq += 1
         link.log.append(entry)
-        self._stats.update(added=n, batches=1, bytes_sent=payload_nbytes(payload))
+        self._stats.update(added=n, batches=1, bytes_sent=nbytes)
         self._submit(shard, entry)
         self._drain(shard, self.max_inflight)
         if link.unconfirmed > self.max_unconfirmed:
@@ -196,7 +199,7 @@ class ShardClient:
 
     def _submit(self, shard: int, entry: _Logged, resend: bool = False) -> None:
         link = self._links[shard]
-        ref = link.handle.extend.remote(self.client_id, entry.seq, entry.payload, link.reset)
+        ref = link.handle.extend.remote(self.client_id, entry.seq, entry.ref, link.reset)
         link.reset = False
         link.inflight.append((entry.seq, ref))
         self._stats["resent" if resend else "sent"] += entry.n
@@ -259,10 +262,7 @@ class ShardClient:
         link = self._links[shard]
         link.committed = max(link.committed, committed)
         while link.log and link.log[0].seq <= link.committed:
-            entry = link.log.popleft()
-            self._stats["committed"] += entry.n
-            if entry.builder is not None:
-                self._recycle(entry.builder)
+            self._stats["committed"] += link.log.popleft().n
 
     def _recycle(self, builder: BatchBuilder) -> None:
         if len(self._spare) < SPARE_BATCHES:
