@@ -22,8 +22,11 @@ run also reports the CPU time every process spent per transition (Linux ``/proc`
 shard actors, the shards' encoder processes and Ray's own processes (raylet, GCS), next to the reference
 process and its encoder; that is the input of the scaling model in docs/distributed.md.
 
+``--baseline DIR`` runs every config a second time with the shard and env actors importing the mmreplay
+package in ``DIR`` (an earlier revision): before and after in the same rounds, against the same reference.
+
 Run: ``python scripts/bench_distributed.py [--configs 1x1,2x1,2x2,4x2] [--codecs none,lz4] [--repeat 3]
-[--json out.json]``. Each actor is its own process; on a small box the figures are bounded by its cores.
+[--baseline DIR] [--json out.json]``. Each actor is its own process; on a small box the figures are bounded by its cores.
 """
 
 from __future__ import annotations
@@ -238,15 +241,20 @@ def client_kwargs(args, client_batch: int = 0) -> dict:
 
 
 def bench_mmreplay(args, ray, root, actors: int, shards_n: int, compress, sample: bool, tag: str = "",
-                   client_batch: int = 0) -> dict:
+                   client_batch: int = 0, code: str | None = None) -> dict:
+    """One config; with ``code`` (a directory holding another ``mmreplay`` package) the shard and env actors
+    import that version instead (same Ray session, same reference: a before/after in one run)."""
     from mmreplay.distributed import ReplayShards
 
     obs_space, act_space = spaces()
-    prefix = f"bench-{actors}x{shards_n}-{compress}-{client_batch}{tag}"
+    prefix = f"bench-{actors}x{shards_n}-{compress}-{client_batch}{tag}{'-baseline' if code else ''}"
+    options = {"num_cpus": 0}
+    if code:
+        options["runtime_env"] = {"env_vars": {"PYTHONPATH": code}}
     shards = ReplayShards.create(os.path.join(root, prefix), shards_n, obs_space, act_space, prefix=prefix,
-                                 commit_every=args.commit_every, durable=True, actor_options={"num_cpus": 0},
+                                 commit_every=args.commit_every, durable=True, actor_options=options,
                                  **store_kwargs(args.capacity))
-    cls = env_actor_class(ray)
+    cls = env_actor_class(ray).options(**options)
     env_actors = [cls.remote(a, args.transitions, args.episode, prefix, shards_n, args.batch, compress, args.warmup,
                              client_kwargs(args, client_batch)) for a in range(actors)]
     primed_stats = ray.get([a.prime.remote() for a in env_actors])
@@ -266,10 +274,10 @@ def bench_mmreplay(args, ray, root, actors: int, shards_n: int, compress, sample
     total = sum(s["added"] for s in stats) - primed
     # the threads doing the work, by step (the rest of each process's CPU: Ray's threads and task dispatch)
     steps = {f"env_{k}": sum(s["cpu_s"][k] - p["cpu_s"][k] for s, p in zip(stats, primed_stats))
-             for k in stats[0]["cpu_s"]}
+             for k in stats[0].get("cpu_s", {})}  # (a baseline without these counters has none)
     steps.update({f"shard_{k}": sum(b["ingest_cpu_s"][k] - a["ingest_cpu_s"][k] for a, b in zip(infos, infos_after))
                   for k in infos[0].get("ingest_cpu_s", {})})
-    out = {"actors": actors, "shards": shards_n, "compress": compress, "transitions": total,
+    out = {"actors": actors, "shards": shards_n, "compress": compress, "transitions": total, "code": code,
            "client": client_kwargs(args, client_batch), "ingest_per_s": total / dt, "ingest_per_s_per_shard": total / dt / shards_n,
            "wire_bytes_per_transition": (sum(s["bytes_sent"] for s in stats) - primed_bytes) / total,
            "calls_per_1000_transitions": 1000 * (sum(s["batches"] for s in stats) - sum(
@@ -353,7 +361,8 @@ def cpu_line(cpu: dict) -> str:
 
 def label_of(r: dict) -> str:
     batch = r["client"].get("batch_size")
-    return f"{r['actors']}x{r['shards']} compress={r['compress']}" + (f" batch={batch}" if batch else "")
+    return f"{r['actors']}x{r['shards']} compress={r['compress']}" + (f" batch={batch}" if batch else "") + (
+        " [baseline]" if r.get("code") else "")
 
 
 def run_round(args, ray, root, configs, codecs, k: int) -> dict:
@@ -365,9 +374,10 @@ def run_round(args, ray, root, configs, codecs, k: int) -> dict:
               f"; one local store: sample({args.sample_batch}) {ref['sample_batches_per_s']:,.0f}/s, sampler "
               f"{ref['sampler_batches_per_s']:,.0f}/s" if "sample_batches_per_s" in ref else ""), flush=True)
     out["mmreplay"] = []
-    for (a, s), compress, client_batch in itertools.product(configs, codecs, args.client_batch):
+    codes = [None] + ([os.path.abspath(args.baseline)] if args.baseline else [])
+    for (a, s), compress, client_batch, code in itertools.product(configs, codecs, args.client_batch, codes):
         r = bench_mmreplay(args, ray, root, a, s, compress, sample=compress is None, tag=f"-r{k}",
-                           client_batch=client_batch)
+                           client_batch=client_batch, code=code)
         r["ratio"] = r["ingest_per_s_per_shard"] / ref["extend_per_s"]
         out["mmreplay"].append(r)
         extra = "".join(f", {key.split('_')[0]} {r[key]:,.0f} batches/s" for key in
@@ -438,6 +448,8 @@ def main(argv=None) -> int:
     p.add_argument("--sample-batch", type=int, default=32)
     p.add_argument("--sample-seconds", type=float, default=4.0, help="0: ingest only")
     p.add_argument("--no-torchrl", action="store_true")
+    p.add_argument("--baseline", help="a directory holding another mmreplay package (e.g. `git archive REV mmreplay "
+                                      "| tar -x -C DIR`): every config also runs with its actors on that code")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
