@@ -211,6 +211,11 @@ def env_actor_class(ray):
         def pid(self):
             return os.getpid()
 
+        def code(self):
+            import mmreplay
+
+            return os.path.dirname(os.path.dirname(os.path.abspath(mmreplay.__file__)))
+
         def prime(self):
             """The first ``warmup`` rows, committed: shard stores past their first files, not timed."""
             self._send(0, self.warmup)
@@ -257,6 +262,10 @@ def bench_mmreplay(args, ray, root, actors: int, shards_n: int, compress, sample
     cls = env_actor_class(ray).options(**options)
     env_actors = [cls.remote(a, args.transitions, args.episode, prefix, shards_n, args.batch, compress, args.warmup,
                              client_kwargs(args, client_batch)) for a in range(actors)]
+    imported = ray.get(env_actors[0].code.remote())
+    if code and imported != code:  # a worker's sys.path starts with the driver's working directory
+        raise RuntimeError(f"the baseline's actors imported mmreplay from {imported!r}, not {code!r}: run the "
+                           "script from a directory that holds no mmreplay package")
     primed_stats = ray.get([a.prime.remote() for a in env_actors])
     primed = sum(s["added"] for s in primed_stats)
     primed_bytes = sum(s["bytes_sent"] for s in primed_stats)
