@@ -195,3 +195,12 @@ def test_decode_into_reused_arrays_gives_the_same_rows():
     _, small = _builder_payload(r, [np.arange(n // 2)], n, "lz4", reuse)  # fewer rows: a view of the same arrays
     _expect_rows(small, r, np.arange(n // 2))
     assert np.shares_memory(small["obs"], first["obs"]) and np.shares_memory(small["next_obs"], first["next_obs"])
+
+
+@pytest.mark.parametrize("compress", [None, "lz4"])
+def test_an_empty_batch_round_trips(compress):
+    obs = np.zeros((0, 3), np.uint8)
+    payload = encode_batch(np.zeros(0, int), obs, np.zeros(0), np.zeros(0), obs, np.zeros(0, bool), np.zeros(0, bool),
+                           compress=compress)
+    back = decode_batch(payload, {})
+    assert payload["n"] == 0 and back["obs"].shape == (0, 3) and back["next_obs"].dtype == np.uint8

@@ -148,6 +148,8 @@ class BatchBuilder:
             raise ValueError("BatchBuilder: these rows' dtypes or shapes differ from the batch's first rows")
         if self._cols is None:
             self._allocate(rows)
+        if m == 0:
+            return
         b = self.n
         for k, buf in self._next.items():
             _put(buf, b, rows.next_obs[k], sel)
@@ -234,7 +236,8 @@ def _unpack(value: Any, reuse: dict | None = None, key=None) -> np.ndarray:
     from numcodecs import LZ4
 
     out = _array(reuse, key, tuple(value["shape"]), value["dtype"])
-    LZ4().decode(value["lz4"], out=out)
+    if out.size:  # (LZ4 refuses to decode into an empty buffer)
+        LZ4().decode(value["lz4"], out=out)
     return out
 
 
