@@ -262,8 +262,12 @@ def decode_batch(payload: dict, reuse: dict | None = None) -> dict:
         nxt = _unpack(packed, reuse, ("next", k))
         sent = _unpack(payload["obs"][k], reuse, ("sent", k))
         out = _array(reuse, ("obs", k), nxt.shape, sent.dtype)
+        if sent.dtype == nxt.dtype:
+            # one gather straight into ``out`` (no temporary the size of the batch), then the sent rows
+            np.take(nxt, np.where(cont, src, 0), axis=0, out=out, mode="clip")
+        else:  # (a builder only points at next_obs rows of the same dtype)
+            out[cont] = nxt[src[cont]]
         out[~cont] = sent
-        out[cont] = nxt[src[cont]]
         obs[k], next_obs[k] = out, nxt
     if not payload["dict_obs"]:
         obs, next_obs = obs["obs"], next_obs["obs"]
