@@ -60,14 +60,15 @@ class ShardClient:
 
     def __init__(self, client_id: int, shards, *, batch_size: int = 1024, max_inflight: int = 2,
                  max_unconfirmed: int = 50_000, retry_seconds: float = 60.0, call_timeout: float = 30.0,
-                 compress: str | None = None):
+                 compress: str | None = "lz4"):
         """``shards``: the shard actor handles (``ReplayShards.handles``). ``client_id`` must be unique
         among the clients of these shards (it names the client's streams and sequence numbers).
         ``batch_size``: rows per Ray call to a shard. Each call costs about a millisecond of CPU across the
         actor, the shard and Ray's raylet whatever its size; at 1024 Atari rows that is ~2 us a transition
-        (at 256, ~6-8: more than the shard's own decode). ``compress="lz4"``: frames travel LZ4-compressed
-        (~55x fewer bytes on Atari frames) for ~1-2 us of CPU a transition on each side; worth it when
-        shards and actors are on different nodes."""
+        (at 256, ~6-8: more than the shard's own decode). ``compress``: ``"lz4"`` (the default) sends frames
+        LZ4-compressed, ~55x fewer bytes on Atari frames for ~1 us more CPU a transition in the env actor and
+        none measurable in the shard (docs/distributed.md); ``None`` sends them raw (on one node Ray moves
+        them zero-copy, at ~7 KB a transition across nodes)."""
         import ray
 
         self._ray = ray
