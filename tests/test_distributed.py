@@ -260,3 +260,25 @@ def test_shard_gone_for_good_is_a_counted_loss_not_a_hang(cluster, tmp_path):
     assert time.monotonic() - t0 < 30
     assert stats["dropped"] == unconfirmed and stats["unconfirmed"] == 0
     assert any("dropped 20 unconfirmed" in str(w.message) for w in caught)
+
+
+def test_rows_of_other_dtypes_go_in_a_batch_of_their_own_and_every_row_is_stored(cluster, tmp_path):
+    """A client fills each batch's arrays from its first rows: rows with another dtype (here the reward)
+    start the next batch, none is cast on the actor side, and every one is stored, in order, once."""
+    shards = make_shards(tmp_path, 1, "dtypes")
+    client = shards.client(3, batch_size=6)
+    envs = Envs(3)
+    for t in range(7):
+        r = envs.step()
+        reward = r["reward"].astype(np.float64 if t % 3 == 1 else np.int64)
+        client.extend(r["obs"], r["action"], reward, r["next_obs"], r["terminated"], r["truncated"], extras=r["extras"])
+    stats = client.flush()
+    assert stats["added"] == stats["committed"] == 7 * ENVS and stats["dropped"] == 0
+    assert stats["batches"] >= 5  # 3 switches of dtype, and 14 rows in batches of 6
+    assert stats["cpu_s"]["encode"] > 0 and stats["cpu_s"]["ray_calls"] > 0
+    stored = np.sort(audit(shards))
+    assert (stored == expected_uids([3], 7)).all()
+    info = shards.info()[0]
+    assert info["ingest_cpu_s"]["extend"] > 0 and set(info["ingest_cpu_s"]) == {"decode", "extend", "ledger",
+                                                                                "store_commit"}
+    shards.close()

@@ -5,7 +5,7 @@ import pytest
 
 from mmreplay.distributed.sampler import global_weights
 from mmreplay.distributed.ledger import clients_at, make_entry, read_ledger, write_ledger
-from mmreplay.distributed.wire import decode_batch, encode_batch, payload_nbytes
+from mmreplay.distributed.wire import BatchBuilder, decode_batch, encode_batch, payload_nbytes, rows_of
 
 
 def chain(n_steps, streams, rng, done_every=5):
@@ -98,3 +98,109 @@ def test_cross_shard_weights_equal_those_of_one_store_holding_every_shard():
     got = global_weights(own, shard, shard_min, beta)
     assert np.allclose(got, expected, rtol=1e-6)
     assert got.max() <= 1.0 + 1e-6
+
+
+def _builder_payload(r, parts, capacity, compress=None, reuse=None):
+    """Rows ``r`` added to one BatchBuilder in ``parts`` (slices or row numbers), then decoded."""
+    builder = BatchBuilder(capacity, compress)
+    rows = rows_of(r["streams"], r["obs"], r["action"], r["reward"], r["next_obs"], r["terminated"], r["truncated"],
+                   {"x": r["x"]})
+    for part in parts:
+        builder.add(rows, part)
+    payload = builder.payload()
+    return payload, decode_batch(payload, reuse)
+
+
+def _expect_rows(back, r, idx):
+    for key in ("streams", "obs", "next_obs", "terminated", "truncated", "action", "reward"):
+        assert np.array_equal(back[key], r[key][idx]), key
+        assert key == "streams" or back[key].dtype == r[key].dtype
+    assert np.array_equal(back["extras"]["x"], r["x"][idx])
+
+
+@pytest.mark.parametrize("compress", [None, "lz4"])
+def test_builder_fed_in_parts_is_exact_and_sends_each_continued_observation_once(compress):
+    rng = np.random.default_rng(3)
+    r = chain(30, 4, rng)
+    n = r["streams"].size
+    r.update(action=rng.integers(0, 4, n), reward=rng.random(n).astype(np.float32), x=np.arange(n))
+    whole, back = _builder_payload(r, [None], n, compress)
+    # slices and row numbers (what a client routing streams to shards passes), across several adds
+    mine = np.flatnonzero(np.isin(r["streams"], [1, 3]))
+    parts = [mine[:7], mine[7:8], mine[8:40], mine[40:]]
+    part_payload, part_back = _builder_payload(r, parts, mine.size, compress)
+    _expect_rows(back, r, np.arange(n))
+    _expect_rows(part_back, r, mine)
+    # a stream that goes on across adds is not sent again: one first observation per stream, then one
+    # per new episode, exactly as in one add
+    ends = r["terminated"] | r["truncated"]
+    assert int((whole["obs_src"] < 0).sum()) == 4 + int(ends[:-4].sum())
+    last_of = {s: np.flatnonzero(r["streams"][mine] == s)[-1] for s in (1, 3)}
+    mine_ends = ends[mine]
+    assert int((part_payload["obs_src"] < 0).sum()) == 2 + int(mine_ends.sum()) - sum(
+        int(mine_ends[i]) for i in last_of.values())
+
+
+def test_builder_compares_bytes_so_a_signed_zero_or_a_dtype_change_is_sent_as_given():
+    # -0.0 == 0.0 as numbers; sending row 0's next observation in place of row 1's observation would flip a bit
+    obs = np.array([[1.0], [0.0], [np.nan]], np.float32)
+    nxt = np.array([[-0.0], [np.nan], [2.0]], np.float32)
+    payload = encode_batch([0, 0, 0], obs, [0, 1, 2], [0, 0, 0], nxt, [False] * 3, [False] * 3)
+    assert payload["obs_src"].tolist() == [-1, -1, 1]  # NaN bytes equal: continued
+    back = decode_batch(payload)
+    assert back["obs"].tobytes() == obs.tobytes() and back["next_obs"].tobytes() == nxt.tobytes()
+    # obs and next obs of different dtypes: nothing is taken from next_obs, each keeps its dtype
+    o16, n32 = np.array([[1], [2]], np.int16), np.array([[2], [3]], np.int32)
+    back = decode_batch(encode_batch([0, 0], o16, [0, 0], [0, 0], n32, [False] * 2, [False] * 2))
+    assert back["obs"].dtype == np.int16 and back["next_obs"].dtype == np.int32
+    assert np.array_equal(back["obs"], o16) and np.array_equal(back["next_obs"], n32)
+
+
+def test_builder_refuses_rows_of_other_dtypes_and_recycles_its_arrays():
+    rng = np.random.default_rng(4)
+    r = chain(4, 2, rng)
+    n = r["streams"].size
+    r.update(action=np.zeros(n, np.int64), reward=np.zeros(n, np.float32), x=np.arange(n))
+    rows = rows_of(r["streams"], r["obs"], r["action"], r["reward"], r["next_obs"], r["terminated"], r["truncated"],
+                   {"x": r["x"]})
+    builder = BatchBuilder(2 * n)
+    builder.add(rows)
+    other = rows_of(r["streams"], r["obs"], r["action"], r["reward"].astype(np.float64), r["next_obs"],
+                    r["terminated"], r["truncated"], {"x": r["x"]})
+    assert builder.accepts(rows) and not builder.accepts(other)
+    with pytest.raises(ValueError, match="differ from the batch's first rows"):
+        builder.add(other)
+    with pytest.raises(ValueError, match=f"{2 * n} rows do not fit, {n} of {2 * n} left"):
+        builder.add(rows_of(*(np.concatenate([v, v, v]) for v in (r["streams"], r["obs"], r["action"], r["reward"],
+                                                                     r["next_obs"], r["terminated"], r["truncated"])))
+                    , np.arange(2 * n))
+    first = builder.payload()
+    again = builder.recycled()
+    assert again.n == 0 and again.accepts(rows)
+    again.add(rows)
+    assert np.shares_memory(again.payload()["next_obs"]["obs"], first["next_obs"]["obs"])  # no fresh arrays
+    with pytest.raises(RuntimeError, match="payload was taken"):
+        builder.add(rows)
+
+
+def test_decode_into_reused_arrays_gives_the_same_rows():
+    rng = np.random.default_rng(5)
+    r = chain(10, 2, rng)
+    n = r["streams"].size
+    r.update(action=rng.integers(0, 4, n), reward=rng.random(n).astype(np.float32), x=np.arange(n))
+    reuse: dict = {}
+    for compress in (None, "lz4", "lz4"):
+        _, first = _builder_payload(r, [None], n, compress, reuse)
+        _expect_rows(first, r, np.arange(n))
+    _, small = _builder_payload(r, [np.arange(n // 2)], n, "lz4", reuse)  # fewer rows: a view of the same arrays
+    _expect_rows(small, r, np.arange(n // 2))
+    assert np.shares_memory(small["obs"], first["obs"]) and np.shares_memory(small["next_obs"], first["next_obs"])
+
+
+@pytest.mark.parametrize("compress", [None, "lz4"])
+def test_an_empty_batch_round_trips(compress):
+    obs = np.zeros((0, 3), np.uint8)
+    payload = encode_batch(np.zeros(0, int), obs, np.zeros(0), np.zeros(0), obs, np.zeros(0, bool), np.zeros(0, bool),
+                           compress=compress)
+    back = decode_batch(payload, {})
+    assert payload["n"] == 0 and back["obs"].shape == (0, 3) and back["next_obs"].dtype == np.uint8

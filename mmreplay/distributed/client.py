@@ -3,8 +3,9 @@
 Invariants:
 - Each stream (env) of a client always goes to the same shard (``shard_of``), in order, so its episodes
   stay intact in that shard's store.
-- Every batch carries a per-(client, shard) sequence number and stays in the client's log until the
-  shard reports it *committed*; after a shard restart the client resends, in order, every logged batch
+- Every batch carries a per-(client, shard) sequence number and stays in the client's log (as an object
+  in Ray's object store that this client owns: put once, passed again on a resend) until the shard
+  reports it *committed*; after a shard restart the client resends, in order, every logged batch
   after the shard's committed one (the shard skips any it already holds). So as long as the client
   lives and the shard comes back within ``retry_seconds``, every transition is stored exactly once.
 - No call waits without a bound. A shard that does not come back within ``retry_seconds`` makes the
@@ -24,13 +25,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmreplay.distributed.shard import STREAMS_PER_CLIENT
-from mmreplay.distributed.wire import check_codec, encode_batch, payload_nbytes
+from mmreplay.distributed.wire import BatchBuilder, check_codec, payload_nbytes, rows_of
+
+
+SPARE_BATCHES = 2  # sent batches whose arrays are kept to fill again (fresh memory costs page faults)
 
 
 @dataclass
 class _Logged:
     seq: int
-    payload: dict
+    ref: object  # the payload in Ray's object store (put once; a resend passes the same object again)
     n: int
 
 
@@ -54,11 +58,17 @@ class ShardClient:
     rows and send them with sequence numbers, resending after a shard restart so that every transition
     is stored exactly once. ``flush()`` waits until everything sent is committed."""
 
-    def __init__(self, client_id: int, shards, *, batch_size: int = 256, max_inflight: int = 2,
+    def __init__(self, client_id: int, shards, *, batch_size: int = 1024, max_inflight: int = 2,
                  max_unconfirmed: int = 50_000, retry_seconds: float = 60.0, call_timeout: float = 30.0,
-                 compress: str | None = None):
+                 compress: str | None = "lz4"):
         """``shards``: the shard actor handles (``ReplayShards.handles``). ``client_id`` must be unique
-        among the clients of these shards (it names the client's streams and sequence numbers)."""
+        among the clients of these shards (it names the client's streams and sequence numbers).
+        ``batch_size``: rows per Ray call to a shard. Each call costs about a millisecond of CPU across the
+        actor, the shard and Ray's raylet whatever its size; at 1024 Atari rows that is ~2 us a transition
+        (at 256, ~6-8: more than the shard's own decode). ``compress``: ``"lz4"`` (the default) sends frames
+        LZ4-compressed, ~55x fewer bytes on Atari frames for ~1 us more CPU a transition in the env actor and
+        none measurable in the shard (docs/distributed.md); ``None`` sends them raw (on one node Ray moves
+        them zero-copy, at ~7 KB a transition across nodes)."""
         import ray
 
         self._ray = ray
@@ -75,9 +85,10 @@ class ShardClient:
         self.retry_seconds, self.call_timeout = float(retry_seconds), float(call_timeout)
         self.compress = check_codec(compress)
         self._links = [_Link(h) for h in shards]
-        self._pending: list[list] = [[] for _ in shards]  # rows waiting to fill a batch, per shard
-        self._pending_n = [0] * len(shards)
+        self._pending: list[BatchBuilder | None] = [None] * len(shards)  # the batch being filled, per shard
+        self._spare: list[BatchBuilder] = []  # arrays of batches nothing reads any more, to fill again
         self._stats = collections.Counter()
+        self._cpu = {"encode": 0.0, "ray_calls": 0.0}  # CPU seconds of the calling thread (stats()["cpu_s"])
         for i in range(len(shards)):
             if self._attach(i, time.monotonic() + self.retry_seconds) is None:
                 # Without the shard's answer the client cannot know where its sequence continues.
@@ -99,26 +110,50 @@ class ShardClient:
     def extend(self, obs, action, reward, next_obs, terminated, truncated, *, streams=None, extras=None) -> None:
         """Row ``i`` is one transition of env ``streams[i]`` (default ``range(n)``: a vector env)."""
         action = np.asarray(action)
+        if action.ndim == 0:
+            raise ValueError(f"extend: action must have a leading batch axis, got shape {action.shape}")
         n = action.shape[0]
         streams = np.arange(n) if streams is None else np.asarray(streams, dtype=np.int64)
         if streams.shape != (n,):
             raise ValueError(f"streams: expected {n} stream ids, got shape {streams.shape}")
-        target = np.array([self.shard_of(int(s)) for s in streams])
-        for shard in np.unique(target).tolist():
-            rows = np.flatnonzero(target == shard)
-            self._pending[shard].append((streams[rows], _take(obs, rows), action[rows], np.asarray(reward)[rows],
-                                         _take(next_obs, rows), np.asarray(terminated)[rows],
-                                         np.asarray(truncated)[rows],
-                                         {k: np.asarray(v)[rows] for k, v in (extras or {}).items()}))
-            self._pending_n[shard] += rows.size
-            if self._pending_n[shard] >= self.batch_size:
+        if n and (streams.min() < 0 or streams.max() >= STREAMS_PER_CLIENT):
+            raise ValueError(f"stream must lie in [0, {STREAMS_PER_CLIENT}), got {np.unique(streams)[:8].tolist()}")
+        rows = rows_of(streams, obs, action, reward, next_obs, terminated, truncated, extras)
+        target = (self.client_id + streams) % len(self._links)
+        if len(self._links) == 1 or not n or (target == target[0]).all():
+            self._add(int(target[0]) if n else 0, rows, None)
+        else:
+            for shard in np.unique(target).tolist():
+                self._add(shard, rows, np.flatnonzero(target == shard))
+
+    def _add(self, shard: int, rows, sel) -> None:
+        """Copy rows ``sel`` (all when None) into the shard's batch, sending each batch as it fills."""
+        idx = np.arange(rows.n) if sel is None else sel
+        done = 0
+        while done < idx.size:
+            builder = self._pending[shard]
+            if builder is not None and not builder.accepts(rows):
+                self._send(shard)  # other dtypes or shapes than the batch's: they go in a batch of their own
+                builder = None
+            if builder is None:
+                builder = self._spare.pop() if self._spare else None
+                if builder is None or not builder.accepts(rows):
+                    builder = BatchBuilder(self.batch_size, self.compress)
+                self._pending[shard] = builder
+            take = min(builder.room, idx.size - done)
+            part = slice(done, done + take) if sel is None else idx[done:done + take]
+            t0 = time.thread_time()
+            builder.add(rows, part)
+            self._cpu["encode"] += time.thread_time() - t0
+            done += take
+            if builder.room == 0:
                 self._send(shard)
 
     def flush(self, commit: bool = True) -> dict:
         """Send every pending row and wait for the replies; with ``commit`` also have each shard commit, so
         that everything added so far is durable. Returns ``stats()``."""
         for shard in range(len(self._links)):
-            if self._pending_n[shard]:
+            if self._pending[shard] is not None:
                 self._send(shard)
             self._drain(shard, 0)
             if commit:
@@ -129,26 +164,40 @@ class ShardClient:
         """Counts: transitions ``added`` (handed to the client), ``sent``, ``committed`` (confirmed durable),
         ``resent`` (after a shard restart), ``dropped`` (given up: the reported loss), ``rejected`` (batches
         the shard refused as bad input; the error was raised), ``retries``,
-        ``bytes_sent`` (array bytes of the payloads) and ``unconfirmed`` (in the log now)."""
+        ``bytes_sent`` (array bytes of the payloads), ``unconfirmed`` (in the log now) and ``cpu_s``: CPU seconds
+        of the calling thread spent building batches (``encode``) and in Ray calls (``ray_calls``: submitting
+        a batch, which copies it into Ray's object store, and waiting for replies)."""
         out = {k: int(self._stats[k]) for k in ("added", "sent", "committed", "resent", "dropped", "rejected",
                                                   "retries", "bytes_sent", "batches")}
         out["unconfirmed"] = sum(link.unconfirmed for link in self._links)
+        out["cpu_s"] = dict(self._cpu)
         return out
 
     # -- sending and confirming -------------------------------------------------------------------
     def _send(self, shard: int) -> None:
-        parts, self._pending[shard], n = self._pending[shard], [], self._pending_n[shard]
-        self._pending_n[shard] = 0
-        cols = list(zip(*parts))
-        extras = {k: np.concatenate([p[k] for p in cols[7]]) for k in cols[7][0]}
-        payload = encode_batch(np.concatenate(cols[0]), _cat(cols[1]), np.concatenate(cols[2]),
-                               np.concatenate(cols[3]), _cat(cols[4]), np.concatenate(cols[5]),
-                               np.concatenate(cols[6]), extras or None, compress=self.compress)
+        t0 = time.thread_time()
+        builder, self._pending[shard] = self._pending[shard], None
+        n = builder.n
+        payload = builder.payload()
+        nbytes = payload_nbytes(payload)
+        t1 = time.thread_time()
+        self._cpu["encode"] += t1 - t0
+        try:
+            # Ray copies the payload into its object store here, once: the log keeps that object (owned by
+            # this process, alive while referenced) for resends, and the batch's arrays are refilled at once.
+            ref = self._ray.put(payload)
+            del payload
+            self._recycle(builder)
+            self._submit_logged(shard, ref, n, nbytes)
+        finally:
+            self._cpu["ray_calls"] += time.thread_time() - t1
+
+    def _submit_logged(self, shard: int, ref, n: int, nbytes: int) -> None:
         link = self._links[shard]
-        entry = _Logged(link.next_seq, payload, n)
+        entry = _Logged(link.next_seq, ref, n)
         link.next_seq += 1
         link.log.append(entry)
-        self._stats.update(added=n, batches=1, bytes_sent=payload_nbytes(payload))
+        self._stats.update(added=n, batches=1, bytes_sent=nbytes)
         self._submit(shard, entry)
         self._drain(shard, self.max_inflight)
         if link.unconfirmed > self.max_unconfirmed:
@@ -156,7 +205,7 @@ class ShardClient:
 
     def _submit(self, shard: int, entry: _Logged, resend: bool = False) -> None:
         link = self._links[shard]
-        ref = link.handle.extend.remote(self.client_id, entry.seq, entry.payload, link.reset)
+        ref = link.handle.extend.remote(self.client_id, entry.seq, entry.ref, link.reset)
         link.reset = False
         link.inflight.append((entry.seq, ref))
         self._stats["resent" if resend else "sent"] += entry.n
@@ -220,6 +269,10 @@ class ShardClient:
         link.committed = max(link.committed, committed)
         while link.log and link.log[0].seq <= link.committed:
             self._stats["committed"] += link.log.popleft().n
+
+    def _recycle(self, builder: BatchBuilder) -> None:
+        if len(self._spare) < SPARE_BATCHES:
+            self._spare.append(builder.recycled())
 
     def _attach(self, shard: int, deadline: float) -> dict | None:
         """Ask the shard what it holds of this client, retrying until ``deadline``; None if it never answers."""
@@ -288,15 +341,3 @@ def _one(obs):
     if isinstance(obs, dict):
         return {k: np.asarray(v)[None] for k, v in obs.items()}
     return np.asarray(obs)[None]
-
-
-def _take(obs, rows):
-    if isinstance(obs, dict):
-        return {k: np.asarray(v)[rows] for k, v in obs.items()}
-    return np.asarray(obs)[rows]
-
-
-def _cat(parts):
-    if isinstance(parts[0], dict):
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return np.concatenate(parts)
