@@ -294,14 +294,44 @@ def bench_mmreplay(args, ray, root, actors: int, shards_n: int, compress, sample
            "dropped": sum(s["dropped"] for s in stats), "cpu_us_per_transition": us_per_transition(cpu, total),
            "steps_cpu_us_per_transition": {k: round(v / total * 1e6, 2) for k, v in steps.items()}}
     if sample and args.sample_seconds > 0:
-        for local in (True, False):
-            smp = shards.sampler(args.sample_batch, local=local, prefetch=0 if local else 2)
-            out[f"{'local' if local else 'remote'}_batches_per_s"] = rate(smp.sample, args.sample_seconds)
-            smp.close()
+        out.update(bench_learner(args, root, shards, actors, prefix))
     for a in env_actors:
         ray.kill(a)
     shards.close()
     shutil.rmtree(os.path.join(root, prefix), ignore_errors=True)
+    return out
+
+
+def bench_learner(args, root, shards, actors: int, prefix: str) -> dict:
+    """Learner batches/s from the shards, read in place (``local``) and through their actors with prefetch
+    (``remote``), next to one store holding the same transitions read by its ``Store.sampler``
+    (``one_store``: what issue #14's "within 10% of a single local store" compares with), in alternating
+    rounds so that the box's drift falls on all three."""
+    import mmreplay
+
+    obs_space, act_space = spaces()
+    path = os.path.join(root, f"{prefix}-one-store")
+    union = mmreplay.Store.create(path, obs_space, act_space, **store_kwargs(args.capacity))
+    for a in range(actors):  # the same rows the env actors sent, each env its own stream
+        rows = make_rows(a, args.transitions, args.episode)
+        for lo in range(0, rows["action"].size, args.batch):
+            sl = slice(lo, lo + args.batch)
+            union.extend(rows["obs"][sl], rows["action"][sl], rows["reward"][sl], rows["next_obs"][sl],
+                         rows["terminated"][sl], rows["truncated"][sl], streams=a * ENVS + rows["streams"][sl])
+    union.flush()
+    samplers = {"local": shards.sampler(args.sample_batch, local=True, prefetch=0),
+                "remote": shards.sampler(args.sample_batch, local=False, prefetch=2),
+                "one_store": union.sampler(args.sample_batch)}
+    rates: dict = {k: [] for k in samplers}
+    for _ in range(3):
+        for k, smp in samplers.items():
+            rates[k].append(rate(smp.sample, args.sample_seconds / 3))
+    for smp in samplers.values():
+        smp.close()
+    union.close()
+    shutil.rmtree(path, ignore_errors=True)
+    out = {f"{k}_batches_per_s": statistics.median(v) for k, v in rates.items()}
+    out["local_vs_one_store"] = out["local_batches_per_s"] / out["one_store_batches_per_s"]
     return out
 
 
@@ -389,8 +419,10 @@ def run_round(args, ray, root, configs, codecs, k: int) -> dict:
                            client_batch=client_batch, code=code)
         r["ratio"] = r["ingest_per_s_per_shard"] / ref["extend_per_s"]
         out["mmreplay"].append(r)
-        extra = "".join(f", {key.split('_')[0]} {r[key]:,.0f} batches/s" for key in
-                        ("local_batches_per_s", "remote_batches_per_s") if key in r)
+        extra = "".join(f", {key.split('_batches')[0].replace('_', ' ')} {r[key]:,.0f} batches/s" for key in
+                        ("local_batches_per_s", "one_store_batches_per_s", "remote_batches_per_s") if key in r)
+        if "local_vs_one_store" in r:
+            extra += f" (local = {r['local_vs_one_store']:.2f}x one store holding the same)"
         print(f"[round {k}] mmreplay {label_of(r)}: ingest {r['ingest_per_s']:,.0f} transitions/s "
               f"({r['ingest_per_s_per_shard']:,.0f}/shard = {r['ratio']:.2f}x one store), "
               f"{r['wire_bytes_per_transition']:,.0f} B/transition on the wire{extra}; "
@@ -436,6 +468,9 @@ def summarize(rounds: list[dict]) -> dict:
                       "ratio": med([r["ratio"] for r in runs]), "cpu_us_per_transition": cpu_median(runs),
                       "steps_cpu_us_per_transition": cpu_median(runs, "steps_cpu_us_per_transition"),
                       "rounds": len(runs)}
+        for key in ("local_batches_per_s", "one_store_batches_per_s", "remote_batches_per_s", "local_vs_one_store"):
+            if any(key in r for r in runs):
+                out[label][key] = med([r[key] for r in runs if key in r])
     return out
 
 

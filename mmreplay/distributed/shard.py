@@ -265,7 +265,7 @@ def batch_to_numpy(batch) -> dict:
 
 def _mass(prio) -> tuple[float, float]:
     """(total, smallest positive) priority leaf of a set, after bringing it up to the ring."""
-    return prio.total, float(prio.tree.min_positive)
+    return prio.total, prio.smallest
 
 
 def _node_id() -> str | None:
