@@ -415,7 +415,7 @@ def run_round(args, ray, root, configs, codecs, k: int) -> dict:
     out["mmreplay"] = []
     codes = [None] + ([os.path.abspath(args.baseline)] if args.baseline else [])
     for (a, s), compress, client_batch, code in itertools.product(configs, codecs, args.client_batch, codes):
-        r = bench_mmreplay(args, ray, root, a, s, compress, sample=compress is None, tag=f"-r{k}",
+        r = bench_mmreplay(args, ray, root, a, s, compress, sample=compress == codecs[0] and code is None, tag=f"-r{k}",
                            client_batch=client_batch, code=code)
         r["ratio"] = r["ingest_per_s_per_shard"] / ref["extend_per_s"]
         out["mmreplay"].append(r)
@@ -524,6 +524,10 @@ def main(argv=None) -> int:
         ratio = f" per shard {r['ingest_per_s_per_shard']:,.0f}/s = {r['ratio']:.2f}x" if "ratio" in r else ""
         steps = f"; of which {cpu_line(r['steps_cpu_us_per_transition'])}" if r.get("steps_cpu_us_per_transition") else ""
         print(f"{label:32s} {rate_s:>9,.0f}/s{ratio}; {cpu_line(r['cpu_us_per_transition'])}{steps}")
+        if "local_vs_one_store" in r:
+            print(f"{'':32s} learner batch-{args.sample_batch}/s: local shards {r['local_batches_per_s']:,.0f}, one store "
+                  f"holding the same {r['one_store_batches_per_s']:,.0f} (local = {r['local_vs_one_store']:.2f}x), "
+                  f"through the actors {r['remote_batches_per_s']:,.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
