@@ -38,6 +38,9 @@ from mmreplay.storage.layout import RingGeometry, StoreGeometry, resize_arrays
 from mmreplay.storage.meta import check_record
 
 
+MAX_READ_ATTEMPTS = 12  # reads of one batch before a reader gives up on a writer that outruns it
+
+
 class StoreState:
     """The in-RAM state of one open store and its commit protocol (see the module invariants)."""
 
@@ -195,7 +198,7 @@ class StoreState:
         """Draw a batch into ``buf`` (``sampling.draw.draw_into`` with ``draw``'s options), after ``drain()``
         (pending adds); a reader draws again if the writer overwrote what it read."""
         self._read_checked(drain, lambda: draw_into(self.ring, self.reader, self.schema.frame_stack, buf, rng,
-                                                    decode_reward=self._decode_reward, **draw))
+                                                    decode_reward=self._decode_reward, **draw), buf.batch_size)
 
     def draw_sequences(self, buf: SequenceBuffers, drawer: StartDrawer, rng: np.random.Generator,
                        drain: Callable[[], None], *, priorities: Priorities | None = None, beta: float = 0.0) -> None:
@@ -204,19 +207,41 @@ class StoreState:
         def read():
             ids, weights = drawer.draw(self.ring, self.reader.head, buf.batch_size, rng, priorities, beta)
             return assemble_sequences(self.ring, self.reader, self.schema, ids, buf, weights)
-        self._read_checked(drain, read)
+        self._read_checked(drain, read, buf.batch_size)
 
-    def _read_checked(self, drain: Callable[[], None], read: Callable[[], tuple]) -> None:
+    def _read_checked(self, drain: Callable[[], None], read: Callable[[], tuple], batch_size: int) -> None:
         """``read()`` (returning the transition ids, obs and next-obs frame ids it read) after ``drain()``,
-        again after a refresh while a reader finds that the writer overwrote what it read."""
+        again after a refresh while a reader finds that the writer overwrote what it read.
+
+        Each retry also gives up a growing margin of the oldest transitions, the ones the writer reaches
+        first: a reader slower than the writer (a loaded machine, a tiny cache) then draws from rows that
+        outlive its read instead of failing on the same race again and again."""
         if self.needs_reload:
             self.refresh()
-        for _ in range(10):
+        for attempt in range(MAX_READ_ATTEMPTS):
             drain()
+            oldest_before = self.ring.oldest
             if self.still_valid(*read()):
                 return
             self.refresh()
-        raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled")
+            overtaken = max(self.ring.oldest - oldest_before, self.ring.shard_rows)
+            self._give_up_oldest(overtaken << attempt, batch_size)
+        raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled "
+                           f"({MAX_READ_ATTEMPTS} tries, the last from the newest "
+                           f"{self.ring.head - self.ring.oldest} transitions only)")
+
+    def _give_up_oldest(self, margin: int, batch_size: int) -> None:
+        """Readers: leave the oldest ``margin`` transitions of this view out of the draws until the next
+        refresh, as long as at least a batch of valid transitions (and a quarter of the view) remains."""
+        ring, k = self.ring, self.schema.frame_stack
+        keep = max((ring.head - ring.oldest) // 4, 2 * batch_size)
+        oldest = min(ring.oldest + margin, ring.head - keep)
+        if oldest <= ring.oldest:
+            return
+        before = ring.oldest
+        ring.oldest = oldest
+        if ring.count_valid(k, self.frames.head) < batch_size:
+            ring.oldest = before
 
     def draw_indices(self, size: int, rng: np.random.Generator, *, priorities: Priorities | None = None,
                      beta: float = 0.0) -> tuple[np.ndarray, np.ndarray | None]:

@@ -5,6 +5,7 @@ wraps its ring and replaces shard files at the exact instants a reader is betwee
 or a batch. Every row a reader returns is checked against the ground truth of ``synthetic``.
 """
 
+import numpy as np
 import pytest
 
 import mmreplay
@@ -47,6 +48,17 @@ def check_everything(reader) -> int:
         assert syn.wrong_rows(batch) == []
         checked += 32
     return checked
+
+
+def wrong_steps(batch) -> list[int]:
+    """The ids of every unmasked step of a ``SequenceBatch`` whose stack or scalars differ from the truth."""
+    wrong = []
+    for b, t in zip(*np.nonzero(batch.mask.numpy())):
+        g = int(batch.indices[b, t])
+        if not (np.array_equal(batch.obs[b, t].numpy(), syn.expected_stack(g)[0])
+                and int(batch.action[b, t]) == syn.action(g) and float(batch.reward[b, t]) == syn.reward(g)):
+            wrong.append(g)
+    return wrong
 
 
 def after_first_call(monkeypatch, name, action):
@@ -106,3 +118,35 @@ def test_reader_race_processes(store_path):
     for r in results:
         assert r["wrong"] == 0, r
         assert r["rows"] > 1000 and r["heads"] > 2, r
+
+
+@pytest.mark.parametrize("how", ["uniform", "prioritized", "sequences"])
+def test_reader_overtaken_during_every_read_still_gets_true_rows(writer, store_path, monkeypatch, how):
+    """A writer that gives up the reader's oldest shard during *every* read (a reader far slower than its
+    writer): the reader's retries leave the oldest rows out and converge on rows that outlive the read,
+    instead of failing the same race until it gives up. Every row returned is the committed one."""
+    writer.add_and_commit(400)
+    reader = mmreplay.Store.open(store_path, mode="r", cache_bytes=1 << 12)
+    shard = reader.geometry.transitions.shard_rows
+    overtaken = []
+    real = state_module.StoreState.still_valid
+
+    def overtake_then_check(self, *read):
+        writer.add_and_commit(shard)  # the reader's oldest shard is replaced while it reads
+        overtaken.append(True)
+        return real(self, *read)
+
+    monkeypatch.setattr(state_module.StoreState, "still_valid", overtake_then_check)
+    for _ in range(5):
+        if how == "uniform":
+            batch = reader.sample(32)
+        elif how == "prioritized":
+            batch = reader.sampler(32, prefetch=0, prioritized=True, seed=3).sample()
+        else:
+            batch = reader.sequence_sampler(24, seq_len=4, prefetch=0, seed=3).sample()
+        assert wrong_steps(batch) == [] if how == "sequences" else syn.wrong_rows(batch) == []
+    assert len(overtaken) > 5  # the writer did overtake reads
+    monkeypatch.undo()
+    reader.refresh()
+    assert check_everything(reader) > 0
+    reader.close()
