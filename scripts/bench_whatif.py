@@ -36,8 +36,9 @@ import numpy as np
 
 VARIANTS = {
     "stock": "the library as it is",
-    "serial-decode": "PARALLEL_MIN_DECODES (older: PARALLEL_MIN_CHUNKS) = inf: misses decoded on one thread",
-    "serial-gather": "PARALLEL_GATHER_BYTES = inf: the slab -> batch copy inline, no thread pool",
+    "serial-decode": "SHARED_MIN_DECODES (older: PARALLEL_MIN_DECODES, PARALLEL_MIN_CHUNKS) = inf: misses decoded "
+                     "on one thread",
+    "serial-gather": "SHARED_MIN_STACKS (older: PARALLEL_GATHER_BYTES) = inf: the slab -> batch copy inline",
     "serial-all": "both of the above: no thread hand-offs at all",
     "torch-1-thread": "torch.set_num_threads(1)",
     "gc-freeze": "gc.freeze() after opening (the collector skips everything allocated so far)",
@@ -57,17 +58,28 @@ def _tuning_modules():
     return mods
 
 
+_POOL = None
+
+
 def _decode_pool():
+    """A thread pool as the read path used before the codec helpers (its own, when the tree has none)."""
+    global _POOL
     try:
         from mmreplay.reading.pool import decode_pool
-    except ImportError:  # a snapshot from before the read path moved to reading/
-        from mmreplay.storage.frame_ring import decode_pool
-    return decode_pool()
+        return decode_pool()
+    except ImportError:  # the codec helpers replaced it (or a snapshot from before reading/)
+        try:
+            from mmreplay.storage.frame_ring import decode_pool
+            return decode_pool()
+        except ImportError:
+            from concurrent.futures import ThreadPoolExecutor
+            _POOL = _POOL or ThreadPoolExecutor(max(2, os.cpu_count() or 2))
+            return _POOL
 
 
 def _patch(variant: str) -> None:
-    names = {"serial-decode": ("PARALLEL_MIN_CHUNKS", "PARALLEL_MIN_DECODES"),
-             "serial-gather": ("PARALLEL_GATHER_ROWS", "PARALLEL_GATHER_BYTES")}  # names changed over time
+    names = {"serial-decode": ("PARALLEL_MIN_CHUNKS", "PARALLEL_MIN_DECODES", "SHARED_MIN_DECODES"),
+             "serial-gather": ("PARALLEL_GATHER_ROWS", "PARALLEL_GATHER_BYTES", "SHARED_MIN_STACKS")}  # renamed
     for part, attrs in names.items():
         if variant in (part, "serial-all"):
             for mod in _tuning_modules():

@@ -17,7 +17,7 @@ import mmreplay
 import synthetic as syn
 from conftest import encoder_children
 from mmreplay.storage import encoder as encoder_module
-from mmreplay.reading.pool import decode_pool
+from mmreplay.reading import helpers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATARI = spaces.Box(0, 255, (84, 84), np.uint8)
@@ -59,18 +59,20 @@ def run_in_fork(fn, timeout=60.0) -> int:
 def test_fork_after_decode_threads_ran(store_path):
     s, frames = atari_store(store_path)
     s.flush()
-    big = s.get(np.arange(10, 300))  # > 4 MiB of stacks: gathered on the decode pool's threads
+    big = s.get(np.arange(10, 300))  # stacks gathered with the codec helpers' threads
     assert torch.equal(big.next_obs[:, -1], torch.from_numpy(frames[11:301]))
-    assert decode_pool()._threads  # the pool's threads exist in the parent
+    parent_helpers = helpers.codec_helpers()
+    assert parent_helpers is not None and all(t.is_alive() for t in parent_helpers._threads)
 
     def child():
         with pytest.raises(mmreplay.StoreClosedError, match="forked"):
             s.sample(8)  # the parent's store: a clear error
-        with mmreplay.Store.open(store_path, mode="r") as mine:  # a store opened here works, pool and all
+        with mmreplay.Store.open(store_path, mode="r") as mine:  # a store opened here works, helpers and all
             batch = mine.get(np.arange(10, 300))
             # numpy, not torch, in the child: torch's own OpenMP threads are not fork-safe (its business)
             assert np.array_equal(batch.next_obs[:, -1].numpy(), frames[11:301])
-            assert decode_pool().submit(lambda: 41).result(timeout=10) + 1 == 42
+            mine_helpers = helpers.codec_helpers()  # the child's own, running
+            assert mine_helpers is not parent_helpers and all(t.is_alive() for t in mine_helpers._threads)
 
     assert run_in_fork(child) == 0
     s.add(frames[0], 0, 0.0, frames[1], False, False)  # the parent's store is untouched by the child

@@ -26,19 +26,17 @@ import numpy as np
 
 from mmreplay.errors import CorruptDataError
 from mmreplay.reading import native
-from mmreplay.reading.gather import gather_cached, gather_stacks
-from mmreplay.reading.pool import decode_pool
+from mmreplay.reading.gather import gather_cached, gather_stacks, index_cached
+from mmreplay.reading.helpers import DECODES_PER_PIECE, STACKS_PER_PIECE, codec_helpers
 from mmreplay.reading.resident import EMPTY_CHUNK
 from mmreplay.reading.tiers import ColumnReader, plan_tiers
 from mmreplay.storage.frame_ring import FrameEvents, FrameRing
 
-# Below this, handing the copy to two threads costs more than it saves. Measured with PER steps on Atari
-# stacks: batch-32 (0.9 MB per output) 4,010 steps/s inline vs 2,613 split; batch-256 (7.2 MB) 852 split vs
-# 665 inline.
-PARALLEL_GATHER_BYTES = 4 << 20
-# Compiled decodes of a batch are split over the codec threads from this many chunks (a task costs ~20-50
-# us to hand over; one 84x84 frame decodes in ~1 us).
-PARALLEL_MIN_DECODES = 256
+# From this many stacks a batch's copy out of the decoded slab, and from this many decodes its decodes, are
+# shared with the codec helpers (``reading/helpers.py``: a piece of ~10-20 us costs two atomic operations
+# to hand over); below, one compiled call in the caller's thread is cheaper.
+SHARED_MIN_STACKS = 2 * STACKS_PER_PIECE
+SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE
 # What a frame compresses to before any shard of it was written (Atari frames: ~13x with lz4).
 ASSUMED_RATIO = 8.0
 
@@ -238,28 +236,35 @@ class FrameReader(FrameEvents):
         ring_rows = 0 if self.ring.unbounded else self.ring.rows
         # 8-byte words when rows allow (Atari's 7,056-byte frames do): the copy loops run at memcpy speed
         slab = cache.slab_words(col.row_nbytes)
-        big = n > 1 and n * k * col.row_nbytes >= PARALLEL_GATHER_BYTES
-        if not big:  # the common case, every frame cached: lookup, LRU marks and copy in one compiled pass
-            cache.tick += 1
+        helpers = codec_helpers() if n >= SHARED_MIN_STACKS else None
+        # The common case, every frame cached: lookup and LRU marks in one compiled pass, and the copy in
+        # the same call (small batches) or shared with the helpers.
+        cache.tick += 1
+        if helpers is None:
             hits = gather_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows, slab,
                                  obs_ids, next_ids, shifted, obs_words, next_words)
             if hits >= 0:
                 cache.stats.hits += hits
                 return
+        else:
+            index = np.empty((n, k + 1 if shifted else 2 * k), dtype=np.int64)
+            hits = index_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows, obs_ids,
+                                next_ids, shifted, index)
+            if hits >= 0:
+                cache.stats.hits += hits
+                self._copy_stacks(helpers, slab, index, k, shifted, obs_words, next_words)
+                return
         union = np.concatenate([obs_ids, next_ids[:, -1:] if shifted else next_ids], axis=1)
         index = self._slab_index(col, union.reshape(-1)).reshape(n, union.shape[1])
         slab = cache.slab_words(col.row_nbytes)  # filling misses may have grown the slab
-        if big:
-            # Big copies: the two halves of the batch at once on the codec threads (the kernel releases the
-            # GIL). Not torch.index_select: its OpenMP workers spin while idle, and measured here, whenever
-            # the codec threads or other processes (env workers, a trainer) wanted the cores too, the copy
-            # became 5-15x slower (e.g. 63 instead of 886 Atari batch-256/s).
-            h = n // 2
-            parts = ((0, h), (h, n))
-            list(decode_pool().map(lambda p: gather_stacks(slab, index[p[0]:p[1]], k, shifted,
-                                                            obs_words[p[0] * k:p[1] * k],
-                                                            next_words[p[0] * k:p[1] * k]), parts))
-        else:
+        self._copy_stacks(helpers, slab, index, k, shifted, obs_words, next_words)
+
+    @staticmethod
+    def _copy_stacks(helpers, slab, index, k, shifted, obs_words, next_words) -> None:
+        """``gather_stacks``, shared with the helpers when there are (and they are free). Not
+        torch.index_select: its OpenMP workers spin while idle, and measured here, whenever other threads
+        or processes (env workers, a trainer) wanted the cores too, the copy became 5-15x slower."""
+        if helpers is None or not helpers.gather(slab, index, k, shifted, obs_words, next_words):
             gather_stacks(slab, index, k, shifted, obs_words, next_words)
 
     def _decode_into_batch(self, col: ColumnReader, obs_ids, next_ids, obs_words, next_words, shifted) -> None:
@@ -273,7 +278,7 @@ class FrameReader(FrameEvents):
         decodes = n * (k + 1 if shifted else 2 * k)
         # The common case, every chunk held: plan and decodes in one compiled call, or the plan in one and
         # the decodes split over the codec threads when there are many.
-        if decodes < PARALLEL_MIN_DECODES:
+        if decodes < SHARED_MIN_DECODES or codec_helpers() is None:
             status = np.empty(decodes, dtype=np.int8)
             bad, rows = native.decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows,
                                              res.chunk_addr, res.chunk_size, col.codec, status)
@@ -349,20 +354,12 @@ class FrameReader(FrameEvents):
                 break  # full: the rest is read from the files
 
     def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes) -> None:
-        """Compiled decodes, split over the codec threads when there are many; raises on the first bad one."""
+        """Compiled decodes, shared with the codec helpers when there are many; raises on the first bad one."""
         status = np.empty(src.size, dtype=np.int8)
-        def decode(part: slice) -> int:
-            return native.decode_chunks(src[part], sizes[part], dst[part], copies[part], nbytes, col.codec,
-                                        status[part])
-
-        if src.size >= PARALLEL_MIN_DECODES:  # contiguous parts; this thread decodes the first one itself
-            workers = min(decode_pool()._max_workers, os.cpu_count() or 1)
-            bounds = np.linspace(0, src.size, workers + 1).astype(int).tolist()
-            parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-            others = [decode_pool().submit(decode, p) for p in parts[1:]]
-            bad = decode(parts[0]) + sum(f.result() for f in others)
-        else:
-            bad = decode(slice(None))
+        helpers = codec_helpers() if src.size >= SHARED_MIN_DECODES else None
+        bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status)
+        if bad is None:
+            bad = native.decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status)
         if bad:
             self._raise_bad_chunk(col, chunks, status)
 

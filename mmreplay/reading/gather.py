@@ -40,13 +40,13 @@ def gather_stacks(slab, index, k, shifted, out_obs, out_next):  # pragma: no cov
 
 
 @numba.njit(cache=True, nogil=True)
-def gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted, out_obs,
-                  out_next):  # pragma: no cover (compiled)
-    """``gather_stacks`` straight from frame ids when every frame's chunk is cached: returns the number of
-    frames looked up (all hits, marked used), or -1 without touching anything if one is missing."""
+def index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted,
+                 index):  # pragma: no cover (compiled)
+    """Slab rows of a batch's frames into ``index`` (n, k + 1 when ``shifted``, else n, 2k), every chunk
+    marked used: returns the number of frames looked up (all hits), or -1 without marking anything if one
+    is missing."""
     n, k = obs_ids.shape
-    width = k + 1 if shifted else 2 * k
-    index = np.empty((n, width), dtype=np.int64)
+    width = index.shape[1]
     for i in range(n):
         for j in range(width):
             if j < k:
@@ -61,5 +61,17 @@ def gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids
     for i in range(n):
         for j in range(width):
             last_used[index[i, j] // chunk_rows] = tick
-    gather_stacks(slab, index, k, shifted, out_obs, out_next)
     return n * width
+
+
+@numba.njit(cache=True, nogil=True)
+def gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted, out_obs,
+                  out_next):  # pragma: no cover (compiled)
+    """``index_cached`` and ``gather_stacks`` in one call (a batch too small to share with helpers):
+    returns the number of frames looked up, or -1 without touching anything if one is missing."""
+    n, k = obs_ids.shape
+    index = np.empty((n, k + 1 if shifted else 2 * k), dtype=np.int64)
+    hits = index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted, index)
+    if hits >= 0:
+        gather_stacks(slab, index, k, shifted, out_obs, out_next)
+    return hits

@@ -1,0 +1,323 @@
+"""Codec helpers: threads that share one batch's compiled work (frame decodes, slab copies) with its caller.
+
+Invariant: a job is cut into pieces that are claimed one at a time through one atomic ticket word
+(epoch, number of pieces, next piece). The caller claims pieces too and returns only once every claimed
+piece is done, so a job completes even if no helper ever wakes, and the caller never waits for more than
+the pieces helpers already hold. A helper reads a job's parameters only after it claimed one of its
+pieces; the caller changes them only after every piece is done. Helpers spin (yielding the core to
+anything runnable) for ``SPIN_SECONDS`` after their last piece, then sleep until a job wakes them.
+One set of helpers per process, made on first use; a forked child (which has none of its parent's
+threads) makes its own; ``MMREPLAY_CODEC_THREADS=0`` turns them off.
+
+Why not a thread pool: handing a task to ``concurrent.futures`` costs ~20-50 us of Python and a wake-up,
+more than half of what a batch-32 decode (160 frames, ~1 us each) takes, so batches were decoded on one
+core. A claimed piece costs two atomic operations.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from mmreplay.reading.gather import gather_stacks
+from mmreplay.reading.native import decode_chunks
+from mmreplay.storage import forking
+
+# Layout of the control words (int64).
+TICKET, DONE, BAD, STOP, SLEEPING = 0, 8, 16, 24, 32   # SLEEPING + i: helper i is asleep (1) or not (0)
+MAX_HELPERS = 24
+PARAMS = 64
+KIND, TOTAL, PER_PIECE = PARAMS, PARAMS + 1, PARAMS + 2
+ARG = PARAMS + 3  # the kind's own arguments from here
+CONTROL_WORDS = PARAMS + 16
+DECODE, GATHER_WORDS, GATHER_BYTES = 1, 2, 3
+MAX_PIECES = 0xFFFF
+# A piece: ~10-20 us of work, small enough that the last one held by a helper is a short wait.
+DECODES_PER_PIECE = 16
+STACKS_PER_PIECE = 4
+SPIN_SECONDS = 300e-6
+ENV = "MMREPLAY_CODEC_THREADS"
+
+
+# -- atomics on an int64 array (LLVM's, sequentially consistent) -------------------------------------
+def _element_pointer(context, builder, signature, args):
+    ary = context.make_array(signature.args[0])(context, builder, args[0])
+    return builder.gep(ary.data, [args[1]])
+
+
+@intrinsic
+def atomic_load(typingctx, arr, idx):
+    def codegen(context, builder, signature, args):
+        return builder.load_atomic(_element_pointer(context, builder, signature, args), "seq_cst", 8)
+    return types.int64(arr, idx), codegen
+
+
+@intrinsic
+def atomic_store(typingctx, arr, idx, val):
+    def codegen(context, builder, signature, args):
+        builder.store_atomic(args[2], _element_pointer(context, builder, signature, args), "seq_cst", 8)
+        return context.get_dummy_value()
+    return types.void(arr, idx, types.int64), codegen
+
+
+@intrinsic
+def atomic_cas(typingctx, arr, idx, old, new):
+    def codegen(context, builder, signature, args):
+        pair = builder.cmpxchg(_element_pointer(context, builder, signature, args), args[2], args[3], "seq_cst",
+                               "seq_cst")
+        return builder.extract_value(pair, 1)
+    return types.boolean(arr, idx, types.int64, types.int64), codegen
+
+
+@intrinsic
+def atomic_add(typingctx, arr, idx, val):
+    def codegen(context, builder, signature, args):
+        return builder.atomic_rmw("add", _element_pointer(context, builder, signature, args), args[2], "seq_cst")
+    return types.int64(arr, idx, types.int64), codegen
+
+
+@intrinsic
+def address(typingctx, addr):
+    """An integer address as a pointer, for ``numba.carray`` over a caller's array."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+    return types.voidptr(types.int64), codegen
+
+
+sched_yield = types.ExternalFunction("sched_yield", types.intc())
+clock_gettime = types.ExternalFunction("clock_gettime", types.intc(types.intc, types.voidptr))
+CLOCK_MONOTONIC = 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _now_ns(timespec):  # pragma: no cover (compiled)
+    clock_gettime(CLOCK_MONOTONIC, timespec.ctypes.data)
+    return timespec[0] * 1_000_000_000 + timespec[1]
+
+
+# -- the work itself ---------------------------------------------------------------------------------
+@numba.njit(cache=True, nogil=True)
+def _run_piece(ctrl, piece):  # pragma: no cover (compiled)
+    kind, total, per = ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE]
+    lo = piece * per
+    hi = min(total, lo + per)
+    if kind == DECODE:
+        src = numba.carray(address(ctrl[ARG]), (total,), np.int64)
+        sizes = numba.carray(address(ctrl[ARG + 1]), (total,), np.int64)
+        dst = numba.carray(address(ctrl[ARG + 2]), (total,), np.int64)
+        copies = numba.carray(address(ctrl[ARG + 3]), (total,), np.int64)
+        status = numba.carray(address(ctrl[ARG + 4]), (total,), np.int8)
+        bad = decode_chunks(src[lo:hi], sizes[lo:hi], dst[lo:hi], copies[lo:hi], ctrl[ARG + 5], ctrl[ARG + 6],
+                            status[lo:hi])
+        if bad:
+            atomic_add(ctrl, BAD, bad)
+        return
+    rows, width, index_width, k = ctrl[ARG + 1], ctrl[ARG + 2], ctrl[ARG + 4], ctrl[ARG + 5]
+    shifted = ctrl[ARG + 6] != 0
+    index = numba.carray(address(ctrl[ARG + 3]), (total, index_width), np.int64)
+    if kind == GATHER_WORDS:
+        slab = numba.carray(address(ctrl[ARG]), (rows, width), np.uint64)
+        out_obs = numba.carray(address(ctrl[ARG + 7]), (total * k, width), np.uint64)
+        out_next = numba.carray(address(ctrl[ARG + 8]), (total * k, width), np.uint64)
+        gather_stacks(slab, index[lo:hi], k, shifted, out_obs[lo * k:hi * k], out_next[lo * k:hi * k])
+    else:
+        slab8 = numba.carray(address(ctrl[ARG]), (rows, width), np.uint8)
+        out_obs8 = numba.carray(address(ctrl[ARG + 7]), (total * k, width), np.uint8)
+        out_next8 = numba.carray(address(ctrl[ARG + 8]), (total * k, width), np.uint8)
+        gather_stacks(slab8, index[lo:hi], k, shifted, out_obs8[lo * k:hi * k], out_next8[lo * k:hi * k])
+
+
+@numba.njit(cache=True, nogil=True)
+def _claim_and_run(ctrl):  # pragma: no cover (compiled)
+    """Claim and run pieces of the current job until none is left; False if there was none to claim."""
+    ran = False
+    while True:
+        ticket = atomic_load(ctrl, TICKET)
+        nxt, n = ticket & MAX_PIECES, (ticket >> 16) & MAX_PIECES
+        if nxt >= n:
+            return ran
+        if atomic_cas(ctrl, TICKET, ticket, ticket + 1):
+            _run_piece(ctrl, nxt)
+            atomic_add(ctrl, DONE, 1)
+            ran = True
+
+
+@numba.njit(cache=True, nogil=True)
+def _post(ctrl, n_pieces, n_helpers):  # pragma: no cover (compiled)
+    """Publish the job whose parameters were just written (as ``n_pieces`` pieces); True if a helper sleeps
+    (then the caller wakes it)."""
+    atomic_store(ctrl, DONE, 0)
+    atomic_store(ctrl, BAD, 0)
+    epoch = (atomic_load(ctrl, TICKET) >> 32) + 1
+    atomic_store(ctrl, TICKET, ((epoch & 0xFFFFFFFF) << 32) | (n_pieces << 16))
+    for i in range(n_helpers):
+        if atomic_load(ctrl, SLEEPING + i) != 0:
+            return True
+    return False
+
+
+@numba.njit(cache=True, nogil=True)
+def _work(ctrl):  # pragma: no cover (compiled)
+    """The caller's part: pieces until none is left, then wait for those helpers hold. Returns the
+    number of failed decodes."""
+    _claim_and_run(ctrl)
+    n = (atomic_load(ctrl, TICKET) >> 16) & MAX_PIECES
+    while atomic_load(ctrl, DONE) < n:
+        sched_yield()
+    return atomic_load(ctrl, BAD)
+
+
+@numba.njit(cache=True, nogil=True)
+def _serve(ctrl, me, spin_ns):  # pragma: no cover (compiled)
+    """A helper's loop: claim pieces as jobs come; after ``spin_ns`` without one, mark itself asleep and
+    return 0 (to sleep until woken); 1 when told to stop."""
+    timespec = np.zeros(2, dtype=np.int64)
+    atomic_store(ctrl, SLEEPING + me, 0)
+    idle_since = _now_ns(timespec)
+    while atomic_load(ctrl, STOP) == 0:
+        if _claim_and_run(ctrl):
+            idle_since = _now_ns(timespec)
+            continue
+        if _now_ns(timespec) - idle_since > spin_ns:
+            atomic_store(ctrl, SLEEPING + me, 1)
+            ticket = atomic_load(ctrl, TICKET)  # a job posted meanwhile saw us awake: take it first
+            if ticket & MAX_PIECES < (ticket >> 16) & MAX_PIECES:
+                atomic_store(ctrl, SLEEPING + me, 0)
+                continue
+            return 0
+        sched_yield()
+    return 1
+
+
+class CodecHelpers:
+    """``n`` helper threads and their control words; jobs are run one at a time (a caller that finds a
+    job running does its own work alone)."""
+
+    def __init__(self, n: int):
+        self.n = max(0, min(int(n), MAX_HELPERS))
+        self.ctrl = np.zeros(CONTROL_WORDS, dtype=np.int64)
+        self._busy = threading.Lock()
+        self._wake = [threading.Event() for _ in range(self.n)]
+        self._threads = [threading.Thread(target=self._helper, args=(i,), name=f"mmreplay-codec-{i}", daemon=True)
+                         for i in range(self.n)]
+        for t in self._threads:
+            t.start()
+
+    def _helper(self, me: int) -> None:
+        spin_ns = int(SPIN_SECONDS * 1e9)
+        while _serve(self.ctrl, me, spin_ns) == 0:
+            self._wake[me].wait()
+            self._wake[me].clear()  # then _serve looks for a job before it would sleep again
+
+    def stop(self) -> None:
+        self.ctrl[STOP] = 1
+        for event in self._wake:
+            event.set()
+
+    def decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status) -> int | None:
+        """``native.decode_chunks`` shared with the helpers; the number of failures, or None if the
+        helpers are busy with another caller's job (then decode alone)."""
+        total = src.size
+        if not (_plain(np.int64, src, sizes, dst, copies) and _plain(np.int8, status)) or \
+                not self._busy.acquire(blocking=False):
+            return None
+        try:
+            per = max(DECODES_PER_PIECE, -(-total // MAX_PIECES))
+            c = self.ctrl
+            c[KIND], c[TOTAL], c[PER_PIECE] = DECODE, total, per
+            c[ARG:ARG + 7] = (src.ctypes.data, sizes.ctypes.data, dst.ctypes.data, copies.ctypes.data,
+                              status.ctypes.data, nbytes, codec)
+            return self._run(-(-total // per))
+        finally:
+            self._busy.release()
+
+    def gather(self, slab, index, k: int, shifted: bool, out_obs, out_next) -> bool:
+        """``gather.gather_stacks`` shared with the helpers; False if they are busy (then copy alone)."""
+        n = index.shape[0]
+        if not (_plain(np.int64, index) and _plain(slab.dtype, slab, out_obs, out_next)) or \
+                slab.dtype not in (np.uint64, np.uint8) or not self._busy.acquire(blocking=False):
+            return False
+        try:
+            per = max(STACKS_PER_PIECE, -(-n // MAX_PIECES))
+            c = self.ctrl
+            c[KIND] = GATHER_WORDS if slab.dtype == np.uint64 else GATHER_BYTES
+            c[TOTAL], c[PER_PIECE] = n, per
+            c[ARG:ARG + 9] = (slab.ctypes.data, slab.shape[0], slab.shape[1], index.ctypes.data, index.shape[1], k,
+                              int(shifted), out_obs.ctypes.data, out_next.ctypes.data)
+            self._run(-(-n // per))
+            return True
+        finally:
+            self._busy.release()
+
+    def _run(self, n_pieces: int) -> int:
+        if _post(self.ctrl, n_pieces, self.n):
+            for me, event in enumerate(self._wake):
+                if self.ctrl[SLEEPING + me]:
+                    event.set()
+        return int(_work(self.ctrl))
+
+
+def _plain(dtype, *arrays) -> bool:
+    """Are ``arrays`` C-contiguous arrays of ``dtype`` (what a helper rebuilds from an address)?"""
+    return all(a.dtype == dtype and a.flags.c_contiguous for a in arrays)
+
+
+def helper_count() -> int:
+    """Helper threads for this process: ``MMREPLAY_CODEC_THREADS`` if set, else none in a DataLoader worker
+    and one fewer than the cores this process may run on (the caller is the other one) elsewhere."""
+    configured = os.environ.get(ENV)
+    if configured is not None:
+        try:
+            n = int(configured)
+        except ValueError:
+            raise ValueError(f"{ENV} must be a number of threads (0 turns the helpers off), got {configured!r}")
+        if n < 0:
+            raise ValueError(f"{ENV} must be >= 0, got {n}")
+        return min(n, MAX_HELPERS)
+    if _in_dataloader_worker():
+        return 0  # one of several worker processes that share the cores already
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return min(cores - 1, 7)
+
+
+def _in_dataloader_worker() -> bool:
+    import torch.utils.data
+    return torch.utils.data.get_worker_info() is not None
+
+
+_HELPERS: CodecHelpers | None = None
+_MADE = threading.Lock()
+
+
+def codec_helpers() -> CodecHelpers | None:
+    """This process's helpers (made on first use), or None when there are none (one core, or turned off)."""
+    global _HELPERS
+    if _HELPERS is None:
+        with _MADE:
+            if _HELPERS is None:
+                _HELPERS = CodecHelpers(helper_count())
+    return _HELPERS if _HELPERS.n else None
+
+
+def _forget_helpers() -> None:
+    global _HELPERS, _MADE
+    _HELPERS, _MADE = None, threading.Lock()  # a forked child has none of the threads (nor a held lock)
+
+
+@atexit.register
+def _stop_helpers() -> None:
+    if _HELPERS is not None:
+        _HELPERS.stop()
+
+
+forking.on_fork(_forget_helpers)
