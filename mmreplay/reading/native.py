@@ -20,7 +20,9 @@ import importlib
 import llvmlite.binding as llvm
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import types
+from numba.extending import intrinsic
 
 OK, BAD_CHECKSUM, BAD_SIZE, BAD_CODEC = 0, 1, 2, 3
 CODEC_BLOSC, CODEC_ZSTD = 0, 1
@@ -76,6 +78,31 @@ def _decode_one(src, size, dst, dst_nbytes, codec, scratch):  # pragma: no cover
     return OK if got == dst_nbytes else BAD_SIZE
 
 
+@intrinsic
+def prefetch(typingctx, addr):
+    """Ask the CPU to start loading the cache line at ``addr`` (an integer address); nothing else happens."""
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+        # read, keep in all cache levels, data cache
+        builder.call(fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.void(types.int64), codegen
+
+
+# Chunks whose bytes are requested from memory ahead of their decode: a chunk picked at random in 0.5 GB
+# is a cache miss per line, and the hardware prefetcher does not know the next chunk's address (measured:
+# Atari batch-256 decodes 7-12% faster on one core with 2 chunks ahead, 1 gave less).
+PREFETCH_AHEAD = 2
+
+
+@numba.njit(cache=True, nogil=True)
+def _prefetch_chunk(src, size):  # pragma: no cover (compiled)
+    for offset in range(0, size, 64):
+        prefetch(src + offset)
+
+
 @numba.njit(cache=True, nogil=True)
 def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, status):  # pragma: no cover
     """Decode chunk i (``sizes[i]`` bytes at address ``src_addrs[i]``, checksum included) to address
@@ -84,7 +111,12 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
     Returns the number of failures."""
     scratch = np.zeros(1, dtype=np.uint64)
     bad = 0
-    for i in range(src_addrs.size):
+    n = src_addrs.size
+    for i in range(min(PREFETCH_AHEAD, n)):
+        _prefetch_chunk(src_addrs[i], sizes[i])
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _prefetch_chunk(src_addrs[i + PREFETCH_AHEAD], sizes[i + PREFETCH_AHEAD])
         status[i] = _decode_one(src_addrs[i], sizes[i], dst_addrs[i], dst_nbytes, codec, scratch)
         if status[i] != OK:
             bad += 1
