@@ -137,3 +137,17 @@ def test_dataloader_workers_share_the_cores_without_helpers(monkeypatch):
     loader = torch.utils.data.DataLoader(HelperCount(), batch_size=None, num_workers=1, multiprocessing_context="fork",
                                          timeout=60)
     assert list(loader) == [0]
+
+
+def test_arrays_a_helper_could_not_rebuild_are_left_to_the_caller(two_helpers):
+    slab = np.zeros((10, 8), np.uint64)
+    index = np.zeros((4, 5), np.int64)
+    out = np.zeros((16, 8), np.uint64)
+    assert not two_helpers.gather(slab[:, ::2], index, 4, True, out[:, :4], out[:, :4])  # strided rows
+    assert not two_helpers.gather(slab.astype(np.int32), index, 4, True, out, out)  # a dtype not copied
+    assert not two_helpers.gather(slab, index, 3, True, out, out)  # an index that is not of stacks of 3
+    a = np.zeros(40, np.int64)
+    assert two_helpers.decode(a[::2], a[:20], a[:20], a[:20], 8, 0, np.zeros(20, np.int8)) is None
+    assert two_helpers.decode(a[:20], a[:19], a[:20], a[:20], 8, 0, np.zeros(20, np.int8)) is None
+    assert two_helpers.decode(a[:20], a[:20], a[:20], a[:20], 8, 0, np.zeros(20, np.int32)) is None
+    assert two_helpers.gather(slab, index, 4, True, out, out)  # and a plain job still runs

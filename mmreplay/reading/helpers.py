@@ -223,50 +223,76 @@ class CodecHelpers:
 
     def decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status) -> int | None:
         """``native.decode_chunks`` shared with the helpers; the number of failures, or None if the
-        helpers are busy with another caller's job (then decode alone)."""
-        total = src.size
-        if not (_plain(np.int64, src, sizes, dst, copies) and _plain(np.int8, status)) or \
-                not self._busy.acquire(blocking=False):
+        helpers are busy with another caller's job or the arrays are not plain (then decode alone)."""
+        if not self._busy.acquire(blocking=False):
             return None
         try:
-            per = max(DECODES_PER_PIECE, -(-total // MAX_PIECES))
-            c = self.ctrl
-            c[KIND], c[TOTAL], c[PER_PIECE] = DECODE, total, per
-            c[ARG:ARG + 7] = (src.ctypes.data, sizes.ctypes.data, dst.ctypes.data, copies.ctypes.data,
-                              status.ctypes.data, nbytes, codec)
-            return self._run(-(-total // per))
+            try:
+                posted = _post_decode(self.ctrl, src, sizes, dst, copies, status, nbytes, codec, self.n)
+            except TypeError:  # not C-contiguous int64 (int8 status) arrays: a helper could not rebuild them
+                return None
+            return self._finish(posted)
         finally:
             self._busy.release()
 
     def gather(self, slab, index, k: int, shifted: bool, out_obs, out_next) -> bool:
-        """``gather.gather_stacks`` shared with the helpers; False if they are busy (then copy alone)."""
-        n = index.shape[0]
-        if not (_plain(np.int64, index) and _plain(slab.dtype, slab, out_obs, out_next)) or \
-                slab.dtype not in (np.uint64, np.uint8) or not self._busy.acquire(blocking=False):
+        """``gather.gather_stacks`` shared with the helpers; False if they are busy or the arrays are not
+        plain (then copy alone)."""
+        if not self._busy.acquire(blocking=False):
             return False
         try:
-            per = max(STACKS_PER_PIECE, -(-n // MAX_PIECES))
-            c = self.ctrl
-            c[KIND] = GATHER_WORDS if slab.dtype == np.uint64 else GATHER_BYTES
-            c[TOTAL], c[PER_PIECE] = n, per
-            c[ARG:ARG + 9] = (slab.ctypes.data, slab.shape[0], slab.shape[1], index.ctypes.data, index.shape[1], k,
-                              int(shifted), out_obs.ctypes.data, out_next.ctypes.data)
-            self._run(-(-n // per))
-            return True
+            try:
+                posted = _post_gather(self.ctrl, slab, index, k, shifted, out_obs, out_next, self.n)
+            except TypeError:  # not C-contiguous uint64 / uint8 rows and int64 index
+                return False
+            return self._finish(posted) is not None
         finally:
             self._busy.release()
 
-    def _run(self, n_pieces: int) -> int:
-        if _post(self.ctrl, n_pieces, self.n):
+    def _finish(self, posted: int) -> int | None:
+        """After a post: wake sleeping helpers, do the caller's part, wait. None if nothing was posted."""
+        if posted < 0:
+            return None
+        if posted:
             for me, event in enumerate(self._wake):
                 if self.ctrl[SLEEPING + me]:
                     event.set()
         return int(_work(self.ctrl))
 
 
-def _plain(dtype, *arrays) -> bool:
-    """Are ``arrays`` C-contiguous arrays of ``dtype`` (what a helper rebuilds from an address)?"""
-    return all(a.dtype == dtype and a.flags.c_contiguous for a in arrays)
+_I64, _ROWS = "int64[::1]", "{0}[:, ::1]"
+
+
+@numba.njit(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, int64)", cache=True,
+            nogil=True)
+def _post_decode(ctrl, src, sizes, dst, copies, status, nbytes, codec, n_helpers):  # pragma: no cover
+    """Parameters of a ``decode_chunks`` job, then post it: 1 if a helper sleeps, 0 if not, -1 (nothing
+    posted) if the arrays disagree in length."""
+    total = src.size
+    if sizes.size != total or dst.size != total or copies.size != total or status.size < total:
+        return -1
+    per = max(DECODES_PER_PIECE, (total + MAX_PIECES - 1) // MAX_PIECES)
+    ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE] = DECODE, total, per
+    ctrl[ARG], ctrl[ARG + 1], ctrl[ARG + 2] = src.ctypes.data, sizes.ctypes.data, dst.ctypes.data
+    ctrl[ARG + 3], ctrl[ARG + 4], ctrl[ARG + 5], ctrl[ARG + 6] = copies.ctypes.data, status.ctypes.data, nbytes, codec
+    return 1 if _post(ctrl, (total + per - 1) // per, n_helpers) else 0
+
+
+@numba.njit([f"int64(int64[::1], {_ROWS.format(t)}, int64[:, ::1], int64, boolean, {_ROWS.format(t)}, "
+             f"{_ROWS.format(t)}, int64)" for t in ("uint64", "uint8")], cache=True, nogil=True)
+def _post_gather(ctrl, slab, index, k, shifted, out_obs, out_next, n_helpers):  # pragma: no cover
+    """Parameters of a ``gather_stacks`` job, then post it (as ``_post_decode``; -1 if shapes disagree)."""
+    n, width = index.shape[0], slab.shape[1]
+    if index.shape[1] != (k + 1 if shifted else 2 * k) or out_obs.shape[0] != n * k or \
+            out_next.shape[0] != n * k or out_obs.shape[1] != width or out_next.shape[1] != width:
+        return -1
+    per = max(STACKS_PER_PIECE, (n + MAX_PIECES - 1) // MAX_PIECES)
+    ctrl[KIND] = GATHER_WORDS if slab.itemsize == 8 else GATHER_BYTES
+    ctrl[TOTAL], ctrl[PER_PIECE] = n, per
+    ctrl[ARG], ctrl[ARG + 1], ctrl[ARG + 2], ctrl[ARG + 3] = slab.ctypes.data, slab.shape[0], width, index.ctypes.data
+    ctrl[ARG + 4], ctrl[ARG + 5], ctrl[ARG + 6] = index.shape[1], k, 1 if shifted else 0
+    ctrl[ARG + 7], ctrl[ARG + 8] = out_obs.ctypes.data, out_next.ctypes.data
+    return 1 if _post(ctrl, (n + per - 1) // per, n_helpers) else 0
 
 
 def helper_count() -> int:
