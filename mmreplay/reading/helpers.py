@@ -22,10 +22,9 @@ import threading
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
 
+from mmreplay.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
 from mmreplay.reading.gather import gather_stacks
 from mmreplay.reading.native import decode_chunks
 from mmreplay.storage import forking
@@ -44,51 +43,6 @@ DECODES_PER_PIECE = 16
 STACKS_PER_PIECE = 4
 SPIN_SECONDS = 300e-6
 ENV = "MMREPLAY_CODEC_THREADS"
-
-
-# -- atomics on an int64 array (LLVM's, sequentially consistent) -------------------------------------
-def _element_pointer(context, builder, signature, args):
-    ary = context.make_array(signature.args[0])(context, builder, args[0])
-    return builder.gep(ary.data, [args[1]])
-
-
-@intrinsic
-def atomic_load(typingctx, arr, idx):
-    def codegen(context, builder, signature, args):
-        return builder.load_atomic(_element_pointer(context, builder, signature, args), "seq_cst", 8)
-    return types.int64(arr, idx), codegen
-
-
-@intrinsic
-def atomic_store(typingctx, arr, idx, val):
-    def codegen(context, builder, signature, args):
-        builder.store_atomic(args[2], _element_pointer(context, builder, signature, args), "seq_cst", 8)
-        return context.get_dummy_value()
-    return types.void(arr, idx, types.int64), codegen
-
-
-@intrinsic
-def atomic_cas(typingctx, arr, idx, old, new):
-    def codegen(context, builder, signature, args):
-        pair = builder.cmpxchg(_element_pointer(context, builder, signature, args), args[2], args[3], "seq_cst",
-                               "seq_cst")
-        return builder.extract_value(pair, 1)
-    return types.boolean(arr, idx, types.int64, types.int64), codegen
-
-
-@intrinsic
-def atomic_add(typingctx, arr, idx, val):
-    def codegen(context, builder, signature, args):
-        return builder.atomic_rmw("add", _element_pointer(context, builder, signature, args), args[2], "seq_cst")
-    return types.int64(arr, idx, types.int64), codegen
-
-
-@intrinsic
-def address(typingctx, addr):
-    """An integer address as a pointer, for ``numba.carray`` over a caller's array."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-    return types.voidptr(types.int64), codegen
 
 
 sched_yield = types.ExternalFunction("sched_yield", types.intc())

@@ -20,9 +20,9 @@ import importlib
 import llvmlite.binding as llvm
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+
+from mmreplay.intrinsics import prefetch
 
 OK, BAD_CHECKSUM, BAD_SIZE, BAD_CODEC = 0, 1, 2, 3
 CODEC_BLOSC, CODEC_ZSTD = 0, 1
@@ -78,19 +78,6 @@ def _decode_one(src, size, dst, dst_nbytes, codec, scratch):  # pragma: no cover
     return OK if got == dst_nbytes else BAD_SIZE
 
 
-@intrinsic
-def prefetch(typingctx, addr):
-    """Ask the CPU to start loading the cache line at ``addr`` (an integer address); nothing else happens."""
-    def codegen(context, builder, signature, args):
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        # read, keep in all cache levels, data cache
-        builder.call(fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return types.void(types.int64), codegen
-
-
 # Chunks whose bytes are requested from memory ahead of their decode: a chunk picked at random in 0.5 GB
 # is a cache miss per line, and the hardware prefetcher does not know the next chunk's address (measured:
 # Atari batch-256 decodes 7-12% faster on one core with 2 chunks ahead, 1 gave less).
@@ -126,6 +113,21 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
 
 
 @numba.njit(cache=True, nogil=True)
+def _prefetch_chunk_rows(obs_ids, next_ids, ring_rows, chunk_addr, chunk_size):  # pragma: no cover (compiled)
+    """Ask for the chunk addresses and sizes of a batch's frames before the plan reads them: random rows of
+    two 1M-entry tables are cache misses that overlap when asked for at once (a stack's frames are
+    neighbours: its first and last frame cover its rows)."""
+    addr_at, size_at = chunk_addr.ctypes.data, chunk_size.ctypes.data
+    for ids in (obs_ids, next_ids):
+        for i in range(ids.shape[0]):
+            for j in (0, ids.shape[1] - 1):
+                row = ids[i, j] % ring_rows if ring_rows else ids[i, j]
+                if 0 <= row < chunk_addr.size:
+                    prefetch(addr_at + row * 8)
+                    prefetch(size_at + row * 8)
+
+
+@numba.njit(cache=True, nogil=True)
 def plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
                        chunk_size):  # pragma: no cover (compiled)
     """The ``decode_chunks`` arguments that fill a batch's obs and next-obs stacks (``(n, k)`` frame ids,
@@ -143,6 +145,7 @@ def plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ri
     dst = np.empty(total, dtype=np.int64)
     copies = np.zeros(total, dtype=np.int64)
     absent = 0
+    _prefetch_chunk_rows(obs_ids, next_ids, ring_rows, chunk_addr, chunk_size)
     for t in range(total):
         if t < n * k:
             fid = obs_ids[t // k, t % k]
