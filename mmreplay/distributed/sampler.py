@@ -106,6 +106,7 @@ class DistributedSampler:
                 self._note(i, reply)
         self._last_refresh = time.monotonic()
         self._planned: collections.deque = collections.deque()  # (counts, {shard: (_Call, offset)}) per batch
+        self._last_counts: list[int] | None = None
         self._updates: list = []
         self.stats = collections.Counter()
 
@@ -130,12 +131,14 @@ class DistributedSampler:
             if n:
                 rows = self._rows(lo, lo + n)
                 if i in self.local:
-                    self.local[i].sample_into(rows)
+                    self.local[i].draw_into(rows)
                 else:
                     write_part(rows, parts[i])
                 lo += n
         shard = self._shard[1]
-        shard[...] = self._shard_ids.repeat(counts)
+        if counts != self._last_counts:  # the rows' shards (one shard: the same every batch)
+            shard[...] = self._shard_ids.repeat(counts)
+            self._last_counts = counts
         if self.prioritized:
             weights = self._out.weights[1]
             weights[...] = global_weights(weights, shard, self._min, self.beta)
@@ -168,6 +171,8 @@ class DistributedSampler:
         shard now (prefetch), once for its rows of all of them. Returns per batch ``(counts, asks)``, where
         ``asks[i] = (call, offset)``: shard ``i``'s part is rows ``[offset, offset + counts[i])`` of
         ``call``'s reply."""
+        if len(self.handles) == 1 and self.local and self._sizes[0] >= self.batch_size:
+            return [([self.batch_size], {}) for _ in range(self.batches_per_call)]  # the shard on this node
         w = self._weights_of()
         total = w.sum()
         if total <= 0 or (not self.prioritized and self._sizes.sum() < self.batch_size):

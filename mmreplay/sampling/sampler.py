@@ -97,7 +97,9 @@ class Sampler:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         if seed is None and saved_state is not None:
             self.rng.bit_generator.state = saved_state  # continue the sequence the store was committed with
-        self.state = self.rng.bit_generator.state
+        # The RNG state after the last batch handed out. Without prefetch that is the RNG's own state, read
+        # when asked (copying it costs ~2 us a batch); with prefetch the RNG runs ahead, so each slot keeps it.
+        self._state: dict | None = self.rng.bit_generator.state if prefetch else None
         cuda = self.device is not None and self.device.type == "cuda"
         pin = cuda if pin_memory is None else bool(pin_memory)
         n_slots = prefetch + 2 if prefetch else 1
@@ -154,7 +156,7 @@ class Sampler:
             raise RuntimeError("sampler is closed")
         if self.prefetch == 0:  # one slot, filled in this thread: no queues
             slot = self._slots[0]
-            self._fill(slot)
+            self._fill(slot, keep_state=False)
         else:
             if self._held is not None:
                 self._free.put(self._held)
@@ -165,7 +167,7 @@ class Sampler:
                 self.close()
                 raise slot
         self._held = slot
-        self.state = slot.state_after
+        self._state = slot.state_after
         batch = slot.buffers.batch()
         if self.device is not None and self.device.type != "cpu":
             batch = batch.to(self.device, non_blocking=self._cuda)
@@ -174,23 +176,33 @@ class Sampler:
                 slot.copied.record()
         return batch
 
-    def _fill(self, slot: _Slot) -> None:
+    @property
+    def state(self) -> dict:
+        """The RNG state after the last batch handed out (what the store commits for this sampler's name)."""
+        return self.rng.bit_generator.state if self._state is None else self._state
+
+    def _fill(self, slot: _Slot, keep_state: bool = True) -> None:
         if slot.copied is not None:
             slot.copied.synchronize()  # the previous device copy from these host buffers is done
             slot.copied = None
         self._draw_into(slot.buffers)
-        slot.state_after = self.rng.bit_generator.state
+        slot.state_after = self.rng.bit_generator.state if keep_state else None
 
     def sample_into(self, buffers: BatchBuffers) -> Batch:
         """Draw the next batch of this sampler's sequence into caller-owned ``buffers`` (a ``BatchBuffers``
         of any batch size, e.g. a distributed shard's part of a batch) and return it (no prefetch)."""
+        self.draw_into(buffers)
+        return buffers.batch()
+
+    def draw_into(self, buffers: BatchBuffers) -> None:
+        """``sample_into`` without making the ``Batch`` (for callers that assemble their own from several
+        parts)."""
         if self.closed:
             raise RuntimeError("sampler is closed")
         if self.prefetch:
             raise RuntimeError("sample_into draws in the caller's thread: make the sampler with prefetch=0")
         self._draw_into(buffers)
-        self.state = self.rng.bit_generator.state
-        return buffers.batch()
+        self._state = None  # no batch drawn ahead: the RNG's own state
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
