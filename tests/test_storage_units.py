@@ -158,3 +158,25 @@ def test_the_frame_ring_tells_its_reader_every_write_and_overwrite(tmp_path):
     assert [0] in events.changed and [1] in events.changed  # the second lap gave up shards 0 and 1 first
     assert ring.oldest >= 80 - 32
     ring.close()
+
+
+def test_a_cache_with_a_slot_for_every_chunk_is_direct_mapped_and_keeps_its_invariant():
+    c = ChunkCache(50, (1, 2), np.uint8, budget_bytes=200, min_slots=8)  # 100 slots for 50 chunks
+    assert c.direct_mapped
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        missing = np.flatnonzero(c.slot_of < 0)
+        chunks = np.unique(rng.choice(missing, size=min(7, missing.size), replace=False))
+        slots = c.admit(chunks)
+        assert (slots == chunks).all()  # chunk c lives in slot c: neighbours stay neighbours
+        c.invalidate(int(rng.integers(0, 50)), int(rng.integers(0, 50)))  # overwritten ranges come and go
+        held = np.flatnonzero(c.slot_of >= 0)
+        assert (c.chunk_in[c.slot_of[held]] == held).all() and (c.slot_of[held] == held).all()
+        assert c.stats.bytes == held.size * c.chunk_nbytes and c.stats.evictions == 0
+    c.grow_address_space(400)  # an unbounded store: more chunks than slots now; slots handed out as they come
+    assert not c.direct_mapped
+    held_before = np.flatnonzero(c.slot_of >= 0)
+    slots = c.admit(np.arange(200, 260))
+    assert len(set(slots.tolist()) | set(c.slot_of[held_before].tolist())) == slots.size + held_before.size
+    held = np.flatnonzero(c.slot_of >= 0)
+    assert (c.chunk_in[c.slot_of[held]] == held).all()
