@@ -217,8 +217,23 @@ class CodecHelpers:
 _I64, _ROWS = "int64[::1]", "{0}[:, ::1]"
 
 
-@numba.njit(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, int64)", cache=True,
-            nogil=True)
+def _typed(signatures):
+    """``numba.njit`` with typed ``signatures`` (a call with other types is a ``TypeError``), compiled or
+    loaded from numba's cache at the first call rather than at import (~0.3 s a process otherwise)."""
+    def wrap(fn):
+        compiled = None
+
+        def call(*args):
+            nonlocal compiled
+            if compiled is None:
+                compiled = numba.njit(signatures, cache=True, nogil=True)(fn)
+            return compiled(*args)
+        call.__doc__ = fn.__doc__
+        return call
+    return wrap
+
+
+@_typed(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, int64)")
 def _post_decode(ctrl, src, sizes, dst, copies, status, nbytes, codec, n_helpers):  # pragma: no cover
     """Parameters of a ``decode_chunks`` job, then post it: 1 if a helper sleeps, 0 if not, -1 (nothing
     posted) if the arrays disagree in length."""
@@ -232,8 +247,8 @@ def _post_decode(ctrl, src, sizes, dst, copies, status, nbytes, codec, n_helpers
     return 1 if _post(ctrl, (total + per - 1) // per, n_helpers) else 0
 
 
-@numba.njit([f"int64(int64[::1], {_ROWS.format(t)}, int64[:, ::1], int64, boolean, {_ROWS.format(t)}, "
-             f"{_ROWS.format(t)}, int64)" for t in ("uint64", "uint8")], cache=True, nogil=True)
+@_typed([f"int64(int64[::1], {_ROWS.format(t)}, int64[:, ::1], int64, boolean, {_ROWS.format(t)}, "
+         f"{_ROWS.format(t)}, int64)" for t in ("uint64", "uint8")])
 def _post_gather(ctrl, slab, index, k, shifted, out_obs, out_next, n_helpers):  # pragma: no cover
     """Parameters of a ``gather_stacks`` job, then post it (as ``_post_decode``; -1 if shapes disagree)."""
     n, width = index.shape[0], slab.shape[1]
