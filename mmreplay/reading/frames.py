@@ -277,7 +277,7 @@ class FrameReader(FrameEvents):
         ring_rows = 0 if self.ring.unbounded else self.ring.rows
         decodes = n * (k + 1 if shifted else 2 * k)
         # The common case, every chunk held: plan and decodes in one compiled call, or the plan in one and
-        # the decodes split over the codec threads when there are many.
+        # the decodes shared with the codec helpers when there are many.
         if decodes < SHARED_MIN_DECODES or codec_helpers() is None:
             status = np.empty(decodes, dtype=np.int8)
             bad, rows = native.decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows,
