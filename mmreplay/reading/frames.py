@@ -7,7 +7,7 @@ of that batch in the cache. Each frame passes through at most three tiers:
 1. the **decoded cache** (``reading/cache.py``), a hit costs a copy;
 2. the **compressed tier** (``reading/resident.py``), whole shard files held in RAM: a miss there is
    decoded by compiled code (``reading/native.py``) with no Python per chunk and the GIL released,
-   split over the codec threads when a batch has many;
+   shared with the codec helpers when a batch has many;
 3. the **file**, chunk by chunk (``storage/sharded.py``): only when the compressed tier cannot hold the
    store, or for rows still in the writer's RAM (the staging and sealed shards, copied from there).
 
