@@ -299,10 +299,11 @@ def test_next_stacks_that_are_not_one_frame_on_are_refused(tmp_path):
     buffer.close()
 
 
-def test_a_reopened_store_continues_an_episode_exactly_or_refuses(tmp_path):
-    """A second buffer on the store (a new process, load_replay_buffer) knows the episode the store will
-    continue: the same stacks continue it; a reset stack whose frame happens to equal the store's last
-    one would be rebuilt with the old episode's frames, and is refused."""
+@pytest.mark.parametrize("how", ["reopened", "adopted"])
+def test_a_second_buffer_continues_an_episode_exactly_or_refuses(tmp_path, how):
+    """A second buffer on the store (a new process: reopened; load_replay_buffer in this one: adopted)
+    knows the episode the store will continue: the same stacks continue it; a reset stack whose frame
+    happens to equal the store's last one would be rebuilt with the old episode's frames: refused."""
     path = str(tmp_path / "resume.mmr")
     venv = make_venv(False, n_envs=1)
     first = MMReplayBuffer(1000, venv.observation_space, venv.action_space, device="cpu", path=path, frame_stack=3,
@@ -315,8 +316,9 @@ def test_a_reopened_store_continues_an_episode_exactly_or_refuses(tmp_path):
             next_obs[0] = infos[0]["terminal_observation"]
         first.add(obs, next_obs, np.array([0]), rewards, dones, infos)
         obs = new_obs
-    first.close()
-    assert mmreplay.Store.open(path, mode="r").stream_tail(0) == (2, False)
+    assert first.store.stream_tail(0) == (2, False)
+    if how == "reopened":
+        first.close()
 
     again = MMReplayBuffer(1000, venv.observation_space, venv.action_space, device="cpu", path=path,
                            frame_stack=3, channels=3)
@@ -341,6 +343,7 @@ def test_a_reopened_store_continues_an_episode_exactly_or_refuses(tmp_path):
         np.testing.assert_array_equal(o, want_obs)
         np.testing.assert_array_equal(again._layout(batch.next_obs[r:r + 1])[0].numpy(), want_next)
     again.close()
+    first.close()
 
 
 # -- the store's path: absolute, from any working directory -------------------------------------------
@@ -392,3 +395,20 @@ def test_a_model_saved_with_a_relative_path_is_an_error_elsewhere_never_an_empty
                      custom_objects={"replay_buffer_kwargs": dict(path="new.mmr", create_if_missing=True)})
     assert fresh.replay_buffer.size() == 0 and (elsewhere / "new.mmr").exists()  # asked for: an empty store
     fresh.replay_buffer.close()
+
+
+def test_store_stream_tail_names_each_streams_newest_transition_and_its_end(tmp_path):
+    path = str(tmp_path / "tails.mmr")
+    space = spaces.Box(-10, 10, (2,), np.float32)
+    with mmreplay.Store.create(path, space, spaces.Discrete(2), capacity=100) as store:
+        assert store.stream_tail(0) is None
+        obs = np.zeros((2, 2), np.float32)
+        store.extend(obs, np.array([0, 1]), np.zeros(2), obs + 1, np.array([False, True]), np.array([False, False]))
+        store.extend(obs[:1] + 1, np.array([0]), np.zeros(1), obs[:1] + 2, np.array([False]), np.array([True]),
+                     streams=[0])
+        assert store.stream_tail(0) == (2, True) and store.stream_tail(1) == (1, True)
+        store.extend(obs[:1], np.array([0]), np.zeros(1), obs[:1] + 1, np.array([False]), np.array([False]),
+                     streams=[7])
+        assert store.stream_tail(7) == (3, False) and store.stream_tail(5) is None
+    with mmreplay.Store.open(path, mode="r") as store:  # kept by the commit
+        assert [store.stream_tail(s) for s in (0, 1, 7)] == [(2, True), (1, True), (3, False)]

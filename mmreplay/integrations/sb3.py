@@ -46,6 +46,7 @@ from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 
+from mmreplay.columns.encode import cast_exact
 from mmreplay.columns.spaces import space_from_json, space_to_json
 from mmreplay.errors import StoreClosedError
 from mmreplay.sampling.batch import Batch
@@ -65,12 +66,16 @@ class _SharedStore:
     def __init__(self, store: Store):
         self.store = store
         self.buffers: weakref.WeakSet = weakref.WeakSet()  # buffers attached and not closed
+        # Frame stacks: stream -> (its last next stack's bytes in SB3's layout, whether that step ended the
+        # episode), as this process's buffers added them; a stream not here is asked of the store.
+        self.tails: dict[int, tuple[bytes, bool]] = {}
         # Commit and release the writer lock once no buffer holds the handle (or at interpreter exit).
         self._finalizer = weakref.finalize(self, _close_quietly, store)
 
     def replace(self, store: Store) -> None:
         self._finalizer.detach()
         self.store = store
+        self.tails.clear()
         self._finalizer = weakref.finalize(self, _close_quietly, store)
 
     def close(self) -> None:
@@ -148,6 +153,9 @@ class MMReplayBuffer(ReplayBuffer):
                              "for one image observation (VecFrameStack on a Box); use frame_stack=1")
         self.channels_first, self.channels = _stack_layout(observation_space, self.frame_stack, channels,
                                                            channels_order)
+        if self.frame_stack > 1:
+            self._flat_layout = _FlatStack(self.obs_shape, self.frame_stack, self.channels, self.channels_first,
+                                           np.dtype(observation_space.dtype).itemsize)
         self._frame_space = _frame_space(observation_space, self.frame_stack, self.channels_first, self.channels)
         self._open_kwargs = {} if cache_bytes is None else {"cache_bytes": int(cache_bytes)}
         self._create_kwargs = dict(reward_values=reward_values, **store_kwargs)
@@ -161,10 +169,6 @@ class MMReplayBuffer(ReplayBuffer):
         self._shared.buffers.add(self)
         self._sampler = None
         self._enough_for = 0  # the largest batch size the store is known to hold (it only grows)
-        # Per sub-env: its last next observation (a stack, SB3's layout) and whether it ended its episode;
-        # None before this buffer's first add (then the store's own episode state decides).
-        self._last_next: list[np.ndarray | None] = [None] * self.n_envs
-        self._last_done = np.ones(self.n_envs, dtype=bool)
 
     @property
     def store(self) -> Store:
@@ -210,14 +214,15 @@ class MMReplayBuffer(ReplayBuffer):
         done = np.asarray(done, dtype=bool).reshape(self.n_envs)
         action = np.asarray(action).reshape(self.n_envs, *self.store.schema.action.shape)
         if self.frame_stack > 1:
-            obs, next_obs = self._stacks(obs), self._stacks(next_obs)
+            dtype = np.dtype(self.observation_space.dtype)  # the checks compare bytes: the stored dtype's
+            obs, next_obs = (np.ascontiguousarray(cast_exact(np.asarray(x), dtype, what)).reshape(self.n_envs, -1)
+                             for x, what in ((obs, "obs"), (next_obs, "next_obs")))
             self._check_stacks(obs, next_obs)
         self.store.extend(self._newest(obs), action, np.asarray(reward, dtype=np.float32).reshape(self.n_envs),
                           self._newest(next_obs), done & ~truncated, done & truncated)
         if self.frame_stack > 1:
             for i in range(self.n_envs):
-                self._last_next[i] = next_obs[i].copy()
-            self._last_done[...] = done
+                self._shared.tails[i] = (next_obs[i].tobytes(), bool(done[i]))
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples | DictReplayBufferSamples:
         """``batch_size`` transitions drawn uniformly with replacement (like SB3), also while the buffer
@@ -357,46 +362,40 @@ class MMReplayBuffer(ReplayBuffer):
             return {k: np.asarray(v).reshape(self.n_envs, *self._frame_space[k].shape) for k, v in obs.items()}
         if self.frame_stack == 1:
             return np.asarray(obs).reshape(self.n_envs, *self._frame_space.shape)
-        return obs[:, -1]  # obs are (n_envs, k, *frame) stacks here
+        return self._stacks(obs)[:, -1]
 
     def _check_stacks(self, obs: np.ndarray, next_obs: np.ndarray) -> None:
         """Refuse (before anything is stored) stacks the store would not rebuild bit for bit: a stack must
         be the previous next stack when the store continues the episode (same newest frame, episode not
-        ended), else zeros before its newest frame; a next stack is the stack shifted by one frame."""
+        ended), else zeros before its newest frame; a next stack is the stack shifted by one frame.
+        ``obs``/``next_obs``: ``(n_envs, -1)`` bytes of the stacks in SB3's layout."""
+        layout = self._flat_layout
         for i in range(self.n_envs):
-            if self._continues(i, obs[i]):
-                if not np.array_equal(obs[i], self._last_next[i]):
+            tail = self._shared.tails.get(i) or self._store_tail(i)
+            continued = tail is not None and not tail[1]
+            if not (continued and obs[i].tobytes() == tail[0]):  # (the usual step: one memcmp)
+                if continued and layout.same_newest(obs[i], np.frombuffer(tail[0], np.uint8)):
                     self._refuse(i, "differs from the previous step's next observation although its newest "
                                     "frame is the same and the episode did not end")
-            elif np.any(obs[i][:-1]):
-                self._refuse(i, f"starts an episode but its {self.frame_stack - 1} older frames are not all "
-                                "zero (VecFrameStack pads with zeros)")
-            if not np.array_equal(next_obs[i][:-1], obs[i][1:]):
+                if not layout.padded(obs[i]):
+                    self._refuse(i, f"starts an episode but its {self.frame_stack - 1} older frames are not "
+                                    "all zero (VecFrameStack pads with zeros)")
+            if not layout.one_frame_on(obs[i], next_obs[i]):
                 self._refuse(i, "and its next observation are not one frame apart (the next stack must be the "
                                 "stack without its oldest frame, then the new frame)")
 
-    def _continues(self, i: int, stack: np.ndarray) -> bool:
-        """Does the store continue sub-env ``i``'s episode with this stack (see Streams)?"""
-        last = self._last_next[i]
-        if last is None:
-            last = self._store_last_next(i)
-        elif self._last_done[i]:
-            return False
-        return last is not None and np.array_equal(stack[-1], last[-1])
-
-    def _store_last_next(self, i: int) -> np.ndarray | None:
-        """Before this buffer's first add: the stack after stream ``i``'s newest transition, if the store
-        would continue that episode (a reopened store), else None."""
+    def _store_tail(self, i: int) -> tuple[bytes, bool] | None:
+        """Stream ``i``'s last next stack and end flag as the store holds them (a reopened store), or None
+        when the store would start a new episode whatever comes."""
         tail = self.store.stream_tail(i)
         if tail is None or tail[1]:
             return None
         try:
-            stack = self.store.get([tail[0]]).next_obs
+            stack = self.store.get([tail[0]]).next_obs  # zero-padded as sampled
         except IndexError:  # its frames were overwritten since: the store starts a new episode
             return None
-        last = self._layout(stack)[0].numpy()
-        self._last_next[i], self._last_done[i] = self._stacks(last[None])[0].copy(), False
-        return self._last_next[i]
+        self._shared.tails[i] = (self._layout(stack).numpy().tobytes(), False)
+        return self._shared.tails[i]
 
     def _refuse(self, i: int, what: str) -> None:
         raise ValueError(
@@ -546,6 +545,39 @@ def _frame_channel_axis(shape: tuple[int, ...], k: int, axis: int) -> int:
     frame = list(shape)
     frame[axis] //= k
     return 0 if int(np.argmin(frame)) == 0 else 2
+
+
+class _FlatStack:
+    """Where the frames of a stack in SB3's layout lie in its flat bytes: channels first, frame ``j`` is
+    bytes ``[j*f, (j+1)*f)``; channels last, pixel ``p``'s ``k*c`` values are consecutive and frame ``j``
+    holds ``[p*K + j*c, p*K + (j+1)*c)``. Either way the next stack is the stack ``s`` bytes on (one frame,
+    or one frame's channels), which makes the checks contiguous compares."""
+
+    def __init__(self, shape: tuple[int, ...], k: int, c: int, channels_first: bool, itemsize: int):
+        n = int(np.prod(shape)) * itemsize
+        row = n if channels_first else shape[-1] * itemsize  # bytes holding all k frames' channels
+        self.shift = row // k  # bytes from one frame's value to the next frame's
+        older = np.arange(n) % row < row - self.shift  # bytes of the k-1 older frames
+        self.all_older = bool(channels_first)
+        self.older = older.view(np.uint8) * np.uint8(255)  # a byte mask
+        self.newest = ~older
+        self.ignored = ~older[: n - self.shift]  # next-stack bytes of the new frame: nothing to compare
+
+    def padded(self, x: np.ndarray) -> bool:
+        """Are the older frames all zero (VecFrameStack's padding at an episode start)?"""
+        x = x.view(np.uint8)
+        return not (x[: x.size - self.shift].any() if self.all_older else (x & self.older).any())
+
+    def one_frame_on(self, x: np.ndarray, nxt: np.ndarray) -> bool:
+        """Is ``nxt``'s every older frame ``x``'s next frame?"""
+        x, nxt, s = x.view(np.uint8), nxt.view(np.uint8), self.shift
+        if self.all_older:
+            return nxt[: nxt.size - s].tobytes() == x[s:].tobytes()
+        return bool(((nxt[: nxt.size - s] == x[s:]) | self.ignored).all())
+
+    def same_newest(self, x: np.ndarray, y: np.ndarray) -> bool:
+        x, y = x.view(np.uint8), y.view(np.uint8)
+        return bool(np.array_equal(x[self.newest], y[self.newest]))
 
 
 def _model_being_set_up(buffer: MMReplayBuffer) -> OffPolicyAlgorithm | None:
