@@ -412,3 +412,20 @@ def test_store_stream_tail_names_each_streams_newest_transition_and_its_end(tmp_
         assert store.stream_tail(7) == (3, False) and store.stream_tail(5) is None
     with mmreplay.Store.open(path, mode="r") as store:  # kept by the commit
         assert [store.stream_tail(s) for s in (0, 1, 7)] == [(2, True), (1, True), (3, False)]
+
+
+def test_a_buffer_file_written_before_channels_existed_still_loads_as_grey_stacks(tmp_path):
+    import json
+
+    from mmreplay.integrations.sb3 import load_replay_buffer
+
+    b = MMReplayBuffer(100, box((SIZE, SIZE, 3)), spaces.Discrete(3), device="cpu", path=str(tmp_path / "g.mmr"),
+                       frame_stack=3, channels=1)
+    old = {k: v for k, v in b.settings().items() if k not in ("channels", "channels_order")}
+    b.close()
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    model = small_dqn(gym.make("CartPole-v1"), str(tmp_path / "cp.mmr"))
+    loaded = load_replay_buffer(model, tmp_path / "old.json")  # grey frames, as that mmreplay stored them
+    assert (loaded.channels, loaded.frame_stack) == (1, 3) and loaded.store.observation_space.shape == (SIZE, SIZE)
+    loaded.close()
+    model.replay_buffer.close()
