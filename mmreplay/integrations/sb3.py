@@ -280,8 +280,8 @@ class MMReplayBuffer(ReplayBuffer):
                 "action_space": space_to_json(self.action_space), "n_envs": int(self.n_envs),
                 "handle_timeout_termination": bool(self.handle_timeout_termination),
                 "frame_stack": self.frame_stack, "channels": self.channels,
-                "channels_order": "first" if self.channels_first else "last", "n_steps": self.n_steps, "gamma": self.gamma,
-                "device": str(self.device), **self._open_kwargs}
+                "channels_order": "first" if self.channels_first else "last", "n_steps": self.n_steps,
+                "gamma": self.gamma, "device": str(self.device), **self._open_kwargs}
 
     def __reduce__(self):
         self.store.flush()  # saving the buffer = committing the store
