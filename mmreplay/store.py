@@ -395,6 +395,16 @@ class Store:
         """``(oldest, head)``: valid global ids lie in this range (a few near ``oldest`` may not be)."""
         return self._locked(lambda: (self._state.ring.oldest, self._state.ring.head))
 
+    def stream_tail(self, stream: int) -> tuple[int, bool] | None:
+        """``(id, ended)``: the global id of stream ``stream``'s newest transition still held and whether it
+        ended its episode, or None. The stream's next add continues that episode iff it did not end and the
+        observation equals that transition's next observation (``get([id]).next_obs``)."""
+        def read():
+            streams, sid = self._state.streams, int(stream)
+            last = streams.last.get(sid, -1)
+            return None if last < self._state.ring.oldest else (last, streams.ended.get(sid, True))
+        return self._locked(read)
+
     def read_column(self, name: str, lo: int, hi: int) -> np.ndarray:
         """The stored values of transition column ``name`` (``action``, ``reward``, an extra, or
         ``terminated``/``truncated`` as bools) for transitions ``lo <= g < hi`` (within ``valid_range()``)."""

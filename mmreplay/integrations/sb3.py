@@ -9,7 +9,17 @@ Invariants:
   ``sample`` returns ``dones`` = terminated (with ``handle_timeout_termination``, SB3's default) or
   terminated | truncated — of the window's last step with n-step returns, with ``discounts`` = gamma**m.
 - With ``frame_stack=k`` (``VecFrameStack``) only the newest frame of each stacked observation is stored
-  and stacks are rebuilt at sample time, zero-padded at episode starts as ``VecFrameStack`` does.
+  — ``channels`` channels of the stacked axis, the first (``(k*c, H, W)``) or the last (``(H, W, k*c)``)
+  — and stacks are rebuilt at sample time, zero-padded at episode starts, and laid out as
+  ``VecFrameStack`` lays them out (oldest frame's channels first). A space whose stacking is ambiguous
+  (``(84, 84, 3)``: one RGB frame or three grey ones?) is refused at construction; every ``add`` is
+  checked to be exactly what the store will rebuild (the stack continues the previous step's next
+  stack, or is zero-padded at an episode start; next stacks shift by one frame) before anything is
+  stored. So a sampled observation is, bit for bit, the one the policy saw, or ``add`` raised.
+- The store's path is absolute from construction; a buffer made by an SB3 algorithm writes it back into
+  the model's ``replay_buffer_kwargs``, so ``model.save`` records it and ``DQN.load`` from any directory
+  reopens the same store. A model that has trained (``num_timesteps > 0``) whose store is missing is an
+  error naming the path, never a new empty buffer (unless ``create_if_missing=True``).
 - One open ``Store`` per directory in this process: every buffer made for the same ``path`` (``DQN.load``,
   ``load_replay_buffer``, a copy) adopts it instead of reopening it (a second writer would hit the store's
   writer lock). The store is committed when a buffer is saved (``save_replay_buffer``, pickling), when
@@ -24,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import weakref
 from dataclasses import fields
 from typing import Any
@@ -32,8 +43,10 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 
+from mmreplay.columns.encode import cast_exact
 from mmreplay.columns.spaces import space_from_json, space_to_json
 from mmreplay.errors import StoreClosedError
 from mmreplay.sampling.batch import Batch
@@ -53,12 +66,16 @@ class _SharedStore:
     def __init__(self, store: Store):
         self.store = store
         self.buffers: weakref.WeakSet = weakref.WeakSet()  # buffers attached and not closed
+        # Frame stacks: stream -> (its last next stack's bytes in SB3's layout, whether that step ended the
+        # episode), as this process's buffers added them; a stream not here is asked of the store.
+        self.tails: dict[int, tuple[bytes, bool]] = {}
         # Commit and release the writer lock once no buffer holds the handle (or at interpreter exit).
         self._finalizer = weakref.finalize(self, _close_quietly, store)
 
     def replace(self, store: Store) -> None:
         self._finalizer.detach()
         self.store = store
+        self.tails.clear()
         self._finalizer = weakref.finalize(self, _close_quietly, store)
 
     def close(self) -> None:
@@ -97,8 +114,12 @@ class MMReplayBuffer(ReplayBuffer):
 
     ``n_steps``/``gamma``: n-step returns computed by the store at sample time (SB3 >= 2.7 passes them
     only to its own buffer class, so give them in ``replay_buffer_kwargs``). ``frame_stack``: the
-    observations are ``VecFrameStack`` stacks of ``k`` frames. Other keyword arguments go to
-    ``Store.create`` (``reward_values``, ``frame_codec``, ``commit_every``, ...).
+    observations are ``VecFrameStack`` stacks of ``k`` frames of ``channels`` channels each (inferred as
+    the stacked axis's length / ``k`` unless ambiguous; 3 for RGB), stacked on the first or last axis
+    (``channels_order``, inferred unless both fit). ``create_if_missing``: None creates a missing store
+    unless the buffer is made for a model that has already trained (``DQN.load``: the store must exist);
+    True always creates, False never. Other keyword arguments go to ``Store.create``
+    (``reward_values``, ``frame_codec``, ``commit_every``, ...).
 
     What users must know: the buffer lives on disk and survives the process (pickling the buffer, as SB3's
     ``save_replay_buffer`` does, only commits the store and records its path); ``sample`` draws uniformly
@@ -108,8 +129,9 @@ class MMReplayBuffer(ReplayBuffer):
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: torch.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, path: str | os.PathLike, frame_stack: int = 1,
-                 n_steps: int = 1, gamma: float = 0.99, reward_values=None, cache_bytes: int | None = None,
-                 **store_kwargs: Any):
+                 channels: int | None = None, channels_order: str | None = None, n_steps: int = 1,
+                 gamma: float = 0.99, reward_values=None, cache_bytes: int | None = None,
+                 create_if_missing: bool | None = None, **store_kwargs: Any):
         her = sorted(set(store_kwargs) & set(HER_KWARGS))
         if her:
             raise NotImplementedError(
@@ -120,7 +142,7 @@ class MMReplayBuffer(ReplayBuffer):
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.optimize_memory_usage = False  # frames are stored once anyway
         self.handle_timeout_termination = handle_timeout_termination
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(os.fspath(path))  # DQN.load may run from another directory
         self.frame_stack = int(frame_stack)
         self.n_steps, self.gamma = check_nstep(n_steps, gamma, name="n_steps")
         if self.n_steps > 1 and "discounts" not in ReplayBufferSamples._fields:
@@ -129,11 +151,20 @@ class MMReplayBuffer(ReplayBuffer):
         if self.frame_stack > 1 and isinstance(observation_space, spaces.Dict):
             raise ValueError(f"frame_stack={self.frame_stack} with a Dict observation space: stacks are rebuilt "
                              "for one image observation (VecFrameStack on a Box); use frame_stack=1")
-        self.stack_axis = _stack_axis(observation_space, self.frame_stack)
-        self._frame_space = _frame_space(observation_space, self.frame_stack, self.stack_axis)
+        self.channels_first, self.channels = _stack_layout(observation_space, self.frame_stack, channels,
+                                                           channels_order)
+        if self.frame_stack > 1:
+            self._flat_layout = _FlatStack(self.obs_shape, self.frame_stack, self.channels, self.channels_first,
+                                           np.dtype(observation_space.dtype).itemsize)
+        self._frame_space = _frame_space(observation_space, self.frame_stack, self.channels_first, self.channels)
         self._open_kwargs = {} if cache_bytes is None else {"cache_bytes": int(cache_bytes)}
         self._create_kwargs = dict(reward_values=reward_values, **store_kwargs)
-        self._shared = _adopt(self.path) or self._open_or_create()
+        model = _model_being_set_up(self)
+        if model is not None:  # what model.save records: the store's absolute path, not the caller's cwd
+            model.replay_buffer_kwargs = {**model.replay_buffer_kwargs, "path": self.path}
+        if create_if_missing is None:
+            create_if_missing = model is None or model.num_timesteps == 0
+        self._shared = _adopt(self.path) or self._open_or_create(os.fspath(path), bool(create_if_missing))
         self._check_matches(self.store)
         self._shared.buffers.add(self)
         self._sampler = None
@@ -143,9 +174,17 @@ class MMReplayBuffer(ReplayBuffer):
     def store(self) -> Store:
         return self._shared.store
 
-    def _open_or_create(self) -> _SharedStore:
+    def _open_or_create(self, given: str, create: bool) -> _SharedStore:
         if os.path.exists(os.path.join(self.path, "zarr.json")):
             store = Store.open(self.path, **self._open_kwargs)
+        elif not create:
+            raise FileNotFoundError(
+                f"no replay store at {self.path!r} (path={given!r}, working directory {os.getcwd()!r}): the model "
+                "has trained with a store that is not there (moved or deleted, or a relative path saved by an "
+                "older mmreplay and loaded from another directory). A trained model never gets a new empty "
+                "buffer in its place: load it from the training directory, or pass the store's absolute path "
+                "with custom_objects={'replay_buffer_kwargs': {..., 'path': ...}}; to start an empty store on "
+                "purpose add 'create_if_missing': True")
         else:
             store = Store.create(self.path, self._frame_space, self.action_space, capacity=self.buffer_size,
                                  frame_stack=self.frame_stack,
@@ -160,6 +199,10 @@ class MMReplayBuffer(ReplayBuffer):
             raise ValueError(f"store {self.path!r} holds {store.observation_space} with frame_stack "
                              f"{store.frame_stack}; this buffer needs {self._frame_space} with frame_stack "
                              f"{self.frame_stack}")
+        if self.frame_stack > 1 and store.schema.stack_padding != "zeros":
+            raise ValueError(f"store {self.path!r} pads stacks with {store.schema.stack_padding!r}; VecFrameStack "
+                             "pads with zeros, so its stacks would differ from what the policy saw at episode "
+                             "starts: use a store made with stack_padding='zeros'")
         if store.action_space != self.action_space:
             raise ValueError(f"store {self.path!r} holds actions of {store.action_space}; this buffer needs "
                              f"{self.action_space}")
@@ -170,8 +213,16 @@ class MMReplayBuffer(ReplayBuffer):
         truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
         done = np.asarray(done, dtype=bool).reshape(self.n_envs)
         action = np.asarray(action).reshape(self.n_envs, *self.store.schema.action.shape)
+        if self.frame_stack > 1:
+            dtype = np.dtype(self.observation_space.dtype)  # the checks compare bytes: the stored dtype's
+            obs, next_obs = (np.ascontiguousarray(cast_exact(np.asarray(x), dtype, what)).reshape(self.n_envs, -1)
+                             for x, what in ((obs, "obs"), (next_obs, "next_obs")))
+            self._check_stacks(obs, next_obs)
         self.store.extend(self._newest(obs), action, np.asarray(reward, dtype=np.float32).reshape(self.n_envs),
                           self._newest(next_obs), done & ~truncated, done & truncated)
+        if self.frame_stack > 1:
+            for i in range(self.n_envs):
+                self._shared.tails[i] = (next_obs[i].tobytes(), bool(done[i]))
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples | DictReplayBufferSamples:
         """``batch_size`` transitions drawn uniformly with replacement (like SB3), also while the buffer
@@ -228,8 +279,9 @@ class MMReplayBuffer(ReplayBuffer):
                 "buffer_size": int(self.buffer_size), "observation_space": space_to_json(self.observation_space),
                 "action_space": space_to_json(self.action_space), "n_envs": int(self.n_envs),
                 "handle_timeout_termination": bool(self.handle_timeout_termination),
-                "frame_stack": self.frame_stack, "n_steps": self.n_steps, "gamma": self.gamma,
-                "device": str(self.device), **self._open_kwargs}
+                "frame_stack": self.frame_stack, "channels": self.channels,
+                "channels_order": "first" if self.channels_first else "last", "n_steps": self.n_steps,
+                "gamma": self.gamma, "device": str(self.device), **self._open_kwargs}
 
     def __reduce__(self):
         self.store.flush()  # saving the buffer = committing the store
@@ -293,18 +345,76 @@ class MMReplayBuffer(ReplayBuffer):
         return torch.as_tensor(self._normalize_obs(obs.numpy(), env))
 
     # -- frame stacks -------------------------------------------------------------------------------
+    # A stack in SB3's layout is viewed as (k, *frame): channels first, (k*c, H, W) is (k, c, H, W) as it
+    # is; channels last, (H, W, k*c) is (H, W, k, c) with the k axis moved to the front. Single-channel
+    # frames are (H, W), as the store has always held them.
+    def _stacks(self, obs) -> np.ndarray:
+        """Stacks ``(n, *obs_shape)`` as ``(n, k, *frame)`` views."""
+        obs = np.asarray(obs).reshape(-1, *self.obs_shape)
+        k, c = self.frame_stack, self.channels
+        if self.channels_first:
+            return obs.reshape(obs.shape[0], k, *((c,) if c > 1 else ()), *obs.shape[2:])
+        frames = np.moveaxis(obs.reshape(*obs.shape[:-1], k, c), -2, 1)  # (n, k, H, W, c)
+        return frames if c > 1 else frames[..., 0]
+
     def _newest(self, obs):
         if isinstance(obs, dict):
             return {k: np.asarray(v).reshape(self.n_envs, *self._frame_space[k].shape) for k, v in obs.items()}
-        obs = np.asarray(obs)
         if self.frame_stack == 1:
-            return obs.reshape(self.n_envs, *self._frame_space.shape)
-        return obs[:, -1] if self.stack_axis == 0 else obs[..., -1]
+            return np.asarray(obs).reshape(self.n_envs, *self._frame_space.shape)
+        return self._stacks(obs)[:, -1]
+
+    def _check_stacks(self, obs: np.ndarray, next_obs: np.ndarray) -> None:
+        """Refuse (before anything is stored) stacks the store would not rebuild bit for bit: a stack must
+        be the previous next stack when the store continues the episode (same newest frame, episode not
+        ended), else zeros before its newest frame; a next stack is the stack shifted by one frame.
+        ``obs``/``next_obs``: ``(n_envs, -1)`` bytes of the stacks in SB3's layout."""
+        layout = self._flat_layout
+        for i in range(self.n_envs):
+            tail = self._shared.tails.get(i) or self._store_tail(i)
+            continued = tail is not None and not tail[1]
+            if not (continued and obs[i].tobytes() == tail[0]):  # (the usual step: one memcmp)
+                if continued and layout.same_newest(obs[i], np.frombuffer(tail[0], np.uint8)):
+                    self._refuse(i, "differs from the previous step's next observation although its newest "
+                                    "frame is the same and the episode did not end")
+                if not layout.padded(obs[i]):
+                    self._refuse(i, f"starts an episode but its {self.frame_stack - 1} older frames are not "
+                                    "all zero (VecFrameStack pads with zeros)")
+            if not layout.one_frame_on(obs[i], next_obs[i]):
+                self._refuse(i, "and its next observation are not one frame apart (the next stack must be the "
+                                "stack without its oldest frame, then the new frame)")
+
+    def _store_tail(self, i: int) -> tuple[bytes, bool] | None:
+        """Stream ``i``'s last next stack and end flag as the store holds them (a reopened store), or None
+        when the store would start a new episode whatever comes."""
+        tail = self.store.stream_tail(i)
+        if tail is None or tail[1]:
+            return None
+        try:
+            stack = self.store.get([tail[0]]).next_obs  # zero-padded as sampled
+        except IndexError:  # its frames were overwritten since: the store starts a new episode
+            return None
+        self._shared.tails[i] = (self._layout(stack).numpy().tobytes(), False)
+        return self._shared.tails[i]
+
+    def _refuse(self, i: int, what: str) -> None:
+        raise ValueError(
+            f"add: the observation of sub-env {i} {what}; it is not a VecFrameStack stack of {self.frame_stack} "
+            f"frames of {self.channels} channel(s) stacked on the {'first' if self.channels_first else 'last'} axis "
+            f"of {self.obs_shape}, so the store could not return it as the policy saw it (nothing was stored). "
+            "Without VecFrameStack pass frame_stack=1; with VecFrameStack(n_stack=n) on frames of c channels "
+            "pass frame_stack=n, channels=c")
 
     def _layout(self, stacked: torch.Tensor) -> torch.Tensor:
-        if self.frame_stack == 1 or self.stack_axis == 0:
+        """``(B, k, *frame)`` stacks from the store in SB3's layout: the frames' channels concatenated,
+        oldest first, on the first axis ``(B, k*c, H, W)`` or the last ``(B, H, W, k*c)``."""
+        if self.frame_stack == 1:
             return stacked
-        return stacked.movedim(1, -1)  # (B, k, H, W) -> (B, H, W, k): VecFrameStack's channel-last order
+        b = stacked.shape[0]
+        if self.channels_first:
+            return stacked.reshape(b, -1, *stacked.shape[-2:])
+        frames = stacked if self.channels > 1 else stacked.unsqueeze(-1)  # (B, k, H, W, c)
+        return frames.movedim(1, -2).reshape(b, *frames.shape[2:-1], -1)
 
 
 # -- saving and loading without pickle -----------------------------------------------------------------
@@ -323,7 +433,10 @@ def _buffer_from_json(text: str) -> MMReplayBuffer:
     return MMReplayBuffer(s["buffer_size"], space_from_json(s["observation_space"]),
                           space_from_json(s["action_space"]), s["device"], s["n_envs"], False,
                           s["handle_timeout_termination"], path=s["path"], frame_stack=s["frame_stack"],
-                          n_steps=s["n_steps"], gamma=s["gamma"], cache_bytes=s.get("cache_bytes"))
+                          # files written before `channels` existed: single-channel frames, as then
+                          channels=s.get("channels", 1) if s["frame_stack"] > 1 else None,
+                          channels_order=s.get("channels_order"), n_steps=s["n_steps"], gamma=s["gamma"],
+                          cache_bytes=s.get("cache_bytes"))
 
 
 def save_replay_buffer(model, path: str | os.PathLike) -> str:
@@ -379,26 +492,123 @@ def _one_int(space: spaces.Discrete) -> spaces.Box:
     return spaces.Box(start, start + int(space.n) - 1, (1,), np.int64)
 
 
-def _stack_axis(space: spaces.Space, k: int) -> int:
+def _stack_layout(space: spaces.Space, k: int, channels: int | None,
+                  channels_order: str | None) -> tuple[bool, int]:
+    """``(channels_first, channels)`` of ``VecFrameStack(n_stack=k)`` observations ``space``: which axis
+    holds the ``k * channels`` stacked channels. Refuses what cannot be mapped exactly, or only by a guess."""
+    if channels_order not in (None, "first", "last"):
+        raise ValueError(f"channels_order must be 'first', 'last' or None (inferred), got {channels_order!r}")
     if k == 1:
-        return 0
+        if channels is not None:
+            raise ValueError(f"channels={channels} with frame_stack=1: channels describe the frames of a "
+                             "VecFrameStack stack; without frame_stack the observation is stored whole")
+        return True, 1
     if not isinstance(space, spaces.Box) or len(space.shape) != 3:
-        raise ValueError(f"frame_stack={k} needs a stacked image Box observation (k, H, W) or (H, W, k), got {space}")
-    if space.shape[0] == k:
-        return 0
-    if space.shape[-1] == k:
-        return -1
-    raise ValueError(f"frame_stack={k} but no axis of the observation shape {space.shape} has length {k}")
+        raise ValueError(f"frame_stack={k} needs a stacked image Box observation (k*c, H, W) or (H, W, k*c), "
+                         f"got {space}")
+    if channels is not None and (isinstance(channels, bool) or int(channels) != channels or channels < 1):
+        raise ValueError(f"channels must be a positive integer (channels per frame: 1 grey, 3 RGB), got {channels!r}")
+    fits = [axis for axis in (0, 2) if channels_order in (None, ("first", None, "last")[axis])
+            and space.shape[axis] % k == 0 and (channels is None or space.shape[axis] == k * channels)]
+    what = f"frame_stack={k}" + ("" if channels is None else f", channels={channels}")
+    if not fits:
+        where = {None: "the first or the last axis", "first": "the first axis", "last": "the last axis"}[channels_order]
+        raise ValueError(f"{what}: {where} of the observation shape {space.shape} must hold the stacked channels, "
+                         f"k*c of them (VecFrameStack(n_stack=k) on frames of c channels); pass frame_stack=n_stack "
+                         "and channels=c (3 for RGB) of the VecFrameStack that made these observations")
+    if len(fits) == 2:
+        # Keep the axes VecFrameStack itself would have stacked on (its image test: the frame's smallest axis
+        # holds the channels), then those that make grey or RGB frames: (84, 84, 4) is 4 grey frames, not
+        # frames of (21, 84, 4).
+        fits = [axis for axis in fits if _frame_channel_axis(space.shape, k, axis) == axis] or fits
+        if len(fits) == 2:
+            fits = [axis for axis in fits if space.shape[axis] // k in (1, 3)] or fits
+        if len(fits) != 1:
+            raise ValueError(f"{what}: both the first and the last axis of {space.shape} could hold the stacked "
+                             "channels; pass channels=c (3 for RGB) and channels_order='first' or 'last' "
+                             "(VecFrameStack's channels_order)")
+    axis = fits[0]
+    length = space.shape[axis]
+    if channels is None and length % 3 == 0 and (length // k) % 3 != 0:
+        # a colour frame's 3 channels would be split across frames: grey stacks and RGB look alike
+        hint = ("one RGB frame (no VecFrameStack): pass frame_stack=1" if length == 3 else
+                f"VecFrameStack(n_stack={length // 3}) of RGB frames: pass frame_stack={length // 3}, channels=3")
+        raise ValueError(f"frame_stack={k}: the observation shape {space.shape} looks like {hint}; if it really "
+                         f"is VecFrameStack(n_stack={k}) of frames of {length // k} channel(s), pass "
+                         f"channels={length // k}")
+    return axis == 0, length // k
 
 
-def _frame_space(space: spaces.Space, k: int, axis: int) -> spaces.Space:
-    """What the store holds per step: the newest frame of a stack; a Dict's Discrete keys as SB3 shapes
-    them, ``(1,)`` integers (mmreplay's vector ``extend`` does not take scalar-shaped Dict keys)."""
+def _frame_channel_axis(shape: tuple[int, ...], k: int, axis: int) -> int:
+    """The channel axis VecFrameStack finds in the frame that ``shape`` implies (its ``axis`` divided by
+    ``k``): its test for images, the smallest axis (0 if first, else 2, the last)."""
+    frame = list(shape)
+    frame[axis] //= k
+    return 0 if int(np.argmin(frame)) == 0 else 2
+
+
+class _FlatStack:
+    """Where the frames of a stack in SB3's layout lie in its flat bytes: channels first, frame ``j`` is
+    bytes ``[j*f, (j+1)*f)``; channels last, pixel ``p``'s ``k*c`` values are consecutive and frame ``j``
+    holds ``[p*K + j*c, p*K + (j+1)*c)``. Either way the next stack is the stack ``s`` bytes on (one frame,
+    or one frame's channels), which makes the checks contiguous compares."""
+
+    def __init__(self, shape: tuple[int, ...], k: int, c: int, channels_first: bool, itemsize: int):
+        n = int(np.prod(shape)) * itemsize
+        row = n if channels_first else shape[-1] * itemsize  # bytes holding all k frames' channels
+        self.shift = row // k  # bytes from one frame's value to the next frame's
+        older = np.arange(n) % row < row - self.shift  # bytes of the k-1 older frames
+        self.all_older = bool(channels_first)
+        self.older = older.view(np.uint8) * np.uint8(255)  # a byte mask
+        self.newest = ~older
+        self.ignored = ~older[: n - self.shift]  # next-stack bytes of the new frame: nothing to compare
+
+    def padded(self, x: np.ndarray) -> bool:
+        """Are the older frames all zero (VecFrameStack's padding at an episode start)?"""
+        x = x.view(np.uint8)
+        return not (x[: x.size - self.shift].any() if self.all_older else (x & self.older).any())
+
+    def one_frame_on(self, x: np.ndarray, nxt: np.ndarray) -> bool:
+        """Is ``nxt``'s every older frame ``x``'s next frame?"""
+        x, nxt, s = x.view(np.uint8), nxt.view(np.uint8), self.shift
+        if self.all_older:
+            return nxt[: nxt.size - s].tobytes() == x[s:].tobytes()
+        return bool(((nxt[: nxt.size - s] == x[s:]) | self.ignored).all())
+
+    def same_newest(self, x: np.ndarray, y: np.ndarray) -> bool:
+        x, y = x.view(np.uint8), y.view(np.uint8)
+        return bool(np.array_equal(x[self.newest], y[self.newest]))
+
+
+def _model_being_set_up(buffer: MMReplayBuffer) -> OffPolicyAlgorithm | None:
+    """The SB3 algorithm whose ``_setup_model`` is making ``buffer``, if any. SB3 hands a buffer no
+    reference to its model, and the model's ``replay_buffer_kwargs`` are what ``model.save`` records and
+    ``DQN.load`` builds the buffer from again: the caller's frame is the one place to find it."""
+    frame = sys._getframe(1)
+    for _ in range(8):  # __init__ of subclasses of MMReplayBuffer in between
+        frame = frame.f_back
+        if frame is None:
+            return None
+        model = frame.f_locals.get("self")
+        if (isinstance(model, OffPolicyAlgorithm) and frame.f_code.co_name == "_setup_model"
+                and model.replay_buffer is None and isinstance(model.replay_buffer_kwargs, dict)):
+            return model
+    return None
+
+
+def _frame_space(space: spaces.Space, k: int, channels_first: bool, channels: int) -> spaces.Space:
+    """What the store holds per step: one frame of a stack (``(H, W)`` for one channel, else ``(c, H, W)``
+    or ``(H, W, c)``); a Dict's Discrete keys as SB3 shapes them, ``(1,)`` integers (mmreplay's vector
+    ``extend`` does not take scalar-shaped Dict keys)."""
     if isinstance(space, spaces.Dict):
         return spaces.Dict({key: _one_int(sub) if isinstance(sub, spaces.Discrete) else sub
                             for key, sub in space.spaces.items()})
     if k == 1:
         return space
-    low = space.low[0] if axis == 0 else space.low[..., 0]
-    high = space.high[0] if axis == 0 else space.high[..., 0]
+    # VecFrameStack's bounds are np.repeat(frame_bounds, k, axis): each channel's bound k times in a row.
+    axis = 0 if channels_first else -1
+    every_kth = np.arange(0, k * channels, k)
+    low, high = (np.take(b, every_kth, axis=axis) for b in (space.low, space.high))
+    if channels == 1:
+        low, high = (np.take(b, 0, axis=axis) for b in (low, high))
     return spaces.Box(low, high, dtype=space.dtype)
