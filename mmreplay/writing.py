@@ -2,6 +2,8 @@
 
 Invariants (see ``Store`` for the whole picture):
 - Validation happens before anything is stored: bad input raises ``ValueError`` and changes nothing.
+  There is one validation, the column encoders' (``columns/encode.py``), for ``add`` and ``extend`` alike:
+  the single-add fast path only takes what their ``scalar_code`` screen says ``encode`` would store.
 - A transition continues its stream's episode (its observation is not stored again and its frame stack
   reaches back) iff the stream's episode has not ended and the observation equals, bit for bit, the
   stream's previous next observation; otherwise it starts an episode.

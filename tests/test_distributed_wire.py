@@ -289,7 +289,8 @@ MALFORMED = {  # kind: (payloads it applies to: "plain", "lz4" or both (None), m
     "float streams": (None, lambda p: p.update(streams=p["streams"] + 0.5), r"'streams': expected a numpy array"),
     "object column": (None, lambda p: p.update(reward=p["reward"].astype(object)), r"'reward': .* dtype object"),
     "obs keys differ": (None, lambda p: p["obs"].update(other=p["obs"]["obs"]), r"'obs' and 'next_obs'"),
-    "obs of another dtype taken from next_obs": ("plain", lambda p: p["obs"].update(obs=p["obs"]["obs"].astype(np.int16)),
+    "obs of another dtype taken from next_obs": ("plain",
+                                                 lambda p: p["obs"].update(obs=p["obs"]["obs"].astype(np.int16)),
                                                  r"observations 'obs': obs \(int16\) taken from next_obs \(uint8\)"),
     "n a bool": (None, lambda p: p.update(n=True), r"'n': expected a row count"),
 }

@@ -186,17 +186,13 @@ def cast_exact(arr: np.ndarray, dtype: np.dtype, name: str, expected: str | None
         return arr
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"column {name!r}: expected numbers of dtype {dtype}, got dtype {arr.dtype}")
-    info = np.iinfo(dtype) if dtype.kind in "iu" else None
-    expected = expected or (f"integers in [{info.min}, {info.max}]" if info else "0/1 or True/False")
     if dtype.kind in "biu":
         if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-            bad = arr.ravel()[~np.isfinite(arr.ravel())][0].item()
-            raise ValueError(f"column {name!r}: value {bad!r} does not fit dtype {dtype} (expected {expected})")
+            _raise_unfit(arr.ravel()[~np.isfinite(arr.ravel())][0], dtype, name, expected)
         with np.errstate(invalid="ignore", over="ignore"):
             cast = arr.astype(dtype)
         if not np.array_equal(cast, arr):
-            bad = arr.ravel()[(cast != arr).ravel()][0].item()
-            raise ValueError(f"column {name!r}: value {bad!r} does not fit dtype {dtype} (expected {expected})")
+            _raise_unfit(arr.ravel()[(cast != arr).ravel()][0], dtype, name, expected)
         return cast
     with np.errstate(over="ignore"):
         cast = arr.astype(dtype)
@@ -207,6 +203,13 @@ def cast_exact(arr: np.ndarray, dtype: np.dtype, name: str, expected: str | None
             raise ValueError(f"column {name!r}: value {bad!r} is out of range for dtype {dtype} (expected finite "
                              f"values within +-{float(np.finfo(dtype).max):.6g})")
     return cast
+
+
+def _raise_unfit(bad: np.generic, dtype: np.dtype, name: str, expected: str | None) -> None:
+    if expected is None:
+        expected = f"integers in [{np.iinfo(dtype).min}, {np.iinfo(dtype).max}]" if dtype.kind in "iu" else \
+            "0/1 or True/False"
+    raise ValueError(f"column {name!r}: value {bad.item()!r} does not fit dtype {dtype} (expected {expected})")
 
 
 def encode_flags(values: Any, n: int, name: str) -> np.ndarray:
