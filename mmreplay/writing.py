@@ -2,6 +2,8 @@
 
 Invariants (see ``Store`` for the whole picture):
 - Validation happens before anything is stored: bad input raises ``ValueError`` and changes nothing.
+  There is one validation, the column encoders' (``columns/encode.py``), for ``add`` and ``extend`` alike:
+  the single-add fast path only takes what their ``scalar_code`` screen says ``encode`` would store.
 - A transition continues its stream's episode (its observation is not stored again and its frame stack
   reaches back) iff the stream's episode has not ended and the observation equals, bit for bit, the
   stream's previous next observation; otherwise it starts an episode.
@@ -24,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from mmreplay.columns.encode import ColumnEncoder, cast_exact, encode_flags
+from mmreplay.columns.encode import cast_exact, encode_flags, encoders_for
 from mmreplay.columns.spec import Schema
 from mmreplay.errors import StorageError
 from mmreplay.index.ring import TransitionRing
@@ -34,7 +36,6 @@ from mmreplay.storage.frame_ring import FrameRing
 from mmreplay.storage.pending import PendingBlock
 
 _FLAG_VALUES = (True, False)  # `x in` this also accepts 0, 1 and numpy bools
-_SCALAR_TYPES = (int, float, bool, np.int64, np.int32, np.float32, np.float64, np.uint8, np.int8, np.bool_)
 
 
 class Writer:
@@ -55,7 +56,7 @@ class Writer:
         self.failed: OSError | None = None
         self.pending = 0  # transitions added since the last commit
         self.last_commit = time.monotonic()
-        self.encoders = {c.name: ColumnEncoder(c) for c in schema.transition_columns}
+        self.encoders = encoders_for(schema)  # the one validation of every add path (columns/encode.py)
         # A block must not write more frames (at most 2 per transition) than half a frame shard, and stays
         # within one transition shard: then it can never overwrite frames that it references itself.
         self.max_block = max(1, min(ring.shard_rows, frames.shard_rows // 4))
@@ -63,6 +64,9 @@ class Writer:
         self._obs_spec = schema.observations[0]
         self._fast_add = not schema.dict_obs and not schema.extras and all(
             c.shape == () for c in (schema.action, schema.reward))
+        # the fast path's screen of a scalar (what encode would store, or None: then encode decides)
+        self._action_code = self.encoders["action"].scalar_code
+        self._reward_code = self.encoders["reward"].scalar_code
 
     def committed(self) -> None:
         """The store just committed everything added so far."""
@@ -89,8 +93,8 @@ class Writer:
         if type(obs) is not np.ndarray or type(next_obs) is not np.ndarray or obs.shape != spec.shape \
                 or next_obs.shape != spec.shape or obs.dtype != spec.np_dtype or next_obs.dtype != spec.np_dtype:
             return False
-        action_code = self._scalar_code("action", action)
-        reward_code = self._scalar_code("reward", reward)
+        action_code = self._action_code(action)
+        reward_code = self._reward_code(reward)
         if action_code is None or reward_code is None or type(stream) is not int or not 0 <= stream < 1 << 31 \
                 or terminated not in _FLAG_VALUES or truncated not in _FLAG_VALUES or self.closed or self.failed:
             return False
@@ -108,18 +112,6 @@ class Writer:
             if block.full:
                 self.drain()
         return True
-
-    def _scalar_code(self, name: str, value):
-        """What column ``name`` stores for a scalar ``value``, or None if the slow path must decide."""
-        if type(value) not in _SCALAR_TYPES:
-            return None
-        encoder = self.encoders[name]
-        if encoder.spec.kind == "packed":
-            return encoder.code_of.get(value)
-        if encoder.dtype.kind == "f":
-            return value if value == value else None  # NaN: let the checked path decide
-        lo, hi = encoder.int_range
-        return value if type(value) is not float and lo <= value <= hi else None
 
     def _add_checked(self, obs, action, reward, next_obs, terminated, truncated, stream, extras) -> None:
         if self.schema.dict_obs:

@@ -204,3 +204,164 @@ def test_an_empty_batch_round_trips(compress):
                            compress=compress)
     back = decode_batch(payload, {})
     assert payload["n"] == 0 and back["obs"].shape == (0, 3) and back["next_obs"].dtype == np.uint8
+
+
+# -- malformed batches (issue 23, case 6): refused whole, naming the field, before anything is stored --------
+
+def _good_batch(seed, compress):
+    """Rows of 3 interleaved envs (continued observations travel as ``obs_src``) and their payload."""
+    rng = np.random.default_rng(seed)
+    r = chain(4, 3, rng)
+    n = r["streams"].size
+    r.update(action=rng.integers(0, 4, n), reward=rng.random(n).astype(np.float32))
+    payload = encode_batch(r["streams"], r["obs"], r["action"], r["reward"], r["next_obs"], r["terminated"],
+                           r["truncated"], compress=compress)
+    return r, payload
+
+
+def _copy(payload):
+    out = {k: (dict(v) if isinstance(v, dict) else v.copy() if isinstance(v, np.ndarray) else v)
+           for k, v in payload.items()}
+    for k in ("obs", "next_obs"):
+        out[k] = {key: dict(v) if isinstance(v, dict) else v.copy() for key, v in out[k].items()}
+    return out
+
+
+def _continued_row(p, after=0):
+    return int(np.flatnonzero(p["obs_src"] >= 0)[after])
+
+
+def _set_src(row_of, value_of):
+    def mutate(p):
+        i = row_of(p)
+        p["obs_src"][i] = value_of(p, i)
+    return mutate
+
+
+def _one_obs_for_several_rows(p):
+    # every row says "sent", but one observation travels: it used to be broadcast over all of them
+    p["obs_src"][:] = -1
+    p["obs"]["obs"] = p["obs"]["obs"][:1] if isinstance(p["obs"]["obs"], np.ndarray) else _lz4(p["obs"]["obs"], 1)
+
+
+def _lz4(packed, rows):
+    from numcodecs import LZ4
+    arr = np.empty(packed["shape"], np.dtype(packed["dtype"]))
+    LZ4().decode(packed["lz4"], out=arr)
+    return {"lz4": LZ4().encode(np.ascontiguousarray(arr[:rows])), "shape": [rows, *packed["shape"][1:]],
+            "dtype": packed["dtype"]}
+
+
+def _declare_more_rows(p, patch_header=False, rows=None):
+    packed = p["next_obs"]["obs"]
+    shape = [rows or 2 * packed["shape"][0], *packed["shape"][1:]]
+    data = bytearray(packed["lz4"])
+    if patch_header:  # a header that agrees with the lie: the data still decodes to fewer bytes
+        data[:4] = int(np.prod(shape) * np.dtype(packed["dtype"]).itemsize).to_bytes(4, "little")
+    p["next_obs"]["obs"] = {"lz4": bytes(data), "shape": shape, "dtype": packed["dtype"]}
+    p["n"], n = shape[0], shape[0]  # every other count agrees with the declared shape
+    for k in ("streams", "obs_src", "action", "reward", "terminated", "truncated"):
+        p[k] = np.resize(p[k], n)
+    p["obs_src"][packed["shape"][0]:] = np.arange(packed["shape"][0], n) - 1  # continued: no more sent
+
+
+MALFORMED = {  # kind: (payloads it applies to: "plain", "lz4" or both (None), mutation, message naming the field)
+    "source 999": (None, _set_src(_continued_row, lambda p, i: 999), r"'obs_src': rows \[\d+\] .* rows \[999\]"),
+    "source -7": (None, _set_src(_continued_row, lambda p, i: -7), r"'obs_src': rows \[\d+\] .* rows \[-7\]"),
+    "source a later row": (None, _set_src(lambda p: 0, lambda p, i: 5), r"'obs_src': rows \[0\] .* rows \[5\]"),
+    "source its own row": (None, _set_src(_continued_row, lambda p, i: i), r"'obs_src'.* an earlier row"),
+    "one observation for several rows": (None, _one_obs_for_several_rows,
+                                         r"observations 'obs': next_obs has shape \(12, 4, 3\) and obs \(1, 4, 3\)"),
+    "lz4 shape beyond its data": ("lz4", _declare_more_rows,
+                                  r"'next_obs\[obs\]': declares shape \[24, 4, 3\] uint8 \(288 bytes\), but .* "
+                                  r"hold 144 bytes"),
+    "lz4 header lies too": ("lz4", lambda p: _declare_more_rows(p, True),
+                            r"'next_obs\[obs\]': its LZ4 data does not decode to the 288 bytes"),
+    "lz4 size beyond any lz4 ratio": ("lz4", lambda p: _declare_more_rows(p, True, rows=1 << 20),
+                                      r"'next_obs\[obs\]': declares shape \[1048576, 4, 3\]"),
+    "lz4 dtype not a number": ("lz4", lambda p: p["next_obs"]["obs"].update(dtype="|O"),
+                               r"'next_obs\[obs\]': declared dtype object"),
+    "lz4 extra key": ("lz4", lambda p: p["next_obs"]["obs"].update(extra=1), r"'next_obs\[obs\]': expected an array"),
+    "missing field": (None, lambda p: p.pop("reward"), r"batch fields: missing \['reward'\], unknown \[\]"),
+    "extra field": (None, lambda p: p.update(evil=np.zeros(1)), r"missing \[\], unknown \['evil'\]"),
+    "count beyond the rows": (None, lambda p: p.update(n=p["n"] + 1), r"'streams': expected 13 rows"),
+    "a column short of a row": (None, lambda p: p.update(action=p["action"][:-1]), r"'action': expected 12 rows"),
+    "float streams": (None, lambda p: p.update(streams=p["streams"] + 0.5), r"'streams': expected a numpy array"),
+    "object column": (None, lambda p: p.update(reward=p["reward"].astype(object)), r"'reward': .* dtype object"),
+    "obs keys differ": (None, lambda p: p["obs"].update(other=p["obs"]["obs"]), r"'obs' and 'next_obs'"),
+    "obs of another dtype taken from next_obs": ("plain",
+                                                 lambda p: p["obs"].update(obs=p["obs"]["obs"].astype(np.int16)),
+                                                 r"observations 'obs': obs \(int16\) taken from next_obs \(uint8\)"),
+    "n a bool": (None, lambda p: p.update(n=True), r"'n': expected a row count"),
+}
+KINDS = [(kind, compress) for kind, (only, _, _) in MALFORMED.items()
+         for compress in {"plain": [None], "lz4": ["lz4"], None: [None, "lz4"]}[only]]
+
+
+def _malformed(kind, compress, seed=7):
+    r, payload = _good_batch(seed, compress)
+    bad = _copy(payload)
+    MALFORMED[kind][1](bad)
+    return bad
+
+
+@pytest.mark.parametrize("kind,compress", KINDS)
+def test_decode_refuses_a_malformed_batch_naming_the_field(kind, compress):
+    bad = _malformed(kind, compress)
+    reuse: dict = {}
+    with pytest.raises(ValueError, match=MALFORMED[kind][2]):
+        decode_batch(bad, reuse)
+    if "beyond any" in kind:
+        assert reuse == {}  # refused before the declared 12 MiB were allocated
+
+
+def test_decode_refuses_observations_the_store_does_not_take():
+    from mmreplay.distributed.wire import ObsLayout
+
+    _, payload = _good_batch(8, "lz4")
+    decode_batch(payload, expect=ObsLayout(False, {"obs": (4, 3)}))
+    with pytest.raises(ValueError, match=r"observations 'obs': rows of shape \(4, 3\), this store takes \(3, 4\)"):
+        decode_batch(payload, expect=ObsLayout(False, {"obs": (3, 4)}))
+    with pytest.raises(ValueError, match=r"got keys \['obs'\] \(dict_obs=False\), this store takes \['img'\]"):
+        decode_batch(payload, expect=ObsLayout(True, {"img": (4, 3)}))
+
+
+def test_a_shard_stores_nothing_of_a_malformed_batch(tmp_path):
+    """Through the shard's ingest path (what the Ray actor runs): each malformed batch raises to the client,
+    uses up its sequence number, and leaves every stored row as it was; good batches around them land."""
+    from gymnasium import spaces
+
+    from mmreplay.distributed.shard import ReplayShard
+
+    create = dict(observation_space=spaces.Box(0, 255, (4, 3), np.uint8), action_space=spaces.Discrete(4),
+                  capacity=10_000)
+    shard = ReplayShard(str(tmp_path / "shard"), create, commit_every=1 << 30, commit_seconds=3600, durable=False)
+    truth = []  # rows in the order they must be stored
+
+    def apply_good(seq, compress):
+        r, payload = _good_batch(100 + seq, compress)
+        assert shard.extend(0, seq, payload)["status"] == "ok"
+        truth.append(r)
+
+    def check_store():
+        want = {k: np.concatenate([r[k] for r in truth]) for k in ("obs", "next_obs", "action", "reward")}
+        store = shard.store
+        assert store.num_added == want["action"].size
+        got = store.get(np.arange(*store.valid_range()))
+        for k in want:
+            assert np.array_equal(getattr(got, k).numpy(), want[k]), k
+
+    seq = 1
+    apply_good(seq, None)
+    for kind, compress in KINDS:
+        seq += 1
+        bad = _malformed(kind, compress, seed=seq)
+        with pytest.raises(ValueError, match=MALFORMED[kind][2]):
+            shard.extend(0, seq, bad)
+        assert shard.applied[0] == seq  # used up: the client's next batch follows without a gap
+        check_store()
+    seq += 1
+    apply_good(seq, "lz4")
+    shard.commit()
+    check_store()
+    shard.close()

@@ -26,7 +26,11 @@ def space_to_json(space: spaces.Space) -> dict[str, Any]:
     if isinstance(space, spaces.MultiBinary):
         return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
     if isinstance(space, spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(), "dtype": np.dtype(space.dtype).name}
+        out = {"type": "MultiDiscrete", "nvec": space.nvec.tolist(), "dtype": np.dtype(space.dtype).name}
+        start = np.asarray(getattr(space, "start", 0))
+        if start.any():  # (written only when set, so that stores of start-0 spaces read as they always did)
+            out["start"] = start.tolist()
+        return out
     if isinstance(space, spaces.Dict):
         return {"type": "Dict", "spaces": {k: space_to_json(v) for k, v in space.spaces.items()}}
     raise TypeError(f"unsupported space {space!r}: expected Box, Discrete, MultiBinary, MultiDiscrete or Dict")
@@ -46,7 +50,9 @@ def space_from_json(data: Any) -> spaces.Space:
     if kind == "MultiBinary":
         return spaces.MultiBinary(data["n"])
     if kind == "MultiDiscrete":
-        return spaces.MultiDiscrete(np.asarray(data["nvec"]), dtype=np.dtype(data.get("dtype", "int64")))
+        start = data.get("start")
+        return spaces.MultiDiscrete(np.asarray(data["nvec"]), dtype=np.dtype(data.get("dtype", "int64")),
+                                    **({} if start is None else {"start": np.asarray(start)}))
     if kind == "Dict":
         return spaces.Dict({k: space_from_json(v) for k, v in data["spaces"].items()})
     raise ValueError(f"unknown space type {kind!r}: expected Box, Discrete, MultiBinary, MultiDiscrete or Dict")

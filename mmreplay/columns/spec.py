@@ -260,7 +260,9 @@ def action_column(space: spaces.Space) -> ColumnSpec:
     if isinstance(space, spaces.MultiBinary):
         return ColumnSpec.numeric("action", np.atleast_1d(space.shape), "uint8")
     if isinstance(space, spaces.MultiDiscrete):
-        return ColumnSpec.numeric("action", space.shape, _smallest_int(0, int(space.nvec.max()) - 1))
+        start = np.broadcast_to(np.asarray(getattr(space, "start", 0), dtype=np.int64), space.nvec.shape)
+        return ColumnSpec.numeric("action", space.shape, _smallest_int(int(start.min()),
+                                                                      int((start + space.nvec).max()) - 1))
     if isinstance(space, spaces.Box):
         return ColumnSpec.numeric("action", space.shape, np.dtype(space.dtype).name)
     raise TypeError(f"unsupported action space {space!r}: expected Discrete, MultiBinary, MultiDiscrete or Box")

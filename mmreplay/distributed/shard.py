@@ -9,8 +9,8 @@ Invariants:
   nothing the clients still hold is lost.
 - A client's batches are applied in sequence order exactly once: a batch whose sequence number was
   already applied is acknowledged and skipped; one that skips ahead is refused (``"gap"``) unless the
-  client says it gave the missing ones up (``reset=True``). A batch the store refuses as bad input
-  stores nothing, uses up its number and raises to the client.
+  client says it gave the missing ones up (``reset=True``). A batch that is malformed (``wire.check_payload``)
+  or that the store refuses as bad input stores nothing, uses up its number and raises to the client.
 - Client ``c``'s stream ``s`` is stream ``c * STREAMS_PER_CLIENT + s`` of the store, so each env of each
   actor keeps its own episodes.
 
@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from mmreplay.distributed.ledger import clients_at, make_entry, read_ledger, write_ledger
-from mmreplay.distributed.wire import decode_batch
+from mmreplay.distributed.wire import ObsLayout, decode_batch
 from mmreplay.storage.commit import COMMIT_FILE
 
 STREAMS_PER_CLIENT = 1024
@@ -93,6 +93,8 @@ class ReplayShard:
         # CPU seconds of the calling thread per ingest step (info()["ingest_cpu_s"]): where a shard's time goes
         self.cpu = dict.fromkeys(("decode", "extend", "ledger", "store_commit"), 0.0)
         self._decoded: dict = {}  # decode_batch's reused arrays (the store copies what it keeps)
+        schema = self.store.schema  # what every batch's observations must look like (wire.check_payload)
+        self._obs_layout = ObsLayout(schema.dict_obs, {s.name: s.shape for s in schema.observations})
         self.incarnation = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
         self._last_commit = time.monotonic()
         self._lock = threading.Lock()  # the commit timer and the actor's calls never interleave
@@ -117,7 +119,7 @@ class ReplayShard:
                 return self._reply(client, "gap")
             try:
                 t0 = time.thread_time()
-                rows = decode_batch(payload, self._decoded)
+                rows = decode_batch(payload, self._decoded, self._obs_layout)
                 t1 = time.thread_time()
                 self.store.extend(rows["obs"], rows["action"], rows["reward"], rows["next_obs"],
                                   rows["terminated"], rows["truncated"], streams=global_streams(client, rows["streams"]),

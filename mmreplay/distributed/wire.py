@@ -12,6 +12,12 @@ Two savings happen on the actor side, both lossless:
 
 ``BatchBuilder`` is how a client fills a batch: each row is copied once, straight into the batch's arrays
 (an observation only when it must be sent), and the continuation test runs vectorised as rows arrive.
+
+A shard trusts no payload: ``decode_batch`` first checks it whole (``check_payload``: exactly the fields
+above, every count consistent, each ``obs_src`` -1 or an earlier row, each LZ4 array's declared shape and
+dtype the size its data decodes to, observations shaped as the shard's store expects) and raises
+``ValueError`` naming the field and the values, before it allocates or decodes anything; a payload it
+returns rows for describes each row exactly once.
 """
 
 from __future__ import annotations
@@ -22,6 +28,13 @@ from typing import Any, Mapping
 import numpy as np
 
 CODECS = (None, "lz4")
+PAYLOAD_FIELDS = frozenset(("n", "dict_obs", "streams", "obs_src", "obs", "next_obs", "action", "reward",
+                            "terminated", "truncated", "extras"))
+PACKED_FIELDS = frozenset(("lz4", "shape", "dtype"))
+# LZ4 spends at least one byte per 255 bytes of output (a match length byte), so data of m bytes cannot
+# decode to more than ~255 * m: a larger declared size is a lie, refused before its buffer is allocated
+LZ4_MAX_RATIO = 255
+LZ4_HEADER = 4  # numcodecs' LZ4 frame: the decoded size as a little-endian uint32, then the LZ4 block
 
 
 def check_codec(codec) -> str | None:
@@ -230,14 +243,19 @@ def _pack(arr: np.ndarray, codec: str | None) -> Any:
     return {"lz4": LZ4().encode(np.ascontiguousarray(arr)), "shape": list(arr.shape), "dtype": arr.dtype.str}
 
 
-def _unpack(value: Any, reuse: dict | None = None, key=None) -> np.ndarray:
+def _unpack(value: Any, reuse: dict | None = None, key=None, field: str = "") -> np.ndarray:
+    """The array a payload field holds (``check_payload`` has checked its declared shape and size)."""
     if isinstance(value, np.ndarray):
         return value
     from numcodecs import LZ4
 
     out = _array(reuse, key, tuple(value["shape"]), value["dtype"])
     if out.size:  # (LZ4 refuses to decode into an empty buffer)
-        LZ4().decode(value["lz4"], out=out)
+        try:
+            LZ4().decode(value["lz4"], out=out)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ValueError(f"batch field {field!r}: its LZ4 data does not decode to the {out.nbytes} bytes of "
+                             f"shape {list(out.shape)} {out.dtype} it declares ({exc})") from None
     return out
 
 
@@ -251,29 +269,147 @@ def encode_batch(streams, obs, action, reward, next_obs, terminated, truncated, 
     return builder.payload()
 
 
-def decode_batch(payload: dict, reuse: dict | None = None) -> dict:
-    """The rows of a payload as ``Store.extend`` arguments (``streams`` are the sender's stream ids).
-    With ``reuse`` (a dict the caller keeps), the observation arrays are filled in place of those returned by
-    the previous call that fit (no fresh memory per batch): they are valid until the next call."""
-    src = np.asarray(payload["obs_src"])
+@dataclass(frozen=True)
+class ObsLayout:
+    """What a shard's store takes as observations: a dict of them or one array, and each key's row shape."""
+    dict_obs: bool
+    shapes: Mapping[str, tuple[int, ...]]
+
+
+def decode_batch(payload: dict, reuse: dict | None = None, expect: ObsLayout | None = None) -> dict:
+    """The rows of a payload as ``Store.extend`` arguments (``streams`` are the sender's stream ids), after
+    ``check_payload(payload, expect)``. With ``reuse`` (a dict the caller keeps), the observation arrays
+    are filled in place of those returned by the previous call that fit (no fresh memory per batch): they
+    are valid until the next call."""
+    check_payload(payload, expect)
+    src = np.asarray(payload["obs_src"], dtype=np.int64)
     cont = src >= 0
     obs, next_obs = {}, {}
     for k, packed in payload["next_obs"].items():
-        nxt = _unpack(packed, reuse, ("next", k))
-        sent = _unpack(payload["obs"][k], reuse, ("sent", k))
+        nxt = _unpack(packed, reuse, ("next", k), f"next_obs[{k}]")
+        sent = _unpack(payload["obs"][k], reuse, ("sent", k), f"obs[{k}]")
         out = _array(reuse, ("obs", k), nxt.shape, sent.dtype)
-        if sent.dtype == nxt.dtype:
-            # one gather straight into ``out`` (no temporary the size of the batch), then the sent rows
+        if cont.any():
+            # one gather straight into ``out`` (no temporary the size of the batch), then the sent rows;
+            # every source is an earlier row (checked), so 'clip' (which lets numpy write into out) clips nothing
             np.take(nxt, np.where(cont, src, 0), axis=0, out=out, mode="clip")
-        else:  # (a builder only points at next_obs rows of the same dtype)
-            out[cont] = nxt[src[cont]]
-        out[~cont] = sent
+        out[~cont] = sent  # exactly one sent row per row without a source (checked)
         obs[k], next_obs[k] = out, nxt
     if not payload["dict_obs"]:
         obs, next_obs = obs["obs"], next_obs["obs"]
     return {"streams": np.asarray(payload["streams"], dtype=np.int64), "obs": obs, "action": payload["action"],
             "reward": payload["reward"], "next_obs": next_obs, "terminated": payload["terminated"],
             "truncated": payload["truncated"], "extras": dict(payload["extras"])}
+
+
+def check_payload(payload: Any, expect: ObsLayout | None = None) -> None:
+    """Raise ``ValueError`` naming the field and its values unless ``payload`` is a well-formed batch
+    (module docstring), observations laid out as ``expect`` says where given. Reads no array data but
+    ``obs_src`` and the LZ4 headers."""
+    if not isinstance(payload, Mapping):
+        raise ValueError(f"a batch must be a dict of fields, got {type(payload).__name__}")
+    if set(payload) != PAYLOAD_FIELDS:
+        raise ValueError(f"batch fields: missing {sorted(PAYLOAD_FIELDS - set(payload))}, unknown "
+                         f"{sorted(map(str, set(payload) - PAYLOAD_FIELDS))}")
+    n = payload["n"]
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"batch field 'n': expected a row count >= 0, got {n!r}")
+    n = int(n)
+    if not isinstance(payload["dict_obs"], (bool, np.bool_)):
+        raise ValueError(f"batch field 'dict_obs': expected a bool, got {payload['dict_obs']!r}")
+    for name in ("streams", "obs_src"):
+        _check_rows(name, payload[name], n, "iu", one_dim=True)
+    for name in ("action", "reward", "terminated", "truncated"):
+        _check_rows(name, payload[name], n, "biuf")
+    extras = payload["extras"]
+    if not isinstance(extras, Mapping):
+        raise ValueError(f"batch field 'extras': expected a dict of arrays, got {type(extras).__name__}")
+    for name, arr in extras.items():
+        _check_rows(f"extras[{name}]", arr, n, "biuf")
+    n_sent = _check_sources(np.asarray(payload["obs_src"]))
+    _check_observations(payload, n, n_sent, expect)
+
+
+def _check_rows(field: str, arr: Any, n: int, kinds: str, one_dim: bool = False) -> None:
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in kinds:
+        what = f"dtype {arr.dtype}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise ValueError(f"batch field {field!r}: expected a numpy array of kind {kinds!r}, got {what}")
+    if arr.shape[:1] != (n,) or (one_dim and arr.ndim != 1):
+        raise ValueError(f"batch field {field!r}: expected {n} rows (the batch's 'n'), got shape {arr.shape}")
+
+
+def _check_sources(src: np.ndarray) -> int:
+    """Row ``i``'s observation is sent (-1) or row ``src[i] < i``'s next observation; the count sent."""
+    bad = (src < -1) | (src >= np.arange(src.size))
+    if bad.any():
+        rows = np.flatnonzero(bad)[:8]
+        raise ValueError(f"batch field 'obs_src': rows {rows.tolist()} take their observation from rows "
+                         f"{src[rows].tolist()}; expected -1 (sent) or an earlier row of the batch")
+    return int(np.count_nonzero(src < 0))
+
+
+def _check_observations(payload: Mapping, n: int, n_sent: int, expect: ObsLayout | None) -> None:
+    obs, nxt = payload["obs"], payload["next_obs"]
+    if not isinstance(obs, Mapping) or not isinstance(nxt, Mapping) or not nxt or set(obs) != set(nxt):
+        raise ValueError(f"batch fields 'obs' and 'next_obs': expected dicts with the same keys, got "
+                         f"{_keys(obs)} and {_keys(nxt)}")
+    if expect is not None and (bool(payload["dict_obs"]) != expect.dict_obs or set(nxt) != set(expect.shapes)):
+        raise ValueError(f"batch observations: got keys {sorted(nxt)} (dict_obs={bool(payload['dict_obs'])}), this "
+                         f"store takes {sorted(expect.shapes)} (dict_obs={expect.dict_obs})")
+    if not payload["dict_obs"] and set(nxt) != {"obs"}:
+        raise ValueError(f"batch observations: dict_obs is false, so the one key must be 'obs', got {sorted(nxt)}")
+    sources = payload["obs_src"]
+    for k in nxt:
+        next_shape, next_dtype = _declared(f"next_obs[{k}]", nxt[k])
+        sent_shape, sent_dtype = _declared(f"obs[{k}]", obs[k])
+        row = next_shape[1:]
+        if next_shape[:1] != (n,) or sent_shape != (n_sent, *row):
+            raise ValueError(f"batch observations {k!r}: next_obs has shape {next_shape} and obs {sent_shape}; "
+                             f"expected ({n}, ...) rows for the batch's n={n} and ({n_sent}, ...) of the same row "
+                             f"shape for the {n_sent} rows whose obs_src is -1")
+        if expect is not None and row != tuple(expect.shapes[k]):
+            raise ValueError(f"batch observations {k!r}: rows of shape {row}, this store takes "
+                             f"{tuple(expect.shapes[k])}")
+        if sent_dtype != next_dtype and bool((sources >= 0).any()):
+            raise ValueError(f"batch observations {k!r}: obs ({sent_dtype}) taken from next_obs ({next_dtype}) "
+                             "would change their dtype; a builder sends every row when the dtypes differ")
+
+
+def _declared(field: str, value: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a payload array, plain or LZ4-packed (whose header must match what it declares)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf" or value.ndim < 1:
+            raise ValueError(f"batch field {field!r}: expected rows of numbers, got {value.dtype} {value.shape}")
+        return value.shape, value.dtype
+    if not isinstance(value, Mapping) or set(value) != PACKED_FIELDS:
+        raise ValueError(f"batch field {field!r}: expected an array or a dict with keys {sorted(PACKED_FIELDS)}, "
+                         f"got {_keys(value) if isinstance(value, Mapping) else type(value).__name__}")
+    shape = value["shape"]
+    if not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= 8 or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 0 for d in shape):
+        raise ValueError(f"batch field {field!r}: declared shape {shape!r} is not a list of 1 to 8 sizes >= 0")
+    try:
+        dtype = np.dtype(value["dtype"])
+    except (TypeError, ValueError):
+        raise ValueError(f"batch field {field!r}: declared dtype {value['dtype']!r} is no numpy dtype") from None
+    if dtype.kind not in "biuf":
+        raise ValueError(f"batch field {field!r}: declared dtype {dtype} is not a bool, integer or float type")
+    try:
+        data = memoryview(value["lz4"]).cast("B")
+    except TypeError:
+        raise ValueError(f"batch field {field!r}: its 'lz4' data is {type(value['lz4']).__name__}, not bytes") from None
+    nbytes = dtype.itemsize
+    for d in shape:
+        nbytes *= int(d)
+    held = int.from_bytes(data[:LZ4_HEADER], "little") if len(data) >= LZ4_HEADER else None
+    if held != nbytes or nbytes > LZ4_MAX_RATIO * len(data):
+        raise ValueError(f"batch field {field!r}: declares shape {list(shape)} {dtype} ({nbytes} bytes), but its "
+                         f"{len(data)} bytes of LZ4 data hold {'no header' if held is None else f'{held} bytes'}")
+    return tuple(int(d) for d in shape), dtype
+
+
+def _keys(value: Any) -> Any:
+    return sorted(map(str, value)) if isinstance(value, Mapping) else type(value).__name__
 
 
 def _array(reuse: dict | None, key, shape, dtype) -> np.ndarray:

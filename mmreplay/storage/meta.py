@@ -1,14 +1,17 @@
 """A store's static metadata: validation of what ``zarr.json`` says, and the ring geometry.
 
 Invariant: ``read_meta`` returns only metadata whose schema parses, whose format version this mmreplay
-reads, and whose ring sizes are sane multiples of their shard sizes; anything else is ``FormatError``
-(or ``NotAStoreError`` when the directory is no mmreplay store at all), before any array is touched.
+reads, whose ring sizes are sane multiples of their shard sizes, whose frame shards are of a size
+mmreplay makes, and whose observation shapes are those of the frame arrays; anything else is
+``FormatError`` (or ``NotAStoreError`` when the directory is no mmreplay store at all, saying so when it
+holds only what an interrupted ``Store.create`` left), before any array is touched or allocated.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -17,13 +20,17 @@ from mmreplay.errors import FormatError, NotAStoreError
 from mmreplay.storage.codecs import validate_codec
 from mmreplay.storage.commit import COMMIT_FILE, check_version
 from mmreplay.storage.files import remove_contents
-from mmreplay.storage.layout import RingGeometry, StoreGeometry
+from mmreplay.storage.layout import FRAMES_GROUP, RingGeometry, StoreGeometry
 
 FRAME_SHARD_TARGET_BYTES = 8 << 20
 UNBOUNDED_TRANSITION_SHARD = 16384
 MAX_ROW_BYTES = 1 << 30  # one observation of more than a GiB is no observation a replay store holds
 MAX_FRAMES_PER_TRANSITION = 4  # frame_capacity accepted up to this many per transition (two are ever used)
 MIN_CACHE_SLOTS = 64  # reading/cache.py's floor: an open allocates at least this many chunks per column
+# plan_geometry makes a frame shard ~8 MiB (at least 8 or 64 rows, or one chunk): staging blocks far larger
+# come from edited metadata, and are refused before the writer allocates them from the schema
+MAX_STAGING_BYTES = 64 * FRAME_SHARD_TARGET_BYTES
+ZARR_PARTIAL = re.compile(r"zarr\.[0-9a-f]{32}\.partial")  # zarr's temporary file of a zarr.json being written
 
 
 def validate_capacity(value, name: str) -> int | None:
@@ -59,7 +66,7 @@ def prepare_new_store_dir(path: str) -> None:
     """Make ``path`` an empty directory for ``Store.create``: it must not exist or be empty, or be what a
     create that died before its first commit left (nothing was ever stored there: it is emptied)."""
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-        if not never_committed(path):
+        if not interrupted_creation(path) and not never_committed(path):
             raise FileExistsError(f"cannot create a store at {path!r}: it exists and is not an empty directory "
                                   "(use Store.open to continue an existing store)")
         remove_contents(path)
@@ -76,6 +83,18 @@ def never_committed(path: str) -> bool:
     return not os.path.exists(os.path.join(path, COMMIT_FILE))
 
 
+def interrupted_creation(path: str) -> list[str]:
+    """The files of a ``Store.create`` killed while zarr wrote the store's first ``zarr.json``: a directory
+    holding only zarr's ``zarr.<hex>.partial`` temporary files (no metadata, so nothing was ever stored).
+    Empty for anything else."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return []
+    ok = names and all(ZARR_PARTIAL.fullmatch(n) and os.path.isfile(os.path.join(path, n)) for n in names)
+    return names if ok else []
+
+
 def read_meta(path: str) -> dict:
     zarr_json = os.path.join(path, "zarr.json")
     if not os.path.isdir(path):
@@ -84,6 +103,11 @@ def read_meta(path: str) -> dict:
         with open(zarr_json, "rb") as f:
             group = json.loads(f.read(1 << 24))
     except FileNotFoundError:
+        leftovers = interrupted_creation(path)
+        if leftovers:
+            raise NotAStoreError(f"{path!r}: the creation of a store there was interrupted before its metadata was "
+                                 f"written (it holds only zarr's temporary files {leftovers}); nothing was stored: "
+                                 "Store.create on this path starts over, or delete the directory") from None
         raise NotAStoreError(f"{path!r} is not an mmreplay store (no zarr.json)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FormatError(f"{zarr_json}: not valid JSON ({exc})") from None
@@ -112,7 +136,9 @@ def read_meta(path: str) -> dict:
     if cap is not None and meta["frame_rows"] > max_frame_rows(cap, meta["frame_shard_rows"]):
         raise FormatError(f"{zarr_json}: frame_rows {meta['frame_rows']} is more than a store of capacity {cap} can "
                           f"use (at most {max_frame_rows(cap, meta['frame_shard_rows'])})")
-    _check_columns(Schema.from_json(meta["schema"]), meta, zarr_json)
+    schema = Schema.from_json(meta["schema"])
+    _check_columns(schema, meta, zarr_json)
+    _check_frame_arrays(schema, path, zarr_json)
     return meta
 
 
@@ -141,6 +167,32 @@ def _check_columns(schema: Schema, meta: dict, where: str) -> None:
         if meta["frame_shard_rows"] % spec.chunk_rows:
             raise FormatError(f"{where}: observation {spec.name!r}: chunk_rows {spec.chunk_rows} does not divide "
                               f"frame_shard_rows {meta['frame_shard_rows']}")
+    row_bytes = sum(max(1, s.row_nbytes) for s in schema.observations)
+    staging = meta["frame_shard_rows"] * row_bytes
+    most = max(MAX_STAGING_BYTES, row_bytes * max(64, *(s.chunk_rows for s in schema.observations)))
+    if staging > most:
+        raise FormatError(f"{where}: a frame shard of {meta['frame_shard_rows']} rows of {row_bytes:,} bytes "
+                          f"(observations {[list(s.shape) for s in schema.observations]}) takes {staging:,} bytes; "
+                          f"a store made by mmreplay has at most {most:,}: its metadata is damaged")
+
+
+def _check_frame_arrays(schema: Schema, path: str, where: str) -> None:
+    """Each observation's array (its own ``zarr.json``, written by zarr at create) holds rows of the shape
+    and dtype the schema says: staging blocks and caches are sized from the schema, so an edited shape
+    must be refused here, not by a decode after gigabytes were allocated. An array whose ``zarr.json`` is
+    missing or unreadable is left to the reads and to ``verify``, which report it."""
+    for spec in schema.observations:
+        array_json = os.path.join(path, FRAMES_GROUP, spec.name, "zarr.json")
+        try:
+            with open(array_json, "rb") as f:
+                array = json.loads(f.read(1 << 20))
+            shape, dtype = tuple(array["shape"][1:]), np.dtype(array["data_type"])
+        except (OSError, ValueError, TypeError, KeyError, IndexError):
+            continue
+        if (shape, dtype) != (spec.shape, spec.np_dtype):
+            raise FormatError(f"{where}: observation {spec.name!r} has rows of shape {list(spec.shape)} "
+                              f"({spec.dtype}), but its array {array_json} holds rows of shape {list(shape)} "
+                              f"({dtype}): the metadata is damaged")
 
 
 def check_record(record: dict, meta: dict, path: str) -> None:
