@@ -32,6 +32,9 @@ FRAME_CODECS = {
     # 436 B at 38k adds/s (the encoder process is the bound on 2 cores)
     "lz4hc": {"name": "blosc", "cname": "lz4hc", "clevel": 3},
     "zstd": {"name": "zstd", "level": 1},
+    # runs of 8 frames, each coded against an earlier frame of its run, then zstd (storage/temporal.py):
+    # 3-6x fewer bytes than lz4hc on real Atari and control frames, for the stores that do not fit in RAM
+    "delta-zstd": {"name": "temporal", "level": 3, "run": 8, "search": 8},
 }
 
 
@@ -278,7 +281,10 @@ def _observation_column(name: str, space: spaces.Space, codec: Mapping[str, Any]
                         "MultiBinary, MultiDiscrete (or a Dict of them)")
     is_image = dtype == np.uint8 and len(shape) in (2, 3)
     row_nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-    chunk_rows = 1 if is_image else max(1, min(4096, FRAME_CHUNK_BYTES // row_nbytes))
+    if is_image:  # one frame a chunk, or a run of frames for a temporal codec (its size is the codec's)
+        chunk_rows = int(codec.get("run", 8)) if codec.get("name") == "temporal" else 1
+    else:
+        chunk_rows = max(1, min(4096, FRAME_CHUNK_BYTES // row_nbytes))
     chunk_rows = 1 << (chunk_rows.bit_length() - 1)  # a power of two, so chunks tile shards exactly
     return ColumnSpec(name, "frame", shape, dtype.name, chunk_rows=chunk_rows,
                       codec=dict(codec) if is_image else dict(DEFAULT_NUMERIC_CODEC))
