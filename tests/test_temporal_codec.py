@@ -232,3 +232,22 @@ def test_synthetic_store_with_temporal_frames_checks_out(synthetic_store):
     s = synthetic_store(capacity=300, n=700, frame_codec="delta-zstd")
     for _ in range(10):
         syn.check_batch(s.sample(64))
+
+
+def test_colour_frames_get_longer_runs(store_path):
+    """Named "delta-zstd": runs of 8 for 84x84 gray frames, 16 (and a stronger level) for 3x84x84 RGB."""
+    rgb = spaces.Box(0, 255, (3, 84, 84), np.uint8)
+    with mmreplay.Store.create(store_path, rgb, spaces.Discrete(2), capacity=256, frame_stack=3,
+                               frame_codec="delta-zstd") as s:
+        frames = drifting_frames(40, 5, (3, 84, 84))
+        for t in range(39):
+            s.add(frames[t], t % 2, 0.0, frames[t + 1], False, t == 38)
+        batch = s.get(list(range(2, 39)))
+        for i, g in enumerate(range(2, 39)):
+            assert np.array_equal(batch.obs[i].numpy(), frames[g - 2:g + 1])
+    meta = mmreplay.Store.open(store_path, mode="r")
+    try:
+        spec = meta.schema.observations[0]
+        assert spec.chunk_rows == 16 and spec.codec["level"] == 5
+    finally:
+        meta.close()
