@@ -31,12 +31,14 @@ def main() -> int:
     parser.add_argument("--reader-race", action="store_true", help="run the reader race instead of SIGKILLs")
     parser.add_argument("--minutes", type=float, default=10.0, help="reader race: how long")
     parser.add_argument("--commit-every", type=int, default=30, help="reader race: commit after 1..N adds")
+    parser.add_argument("--frame-codec", default="lz4hc", help="reader race: the writer's frame_codec "
+                        "(e.g. delta-zstd: a writer rewriting runs of frames that readers decode)")
     args = parser.parse_args()
     shutil.rmtree(args.path, ignore_errors=True)
     if args.reader_race:
         t0 = time.monotonic()
         results = reader_race(args.path, readers=args.readers, seconds=args.minutes * 60, capacity=args.capacity,
-                              max_commit_batch=args.commit_every)
+                              max_commit_batch=args.commit_every, frame_codec=args.frame_codec)
         rows, wrong = sum(r["rows"] for r in results), sum(r["wrong"] for r in results)
         for r in results:
             print("reader:", json.dumps(r))

@@ -29,7 +29,7 @@ def replay(fixture, store, ref):
         ref.add(0, *row)
 
 
-@pytest.mark.parametrize("codec", ["lz4hc", "lz4", "zstd"])
+@pytest.mark.parametrize("codec", ["lz4hc", "lz4", "zstd", "delta-zstd"])
 def test_real_frames_round_trip_with_stacks(store_path, fixture, codec):
     space = spaces.Box(0, 255, (84, 84), np.uint8)
     ref = ReferenceReplay(4, 10_000)

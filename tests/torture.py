@@ -31,7 +31,7 @@ WRITER = textwrap.dedent("""
     except mmreplay.NotAStoreError:
         s = mmreplay.Store.create(path, syn.OBS_SPACE, syn.ACTION_SPACE, capacity=capacity,
                                   frame_stack=syn.FRAME_STACK, reward_values=(-1, 0, 1), commit_every=10**9,
-                                  commit_seconds=1e9, durable={durable})
+                                  commit_seconds=1e9, durable={durable}, frame_codec={frame_codec!r})
     rng = np.random.default_rng(seed)
     g = s.num_added
     print("start", g, flush=True)
@@ -68,7 +68,7 @@ def kill_trials(path: str, trials: int, capacity: int = 300, seed: int = 0, max_
     last_head = 0
     for trial in range(trials):
         code = WRITER.format(here=HERE, path=path, seed=seed * 1000 + trial, capacity=capacity, max_batch=max_batch,
-                             durable=True)
+                             durable=True, frame_codec="lz4hc")
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         first = proc.stdout.readline()  # the child is up (imports done): kill it at a random instant now
@@ -111,7 +111,7 @@ def concurrent_readers(path: str, readers: int = 2, seconds: float = 4.0, capaci
     """One writer child (committing often, wrapping the ring) and ``readers`` reader children that keep
     refreshing and sampling; every batch a reader gets is checked bit for bit."""
     writer = subprocess.Popen([sys.executable, "-c", WRITER.format(here=HERE, path=path, seed=7, capacity=capacity,
-                                                                   max_batch=20, durable=True)],
+                                                                   max_batch=20, durable=True, frame_codec="lz4hc")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert writer.stdout.readline().startswith("start")
     procs = [subprocess.Popen([sys.executable, "-c", READER.format(here=HERE, path=path, seconds=seconds)],
@@ -170,7 +170,7 @@ RACE_READER = textwrap.dedent("""
 
 
 def reader_race(path: str, readers: int = 2, seconds: float = 10.0, capacity: int = 200, batch: int = 64,
-                max_commit_batch: int = 30, cache_bytes: int = 1 << 16) -> list[dict]:
+                max_commit_batch: int = 30, cache_bytes: int = 1 << 16, frame_codec: str = "lz4hc") -> list[dict]:
     """One writer child on a wrapping ring, committing every 1..``max_commit_batch`` adds, and ``readers``
     reader children refreshing, sampling and ``get``-ing as fast as they can for ``seconds``, each row
     checked against the ground truth. Returns each reader's counts (rows, wrong, refused, ...); a tiny
@@ -178,7 +178,8 @@ def reader_race(path: str, readers: int = 2, seconds: float = 10.0, capacity: in
     import json
 
     writer = subprocess.Popen([sys.executable, "-c", WRITER.format(here=HERE, path=path, seed=11, capacity=capacity,
-                                                                   max_batch=max_commit_batch, durable=False)],
+                                                                   max_batch=max_commit_batch, durable=False,
+                                                                   frame_codec=frame_codec)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         procs = [subprocess.Popen([sys.executable, "-c", RACE_READER.format(

@@ -32,7 +32,16 @@ FRAME_CODECS = {
     # 436 B at 38k adds/s (the encoder process is the bound on 2 cores)
     "lz4hc": {"name": "blosc", "cname": "lz4hc", "clevel": 3},
     "zstd": {"name": "zstd", "level": 1},
+    # runs of frames, each coded alone or against an earlier frame of its run, then zstd (storage/temporal.py),
+    # for the stores that do not fit in RAM. Measured (scripts/bench_frame_codec.py, docs/performance.md):
+    # real Atari 84x84 frames 99 B/transition (lz4hc: 474); real DMC 84x84 RGB frames 4.1 KB (lz4hc: 12.5 KB).
+    "delta-zstd": {"name": "temporal", "level": 3, "run": 8, "search": 8},
 }
+# Frames this large (colour) change in more pixels per step: their key frames cost more, so "delta-zstd"
+# gives them longer runs (a key frame every 16) and a stronger level: on real DMC frames 4.1 KB a frame
+# instead of 4.7 KB with runs of 8 (5.2x smaller than raw instead of 4.5x).
+LARGE_FRAME_BYTES = 16384
+DELTA_ZSTD_LARGE = {"name": "temporal", "level": 5, "run": 16, "search": 8}
 
 
 def validate_name(name: Any, what: str = "column name") -> str:
@@ -268,7 +277,7 @@ def action_column(space: spaces.Space) -> ColumnSpec:
     raise TypeError(f"unsupported action space {space!r}: expected Discrete, MultiBinary, MultiDiscrete or Box")
 
 
-def _observation_column(name: str, space: spaces.Space, codec: Mapping[str, Any]) -> ColumnSpec:
+def _observation_column(name: str, space: spaces.Space, codec: Mapping[str, Any] | str) -> ColumnSpec:
     if isinstance(space, spaces.Box):
         shape, dtype = tuple(space.shape), np.dtype(space.dtype)
     elif isinstance(space, spaces.Discrete):
@@ -280,7 +289,12 @@ def _observation_column(name: str, space: spaces.Space, codec: Mapping[str, Any]
                         "MultiBinary, MultiDiscrete (or a Dict of them)")
     is_image = dtype == np.uint8 and len(shape) in (2, 3)
     row_nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-    chunk_rows = 1 if is_image else max(1, min(4096, FRAME_CHUNK_BYTES // row_nbytes))
+    if codec is FRAME_CODECS["delta-zstd"] and row_nbytes >= LARGE_FRAME_BYTES:
+        codec = DELTA_ZSTD_LARGE  # the named codec, sized for colour frames (see LARGE_FRAME_BYTES)
+    if is_image:  # one frame a chunk, or a run of frames for a temporal codec (its size is the codec's)
+        chunk_rows = int(codec.get("run", 8)) if codec.get("name") == "temporal" else 1
+    else:
+        chunk_rows = max(1, min(4096, FRAME_CHUNK_BYTES // row_nbytes))
     chunk_rows = 1 << (chunk_rows.bit_length() - 1)  # a power of two, so chunks tile shards exactly
     return ColumnSpec(name, "frame", shape, dtype.name, chunk_rows=chunk_rows,
                       codec=dict(codec) if is_image else dict(DEFAULT_NUMERIC_CODEC))

@@ -22,10 +22,15 @@ import numba
 import numpy as np
 from numba import types
 
-from mmreplay.intrinsics import prefetch
+from mmreplay.intrinsics import address, prefetch
+from mmreplay.storage import temporal
 
 OK, BAD_CHECKSUM, BAD_SIZE, BAD_CODEC = 0, 1, 2, 3
-CODEC_BLOSC, CODEC_ZSTD = 0, 1
+CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL = 0, 1, 2
+# the temporal codec's header (storage/temporal.py): magic, run length, frame bytes, one reference a frame
+TEMPORAL_MAGIC = int.from_bytes(temporal.MAGIC, "little")
+TEMPORAL_HEADER = temporal.HEADER.size
+TEMPORAL_MAX_RUN = temporal.MAX_RUN
 STATUS_TEXT = {BAD_CHECKSUM: "checksum mismatch (stored data is corrupt)",
                BAD_SIZE: "chunk does not decode to the expected number of bytes",
                BAD_CODEC: "the codec failed to decode the chunk"}
@@ -58,13 +63,45 @@ memcpy = types.ExternalFunction("memcpy", _vp(_vp, _vp, _sz))
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode_one(src, size, dst, dst_nbytes, codec, scratch):  # pragma: no cover (compiled)
+def _decode_temporal(src, body, dst, dst_nbytes, header):  # pragma: no cover (compiled)
+    """A temporal run (``storage/temporal.py``): the header checked against ``dst_nbytes``, every reference
+    checked to point inside the run, zstd into ``dst``, then each frame rebuilt from its reference."""
+    if body < TEMPORAL_HEADER:
+        return BAD_SIZE
+    memcpy(header.ctypes.data, src, TEMPORAL_HEADER)
+    words = header[:TEMPORAL_HEADER].view(np.uint32)
+    n, frame_nbytes = np.int64(words[1]), np.int64(words[2])
+    if words[0] != TEMPORAL_MAGIC or n < 1 or n > TEMPORAL_MAX_RUN or n * frame_nbytes != dst_nbytes:
+        return BAD_SIZE
+    if body < TEMPORAL_HEADER + n:
+        return BAD_SIZE
+    memcpy(header.ctypes.data, src + TEMPORAL_HEADER, n)
+    for i in range(n):
+        if header[i] > i:
+            return BAD_CODEC
+    got = zstd_decompress(dst, dst_nbytes, src + TEMPORAL_HEADER + n, body - TEMPORAL_HEADER - n)
+    if zstd_is_error(got) != 0:
+        return BAD_CODEC
+    if got != dst_nbytes:
+        return BAD_SIZE
+    frames = numba.carray(address(dst), (n, frame_nbytes), np.uint8)
+    for i in range(1, n):
+        d = np.int64(header[i])
+        if d:
+            frames[i] += frames[i - d]
+    return OK
+
+
+@numba.njit(cache=True, nogil=True)
+def _decode_one(src, size, dst, dst_nbytes, codec, scratch, header):  # pragma: no cover (compiled)
     if size < 4:
         return BAD_SIZE
     body = size - 4
     memcpy(scratch.ctypes.data, src + body, 4)
     if crc32c(src, body) != (scratch[0] & np.uint64(0xFFFFFFFF)):
         return BAD_CHECKSUM
+    if codec == CODEC_TEMPORAL:
+        return _decode_temporal(src, body, dst, dst_nbytes, header)
     if codec == CODEC_BLOSC:
         # validate first: blosc_decompress_ctx trusts the compressed size in the chunk's header
         if blosc_validate(src, body, scratch.ctypes.data) != 0 or scratch[0] != dst_nbytes:
@@ -97,6 +134,7 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
     the core's cache: a frame that two outputs need is decoded once); ``status[i]`` says how it went.
     Returns the number of failures."""
     scratch = np.zeros(1, dtype=np.uint64)
+    header = np.zeros(TEMPORAL_HEADER + TEMPORAL_MAX_RUN + 1, dtype=np.uint8)
     bad = 0
     n = src_addrs.size
     for i in range(min(PREFETCH_AHEAD, n)):
@@ -104,7 +142,7 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
             _prefetch_chunk(src_addrs[i + PREFETCH_AHEAD], sizes[i + PREFETCH_AHEAD])
-        status[i] = _decode_one(src_addrs[i], sizes[i], dst_addrs[i], dst_nbytes, codec, scratch)
+        status[i] = _decode_one(src_addrs[i], sizes[i], dst_addrs[i], dst_nbytes, codec, scratch, header)
         if status[i] != OK:
             bad += 1
         elif copy_addrs[i] != 0:
@@ -191,4 +229,6 @@ def codec_kind(spec) -> int | None:
         return CODEC_BLOSC
     if spec.get("name") == "zstd":
         return CODEC_ZSTD
+    if spec.get("name") == "temporal":
+        return CODEC_TEMPORAL
     return None

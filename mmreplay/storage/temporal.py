@@ -1,0 +1,239 @@
+"""The temporal frame codec: a chunk holds a run of consecutive frames, each coded alone (a key frame) or
+as its byte difference from an earlier frame of the same run, and the run is compressed with zstd.
+
+Invariant: ``decode_run(encode_run(frames, ...), out)`` writes ``frames`` into ``out`` bit for bit, for
+any frames of any dtype (the differences are taken on the bytes, modulo 256, which is invertible); and
+``decode_run`` either writes exactly ``out.nbytes`` bytes reconstructed from a well-formed run or raises
+``ValueError`` saying what is malformed, writing nothing it has not validated (a reference can only point
+to an earlier frame of the run, the header must describe ``out``'s size, and zstd's output must be
+exactly the size the header announces).
+
+Format of one chunk (little-endian), before zarr's ``crc32c`` codec appends its checksum:
+
+    4 bytes   magic ``b"MRT1"``
+    uint32    n_frames (the chunk's rows)
+    uint32    frame_nbytes (bytes of one frame)
+    n_frames  uint8 references: 0 = the frame is coded alone; d > 0 = it is coded as its bytes minus
+              those of frame ``i - d`` of this run (``d <= i``, so the first frame is always a key frame)
+    rest      one zstd frame holding the n_frames * frame_nbytes residual bytes
+
+Why: consecutive frames of one stream differ in few pixels. Compressed one by one (lz4hc), an 84x84
+Atari frame takes ~430 B and an 84x84 RGB control frame ~13 KB; the same frames coded against their
+predecessor take 3-6x fewer bytes (docs/format.md has the figures). A random frame decodes from its
+chunk's first frame, so runs are short (``chunk_rows``, 8 by default): one sample's stack and next
+observation mostly fall in one chunk, which the decoded cache then holds.
+
+How the encoder chooses (the decoder does not care): it codes the run twice and keeps the smaller, once
+with every frame alone (zstd then finds what repeats across the run: on Atari frames that often beats
+differences, in which a moved sprite appears twice) and once with references. A reference is searched,
+not fixed to "the previous frame": a vector env's frames interleave in the ring (rows ``i`` and ``i + 1``
+come from different envs), and an episode may start inside a run; each frame takes whichever of the last
+``search`` frames leaves the smallest differences.
+
+The codec is registered with zarr (``mmreplay.temporal``, through the package's ``zarr.codecs`` entry
+point and on import) so that ``zarr.open_array`` reads these arrays like any other.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numcodecs import zstd
+
+if TYPE_CHECKING:  # zarr is imported lazily: the storage layer's readers never need it
+    from zarr.core.array_spec import ArraySpec
+    from zarr.core.buffer import Buffer
+
+MAGIC = b"MRT1"
+HEADER = struct.Struct("<4sII")
+CODEC_NAME = "mmreplay.temporal"
+MAX_RUN = 255  # references are one byte; runs are short anyway (a random frame decodes from the run's start)
+DEFAULT_LEVEL = 3
+DEFAULT_RUN = 8  # frames per chunk: a stack of 4 and its next frame mostly fall in one run
+DEFAULT_SEARCH = 8  # covers vector envs of up to 8 interleaved streams
+
+
+def header_nbytes(n_frames: int) -> int:
+    return HEADER.size + n_frames
+
+
+SAMPLED_BYTES = 1024  # bytes of each frame that the reference search compares (a stride through it)
+
+
+def choose_references(frames: np.ndarray, search: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per frame of ``frames`` (``(n, frame_nbytes)`` uint8), the reference distance (1..``search`` back, 0
+    for the first frame or ``search == 0``) and the residual bytes it leaves. The closest reference is the
+    one whose differences are smallest in magnitude (read as signed bytes) on a strided sample of the
+    frame: small differences, not only zero ones, are what compresses (a scene whose light drifts)."""
+    n = frames.shape[0]
+    step = max(1, frames.shape[1] // SAMPLED_BYTES)
+    sample = frames[:, ::step].astype(np.int16)
+    refs = np.zeros(n, dtype=np.uint8)
+    residuals = frames.copy()
+    for i in range(1, n):
+        depth = min(i, search)
+        if depth == 0:
+            continue
+        diffs = (sample[i] - sample[i - depth:i][::-1] + 128) % 256 - 128  # row d-1: against frame i - d
+        refs[i] = 1 + int(np.argmin(np.abs(diffs).sum(axis=1)))
+        residuals[i] = frames[i] - frames[i - refs[i]]  # uint8 arithmetic wraps: modulo 256
+    return refs, residuals
+
+
+def encode_run(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int = DEFAULT_SEARCH) -> bytes:
+    """The coded bytes of ``chunk``, a run of frames along axis 0 (any dtype)."""
+    chunk = np.ascontiguousarray(chunk)
+    n = chunk.shape[0]
+    if not 1 <= n <= MAX_RUN:
+        raise ValueError(f"a temporal chunk holds 1..{MAX_RUN} frames, got {n}")
+    frames = chunk.reshape(n, -1).view(np.uint8)
+    header = HEADER.pack(MAGIC, n, frames.shape[1])
+    # Every frame coded alone: zstd still finds what repeats across the run (Atari's static backgrounds and
+    # sprites, often smaller than differences, whose moved sprites appear twice).
+    alone = b"".join((header, bytes(n), zstd.compress(frames, level)))
+    refs, residuals = choose_references(frames, search)
+    if not refs.any():
+        return alone
+    # Differences: what wins when pixel values drift (rendered scenes, lighting, camera motion).
+    coded = b"".join((header, refs.tobytes(), zstd.compress(residuals, level)))
+    return coded if len(coded) < len(alone) else alone
+
+
+def parse_header(data, expected_nbytes: int) -> tuple[int, int, np.ndarray]:
+    """(n_frames, frame_nbytes, references) of a coded run that must decode to ``expected_nbytes``."""
+    if len(data) < HEADER.size:
+        raise ValueError(f"temporal chunk is {len(data)} bytes, shorter than its {HEADER.size}-byte header")
+    magic, n, frame_nbytes = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise ValueError(f"temporal chunk starts with {magic!r}, expected {MAGIC!r}")
+    if not 1 <= n <= MAX_RUN or n * frame_nbytes != expected_nbytes:
+        raise ValueError(f"temporal chunk announces {n} frames of {frame_nbytes} bytes, expected "
+                         f"{expected_nbytes} bytes in all")
+    if len(data) < header_nbytes(n):
+        raise ValueError(f"temporal chunk is {len(data)} bytes, shorter than its header of {n} references")
+    refs = np.frombuffer(data, dtype=np.uint8, count=n, offset=HEADER.size)
+    if (refs > np.arange(n)).any():
+        bad = int(np.argmax(refs > np.arange(n)))
+        raise ValueError(f"temporal chunk: frame {bad} refers {int(refs[bad])} frames back, before the run starts")
+    return n, frame_nbytes, refs
+
+
+def decode_run(data, out: np.ndarray) -> np.ndarray:
+    """Decode a coded run into ``out`` (C-contiguous, the chunk's shape and dtype)."""
+    data = memoryview(data).cast("B")
+    n, frame_nbytes, refs = parse_header(data, out.nbytes)
+    flat = out.reshape(-1).view(np.uint8)
+    payload = data[header_nbytes(n):]
+    announced = zstd_content_size(payload)
+    if announced != out.nbytes:
+        raise ValueError(f"temporal chunk: zstd frame announces {announced} bytes, expected {out.nbytes}")
+    try:  # zstd checks that the frame decodes to exactly the size it announces
+        zstd.decompress(payload, flat)
+    except RuntimeError as exc:
+        raise ValueError(f"temporal chunk: {exc}") from None
+    reconstruct(flat.reshape(n, frame_nbytes), refs)
+    return out
+
+
+ZSTD_MAGIC = 0xFD2FB528
+_FCS_BYTES = (0, 2, 4, 8)
+_DICT_ID_BYTES = (0, 1, 2, 4)
+
+
+def zstd_content_size(frame) -> int | None:
+    """The decompressed size a zstd frame's header announces (RFC 8878, 3.1.1), or None if it announces
+    none or is not a zstd frame. (numcodecs decompresses a smaller frame into a larger buffer silently.)"""
+    if len(frame) < 6 or int.from_bytes(frame[:4], "little") != ZSTD_MAGIC:
+        return None
+    descriptor = frame[4]
+    single_segment = (descriptor >> 5) & 1
+    fcs_bytes = _FCS_BYTES[descriptor >> 6] or (1 if single_segment else 0)
+    start = 5 + (0 if single_segment else 1) + _DICT_ID_BYTES[descriptor & 3]
+    if fcs_bytes == 0 or len(frame) < start + fcs_bytes:
+        return None
+    size = int.from_bytes(frame[start:start + fcs_bytes], "little")
+    return size + 256 if fcs_bytes == 2 else size
+
+
+def reconstruct(frames: np.ndarray, refs: np.ndarray) -> None:
+    """Residuals to frames, in place, in run order (a reference always points to a frame already rebuilt)."""
+    for i in np.flatnonzero(refs):
+        frames[i] += frames[i - int(refs[i])]
+
+
+# ------------------------------------------------------------------------------------------------
+# zarr v3: the same bytes as a BytesBytesCodec, so plain zarr reads (and writes) these arrays
+# ------------------------------------------------------------------------------------------------
+def zarr_codec_class():
+    """The zarr v3 codec class (built on first use: importing zarr costs ~0.3 s)."""
+    global _ZARR_CODEC
+    if _ZARR_CODEC is None:
+        _ZARR_CODEC = _make_zarr_codec_class()
+    return _ZARR_CODEC
+
+
+_ZARR_CODEC = None
+
+
+def _make_zarr_codec_class():
+    from zarr.abc.codec import BytesBytesCodec
+    from zarr.core.common import parse_named_configuration
+
+    @dataclass(frozen=True)
+    class TemporalCodec(BytesBytesCodec):
+        """zarr v3 codec ``mmreplay.temporal``: runs of frames along the chunk's first axis (see the module
+        docstring of ``mmreplay.storage.temporal`` for the byte format)."""
+
+        is_fixed_size = False
+        level: int = DEFAULT_LEVEL
+        search: int = DEFAULT_SEARCH
+
+        @classmethod
+        def from_dict(cls, data):
+            _, config = parse_named_configuration(data, CODEC_NAME)
+            return cls(level=int(config.get("level", DEFAULT_LEVEL)), search=int(config.get("search", DEFAULT_SEARCH)))
+
+        def to_dict(self):
+            return {"name": CODEC_NAME, "configuration": {"level": self.level, "search": self.search}}
+
+        def evolve_from_array_spec(self, array_spec: "ArraySpec"):
+            return replace(self)
+
+        def _decode_sync(self, chunk_bytes: "Buffer", chunk_spec: "ArraySpec") -> "Buffer":
+            nbytes = int(np.prod(chunk_spec.shape)) * chunk_spec.dtype.to_native_dtype().itemsize
+            out = np.empty(nbytes, dtype=np.uint8)
+            decode_run(chunk_bytes.as_numpy_array(), out)
+            return chunk_spec.prototype.buffer.from_bytes(out.tobytes())
+
+        async def _decode_single(self, chunk_bytes, chunk_spec):
+            return self._decode_sync(chunk_bytes, chunk_spec)
+
+        def _encode_sync(self, chunk_bytes: "Buffer", chunk_spec: "ArraySpec") -> "Buffer":
+            raw = chunk_bytes.as_numpy_array().view(np.uint8)
+            run = raw.reshape(chunk_spec.shape[0] if chunk_spec.shape else 1, -1)
+            return chunk_spec.prototype.buffer.from_bytes(encode_run(run, self.level, self.search))
+
+        async def _encode_single(self, chunk_bytes, chunk_spec):
+            return self._encode_sync(chunk_bytes, chunk_spec)
+
+        def compute_encoded_size(self, input_byte_length: int, chunk_spec) -> int:
+            raise NotImplementedError
+
+    return TemporalCodec
+
+
+def register_with_zarr() -> None:
+    """Make ``mmreplay.temporal`` known to zarr (idempotent)."""
+    from zarr.registry import register_codec
+
+    register_codec(CODEC_NAME, zarr_codec_class())
+
+
+def __getattr__(name: str):
+    """``TemporalCodec``, the zarr codec class, for the ``zarr.codecs`` entry point (built on first use)."""
+    if name == "TemporalCodec":
+        return zarr_codec_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,253 @@
+"""The temporal frame codec (``frame_codec="delta-zstd"``, ``storage/temporal.py``): runs of frames coded
+against each other. Round trips, refusal of malformed chunks on both read paths, runs that hold episode
+starts, ring wraps and interleaved streams, plain zarr reading the arrays, and readers racing a writer."""
+
+import os
+import struct
+
+import google_crc32c
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import mmreplay
+import synthetic as syn
+from mmreplay.errors import CorruptDataError
+from mmreplay.reading import native
+from mmreplay.storage import temporal
+from mmreplay.storage.codecs import validate_codec
+from reference import ReferenceReplay, assert_batch_matches
+from torture import reader_race
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "atari_fixture.npz")
+
+
+@pytest.fixture(scope="module")
+def atari_frames():
+    with np.load(FIXTURE, allow_pickle=False) as data:
+        return data["frames"]
+
+
+# -- the codec alone --------------------------------------------------------------------------------
+@pytest.mark.parametrize("run", [1, 2, 8, 32])
+def test_real_frames_round_trip_bit_exact(atari_frames, run):
+    for lo in range(0, len(atari_frames) - run + 1, run):
+        chunk = atari_frames[lo:lo + run]
+        out = np.empty_like(chunk)
+        temporal.decode_run(temporal.encode_run(chunk), out)
+        assert np.array_equal(out, chunk)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int32", "float32"])
+def test_any_dtype_round_trips(dtype):
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 200, (8, 3, 7, 5)).astype(dtype)
+    base[1::2] = base[::2]  # repeated frames: deltas of zero
+    out = np.empty_like(base)
+    temporal.decode_run(temporal.encode_run(base, search=3), out)
+    assert out.tobytes() == base.tobytes()
+
+
+def drifting_frames(n, seed, shape=(3, 24, 20)):
+    """Rendered-looking frames: a smooth image whose pixel values drift a little each step (lighting,
+    camera), where per-frame coding finds few repeats but differences are small."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, shape).astype(np.int64)
+    return np.stack([(base + t * 3) % 256 for t in range(n)]).astype(np.uint8)
+
+
+def test_interleaved_streams_are_coded_against_their_own_stream():
+    """Two envs' frames alternating (a vector env's ring): the search finds each frame's own predecessor."""
+    a, b = drifting_frames(8, 1), drifting_frames(8, 2)
+    run = np.stack([x for pair in zip(a, b) for x in pair])
+    coded = temporal.encode_run(run, search=2)
+    _, _, refs = temporal.parse_header(coded, run.nbytes)
+    assert refs[2:].tolist() == [2] * 14  # always its own stream's previous frame
+    assert len(coded) * 4 < len(temporal.encode_run(run, search=0))  # vs every frame coded alone
+    out = np.empty_like(run)
+    temporal.decode_run(coded, out)
+    assert np.array_equal(out, run)
+
+
+def test_the_smaller_coding_of_a_run_is_kept(atari_frames):
+    for lo in range(0, 640, 64):
+        run = atari_frames[lo:lo + 8]
+        assert len(temporal.encode_run(run)) <= len(temporal.encode_run(run, search=0))
+    drifting = drifting_frames(8, 3)
+    assert len(temporal.encode_run(drifting)) < len(temporal.encode_run(drifting, search=0))
+
+
+def test_smaller_than_per_frame_coding_on_real_frames(atari_frames):
+    from mmreplay.storage.codecs import numcodecs_compressor
+    per_frame = numcodecs_compressor({"name": "blosc", "cname": "lz4hc", "clevel": 3}, np.uint8)
+    runs = [atari_frames[i:i + 8] for i in range(0, 640, 8)]
+    temporal_bytes = sum(len(temporal.encode_run(r)) for r in runs)
+    lz4hc_bytes = sum(len(per_frame.encode(f)) for f in atari_frames)
+    assert temporal_bytes * 3 < lz4hc_bytes
+
+
+def _hostile_variants(coded: bytes):
+    """(what, bytes): headers that lie, references out of the run, payloads cut or swapped."""
+    n = struct.unpack_from("<I", coded, 4)[0]
+    body = bytearray(coded)
+    yield "magic", b"XXXX" + coded[4:]
+    yield "more frames", coded[:4] + struct.pack("<I", n + 1) + coded[8:]
+    yield "fewer frames", coded[:4] + struct.pack("<I", n - 1) + coded[8:]
+    yield "frame bytes", coded[:8] + struct.pack("<I", 7055) + coded[12:]
+    bad_ref = bytearray(body)
+    bad_ref[temporal.HEADER.size + 3] = 4  # frame 3 refers 4 back: before the run
+    yield "reference before the run", bytes(bad_ref)
+    yield "truncated payload", coded[:len(coded) - 5]
+    yield "header only", coded[:temporal.header_nbytes(n)]
+    yield "too short", coded[:7]
+    small = temporal.encode_run(np.zeros((n, 84, 83), np.uint8))
+    yield "payload of another size", coded[:temporal.header_nbytes(n)] + small[temporal.header_nbytes(n):]
+
+
+def test_malformed_chunks_are_refused_by_the_python_path(atari_frames):
+    coded = temporal.encode_run(atari_frames[:8])
+    for what, data in _hostile_variants(coded):
+        out = np.zeros((8, 84, 84), np.uint8)
+        with pytest.raises(ValueError):
+            temporal.decode_run(data, out)
+            pytest.fail(f"{what}: accepted")
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="compiled codec symbols not available")
+def test_malformed_chunks_are_refused_by_the_compiled_path(atari_frames):
+    coded = temporal.encode_run(atari_frames[:8])
+    cases = [("intact", coded)] + list(_hostile_variants(coded))
+    for what, data in cases:
+        chunk = np.frombuffer(data + struct.pack("<I", google_crc32c.value(data)), np.uint8).copy()
+        out = np.zeros((8, 84, 84), np.uint8)
+        status = np.zeros(1, np.int8)
+        bad = native.decode_chunks(np.array([chunk.ctypes.data]), np.array([chunk.size]),
+                                   np.array([out.ctypes.data]), np.zeros(1, np.int64), out.nbytes,
+                                   native.CODEC_TEMPORAL, status)
+        if what == "intact":
+            assert bad == 0 and np.array_equal(out, atari_frames[:8])
+        else:
+            assert bad == 1 and status[0] != native.OK, what
+
+
+def test_codec_spec_is_validated():
+    for bad in ({"name": "temporal", "run": 6}, {"name": "temporal", "run": 0}, {"name": "temporal", "level": 40},
+                {"name": "temporal", "search": -1}, {"name": "temporal", "run": 512}, {"name": "temporal", "run": 8.0}):
+        with pytest.raises(ValueError, match="temporal codec"):
+            validate_codec(bad)
+
+
+# -- through a store --------------------------------------------------------------------------------
+def _record(store, ref, fixture_frames, n, episode_len):
+    """``n`` transitions of real frames in episodes of ``episode_len`` steps (starts fall inside runs)."""
+    frame = 0
+    for t in range(n):
+        step = t % episode_len
+        if step == 0:
+            frame += 1  # a new episode: a fresh first frame
+        obs, nxt = fixture_frames[frame % 640], fixture_frames[(frame + 1) % 640]
+        frame += 1
+        end = step == episode_len - 1
+        row = (obs, t % 6, float(t % 3 - 1), nxt, end and t % 2 == 0, end and t % 2 == 1)
+        store.add(*row)
+        ref.add(0, *row)
+
+
+@pytest.mark.parametrize("episode_len", [3, 5, 13])
+def test_runs_holding_episode_starts_and_ring_wraps_read_back_exactly(store_path, atari_frames, episode_len):
+    capacity = 256  # the ring wraps three times while recording
+    ref = ReferenceReplay(4, capacity)
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=capacity, frame_stack=4,
+                               reward_values=(-1, 0, 1), frame_codec="delta-zstd", durable=False) as s:
+        _record(s, ref, atari_frames, 3 * capacity + 37, episode_len)
+        ids = ref.valid_ids()[-capacity // 2:]
+        assert_batch_matches(s.get(ids), ref, ids)  # partly from the writer's RAM
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        ids = [g for g in ref.valid_ids() if g >= s.valid_range()[0]]
+        assert_batch_matches(s.get(ids), ref, ids)
+        assert s.verify() == []
+        for _ in range(5):
+            batch = s.sample(32)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+
+
+def test_compiled_and_python_paths_give_identical_batches(store_path, atari_frames, monkeypatch):
+    ref = ReferenceReplay(4, 512)
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=512, frame_stack=4,
+                               reward_values=(-1, 0, 1), frame_codec="delta-zstd", durable=False) as s:
+        _record(s, ref, atari_frames, 600, 7)
+    ids = [g for g in ref.valid_ids() if g >= 600 - 500]
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        compiled = s.get(ids)
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=1 << 20) as s:  # small: decodes from the files
+        python = s.get(ids)
+    assert np.array_equal(compiled.obs.numpy(), python.obs.numpy())
+    assert np.array_equal(compiled.next_obs.numpy(), python.next_obs.numpy())
+    assert_batch_matches(python, ref, ids)
+
+
+def test_plain_zarr_reads_the_frames(store_path, atari_frames):
+    import zarr
+
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=512, frame_stack=4,
+                               reward_values=(-1, 0, 1), frame_codec="delta-zstd") as s:
+        for t in range(300):
+            s.add(atari_frames[t], t % 6, 0.0, atari_frames[t + 1], False, False)
+    frames = zarr.open_group(store_path, mode="r")["frames/obs"]
+    assert frames.metadata.codecs[0].codecs[1].to_dict()["name"] == temporal.CODEC_NAME
+    assert np.array_equal(frames[:301], atari_frames[:301])
+
+
+def test_a_corrupt_run_is_an_error_naming_the_chunk(store_path, atari_frames):
+    space = spaces.Box(0, 255, (84, 84), np.uint8)
+    with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=512, frame_stack=4,
+                               reward_values=(-1, 0, 1), frame_codec="delta-zstd") as s:
+        for t in range(300):
+            s.add(atari_frames[t], t % 6, 0.0, atari_frames[t + 1], False, False)
+    shard = os.path.join(store_path, "frames", "obs", "c", "0", "0", "0")
+    raw = bytearray(open(shard, "rb").read())
+    raw[40] ^= 0xFF  # inside the first run's zstd payload; its crc32c no longer matches
+    open(shard, "wb").write(bytes(raw))
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        problems = s.verify()
+        assert problems and "chunk 0" in problems[0]
+        with pytest.raises(CorruptDataError, match="chunk 0"):
+            s.get([1])
+        assert np.array_equal(s.get([100]).obs.numpy()[0, -1], atari_frames[100])  # the rest stays readable
+
+
+def test_readers_racing_a_writer_that_rewrites_runs(tmp_path):
+    """The writer commits every 1..30 adds on a 200-row ring (runs of 8 rewritten as it wraps), readers with
+    a tiny cache check every row they get against the ground truth."""
+    results = reader_race(str(tmp_path / "race"), readers=2, seconds=6.0, frame_codec="delta-zstd")
+    assert sum(r["rows"] for r in results) > 1000
+    assert [r["wrong"] for r in results] == [0, 0], [r["examples"] for r in results]
+
+
+def test_synthetic_store_with_temporal_frames_checks_out(synthetic_store):
+    s = synthetic_store(capacity=300, n=700, frame_codec="delta-zstd")
+    for _ in range(10):
+        syn.check_batch(s.sample(64))
+
+
+def test_colour_frames_get_longer_runs(store_path):
+    """Named "delta-zstd": runs of 8 for 84x84 gray frames, 16 (and a stronger level) for 3x84x84 RGB."""
+    rgb = spaces.Box(0, 255, (3, 84, 84), np.uint8)
+    with mmreplay.Store.create(store_path, rgb, spaces.Discrete(2), capacity=256, frame_stack=3,
+                               frame_codec="delta-zstd") as s:
+        frames = drifting_frames(40, 5, (3, 84, 84))
+        for t in range(39):
+            s.add(frames[t], t % 2, 0.0, frames[t + 1], False, t == 38)
+        batch = s.get(list(range(2, 39)))
+        for i, g in enumerate(range(2, 39)):
+            assert np.array_equal(batch.obs[i].numpy(), frames[g - 2:g + 1])
+    meta = mmreplay.Store.open(store_path, mode="r")
+    try:
+        spec = meta.schema.observations[0]
+        assert spec.chunk_rows == 16 and spec.codec["level"] == 5
+    finally:
+        meta.close()
