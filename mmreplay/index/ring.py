@@ -25,6 +25,9 @@ from mmreplay.columns.spec import ColumnSpec
 from mmreplay.intrinsics import prefetch
 from mmreplay.storage.layout import RingGeometry, transition_layout
 from mmreplay.storage.sharded import ShardedArray
+from mmreplay import intrinsics, kernel_cache
+
+kernel_cache.follow(__file__, packing, intrinsics)  # the kernels inline both (see kernel_cache)
 
 U32 = np.uint32
 NO_FRAME = np.iinfo(np.int64).max

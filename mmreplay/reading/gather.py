@@ -12,7 +12,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from mmreplay import kernel_cache
+from mmreplay.reading import cache
 from mmreplay.reading.cache import slab_row
+
+kernel_cache.follow(__file__, cache)  # the kernels inline slab_row (see kernel_cache)
 
 
 @numba.njit(cache=True, nogil=True)

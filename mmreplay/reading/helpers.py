@@ -28,6 +28,12 @@ from mmreplay.intrinsics import address, atomic_add, atomic_cas, atomic_load, at
 from mmreplay.reading.gather import gather_stacks
 from mmreplay.reading.native import decode_chunks
 from mmreplay.storage import forking
+from mmreplay import intrinsics, kernel_cache
+from mmreplay.reading import cache, gather, native
+from mmreplay.storage import temporal
+
+# these kernels call the compiled decode and copy kernels of other modules: see kernel_cache
+kernel_cache.follow(__file__, intrinsics, gather, cache, native, temporal)
 
 # Layout of the control words (int64).
 TICKET, DONE, BAD, STOP, SLEEPING = 0, 8, 16, 24, 32   # SLEEPING + i: helper i is asleep (1) or not (0)

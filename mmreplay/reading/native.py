@@ -24,6 +24,9 @@ from numba import types
 
 from mmreplay.intrinsics import address, prefetch
 from mmreplay.storage import temporal
+from mmreplay import intrinsics, kernel_cache
+
+kernel_cache.follow(__file__, intrinsics, temporal)  # the kernels inline both (see kernel_cache)
 
 OK, BAD_CHECKSUM, BAD_SIZE, BAD_CODEC = 0, 1, 2, 3
 CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL = 0, 1, 2

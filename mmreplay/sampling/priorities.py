@@ -28,6 +28,11 @@ from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
 from mmreplay.storage.commit import NAME_PATTERN, check_leaf_range
 from mmreplay.storage.layout import PRIORITIES_GROUP, priority_layout, resize_arrays
 from mmreplay.storage.sharded import ShardedArray
+from mmreplay import intrinsics, kernel_cache
+from mmreplay.columns import packing
+from mmreplay.index import ring, sumtree
+
+kernel_cache.follow(__file__, ring, sumtree, packing, intrinsics)  # kernels of these are inlined
 
 INITIAL_MAX_PRIORITY = 1.0
 DEFAULT_ALPHA = 0.6
