@@ -21,8 +21,10 @@ from mmreplay.sampling.priorities import DEFAULT_ALPHA, DEFAULT_PRIORITY_EPS, Pr
 class PrioritySets:
     """The priority sets of one store, by name (see the module invariant)."""
 
-    def __init__(self, root: str, ring: TransitionRing, frames, frame_stack: int, committed: dict[str, dict]):
+    def __init__(self, root: str, ring: TransitionRing, frames, frame_stack: int, committed: dict[str, dict], *,
+                 writable: bool = False):
         self.root, self.ring, self.frames, self.frame_stack = root, ring, frames, frame_stack
+        self.writable = writable  # a writer's sets make their files when made (see Priorities.make_files)
         self.entries: dict[str, dict] = dict(committed)  # committed, maybe not loaded
         self.loaded: dict[str, Priorities] = {}
 
@@ -37,6 +39,8 @@ class PrioritySets:
             eps = saved.get("eps", DEFAULT_PRIORITY_EPS) if eps is None else eps
             prio = Priorities(self.ring, self.frames, self.frame_stack, self.root, name, alpha=alpha, eps=eps,
                               entry=entry)
+            if self.writable:
+                prio.make_files()
             self.loaded[name] = prio
         elif alpha is not None or eps is not None:
             prio.set_alpha(prio.alpha if alpha is None else alpha, prio.eps if eps is None else eps)
