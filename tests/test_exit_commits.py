@@ -1,10 +1,11 @@
 """A normal exit without ``close()`` commits everything, even when that last commit must seal a frame shard
-(on the writer thread or the encoder process), grow an unbounded ring, or create a priority set's arrays.
+(on the writer thread or with the encoder process), grow an unbounded ring, or create a priority set's
+arrays: by then ``concurrent.futures`` refuses new work and zarr's I/O cannot run.
 
-Each case runs a real child interpreter that adds transitions, stops where the pending adds (drained only by
-the exit commit) cross a frame shard, and leaves by returning, ``sys.exit``, an exception, a
-``KeyboardInterrupt``, or from a thread. The parent reopens the store and checks every transition and every
-priority against the ground truth (``exit_truth``)."""
+Each test runs a real child interpreter that fills one store of each kind, stopping each where its pending
+adds (drained only by the exit commit) fill the staging frame shard, and then leaves: by returning,
+``sys.exit``, an exception, a ``KeyboardInterrupt``, or from a thread. The parent reopens every store and
+checks every transition and every priority against the ground truth (``exit_truth``)."""
 
 import os
 import signal
@@ -20,114 +21,211 @@ import mmreplay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-LOW_DIM = (6, 5)  # 30-byte frames: encoded inline / by the writer thread, never by the encoder process
+LOW_DIM = (6, 5)  # 30-byte frames: always encoded by the writer thread, never by the encoder process
 IMAGE = (84, 84)
+UPDATED = 150  # a prioritized store's first transitions, whose priorities the child sets
+
+# name: (frame shape, capacity, encoder, prioritized)
+STORES = {
+    "low-dim": (LOW_DIM, 1000, "thread", False),
+    "image, thread encoder": (IMAGE, 1000, "thread", False),
+    "image, unbounded, thread encoder": (IMAGE, None, "thread", False),
+    "image, unbounded, encoder process": (IMAGE, None, "process", False),
+    "prioritized, low-dim": (LOW_DIM, 1000, "thread", True),
+    "prioritized, image, encoder process": (IMAGE, 1000, "process", True),
+}
 
 CHILD = textwrap.dedent("""
-    import os, sys, threading
+    import os, signal, sys, threading
     sys.path.insert(0, {here!r})
     import numpy as np
     import mmreplay, exit_truth as truth
 
-    SHAPE, CAPACITY = {shape!r}, {capacity!r}
-
-    def seals_at_exit(s):
+    def seals_at_exit(s, unbounded):
         '''Will the exit commit's drain of the pending adds fill the staging frame shard (and, unbounded,
         enter rows the ring must first grow to)? Each pending transition brings at least one frame.'''
         frames, pending = s._state.frames, s._writer.block.n
         fills = frames.head % frames.shard_rows + pending >= frames.shard_rows
-        if CAPACITY is None:
-            return fills and frames.head < frames.rows <= frames.head + pending
-        return fills
+        return fills and (not unbounded or frames.head < frames.rows <= frames.head + pending)
 
-    def main():
-        s = mmreplay.Store.create({path!r}, truth.obs_space(SHAPE), truth.ACTION_SPACE, capacity=CAPACITY,
+    def fill(path, shape, capacity, encoder, prioritized):
+        '''A store of this kind, holding transitions [0, g) of which the last ones are still pending.'''
+        if encoder == "thread":
+            os.environ["MMREPLAY_ENCODER"] = "thread"  # as with a /dev/shm too small for the encoder
+        else:
+            os.environ.pop("MMREPLAY_ENCODER", None)
+        s = mmreplay.Store.create(path, truth.obs_space(shape), truth.ACTION_SPACE, capacity=capacity,
                                   frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1), commit_every=100)
-        assert (s._state.frames._encoder is not None) == {process_encoder!r}
-        g = 0
-        if {prioritized!r}:
+        assert (s._state.frames._encoder is not None) == (encoder == "process"), path
+        g, sampler = 0, None
+        if prioritized:
             for g in range({updated}):
-                s.add(*truth.transition(SHAPE, g))
-            s.flush()  # the priority set is made after the last commit: its arrays do not exist yet
+                s.add(*truth.transition(shape, g))
+            s.flush()  # the priority set is made after the last commit: no commit has written its arrays
             sampler = s.sampler(8, prioritized=True, name="per")
             ids = np.arange({updated})
             assert sampler.update_priorities(ids, [truth.priority(i) for i in ids]) == {updated}
             g = {updated}
-        while not seals_at_exit(s):
-            assert g < {limit}, "never stopped where the exit commit seals a shard"
-            s.add(*truth.transition(SHAPE, g))
+        while not seals_at_exit(s, capacity is None):
+            assert g < 20_000, "never stopped where the exit commit seals a shard"
+            s.add(*truth.transition(shape, g))
             g += 1
-        print("ADDED", g, flush=True)
+        print("ADDED", path, g, flush=True)
+        return s, sampler
+
+    def main():
+        kept = [fill(path, *kind) for path, kind in {stores!r}]  # open at exit, never closed
         {ending}
 
     {run}
 """)
 
-ENDINGS = {
+ENDINGS = {  # the last line of main, and the child's exit status
     "return": ("pass", 0),
     "sys.exit": ("sys.exit(0)", 0),
     "exception": ("raise RuntimeError('the training loop failed')", 1),
-    "KeyboardInterrupt": ("raise KeyboardInterrupt", -signal.SIGINT),
+    # a Ctrl-C at the terminal: SIGINT to the whole foreground process group (the child leads its own)
+    "KeyboardInterrupt": ("os.killpg(0, signal.SIGINT); signal.pause()", -signal.SIGINT),
 }
 
 
-def run_child(path, *, shape, capacity=1000, encoder="process", prioritized=False, updated=150, ending="return",
-              in_thread=False):
-    """Run the child; returns how many transitions it added."""
-    code = CHILD.format(here=HERE, path=path, shape=shape, capacity=capacity,
-                        process_encoder=encoder == "process" and shape == IMAGE, prioritized=prioritized,
-                        updated=updated, limit=20_000, ending=ENDINGS[ending][0],
+def run_child(tmp_path, ending="return", in_thread=False) -> dict:
+    """Run the child on one store of each kind; returns {kind: how many transitions it added}."""
+    paths = {name: str(tmp_path / f"store{i}") for i, name in enumerate(STORES)}
+    code = CHILD.format(here=HERE, updated=UPDATED, ending=ENDINGS[ending][0],
+                        stores=[(paths[name], kind) for name, kind in STORES.items()],
                         run="t = threading.Thread(target=main); t.start(); t.join()" if in_thread else "main()")
-    env = {**os.environ}
-    if encoder == "thread":
-        env["MMREPLAY_ENCODER"] = "thread"
-    else:
-        env.pop("MMREPLAY_ENCODER", None)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         start_new_session=True)
     assert out.returncode == ENDINGS[ending][1], out.stderr[-3000:]
-    assert "could not commit" not in out.stderr, out.stderr[-3000:]
-    added = [int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("ADDED")]
-    assert added, out.stdout + out.stderr[-3000:]
-    return added[0]
+    added = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("ADDED "):
+            _, path, n = line.split()
+            added[path] = int(n)
+    assert len(added) == len(STORES), out.stdout + out.stderr[-3000:]
+    return {name: (path, added[path]) for name, path in paths.items()}, out.stderr
 
 
-def check_store(path, shape, added, *, prioritized=False, updated=150):
-    """Every transition of ``[0, added)`` and (prioritized) every priority equals the ground truth."""
+def wrong(path, shape, added, prioritized) -> list[str]:
+    """What differs from the ground truth in the store at ``path``: transitions [0, added) and, prioritized,
+    their priorities (the first ``UPDATED`` as set, the later ones at the largest priority given before)."""
     with mmreplay.Store.open(path, mode="r") as s:
-        assert s.valid_range() == (0, added)
+        if s.valid_range() != (0, added):
+            return [f"valid range {s.valid_range()}, expected (0, {added})"]
         ids = list(range(added))
-        for lo in range(0, added, 256):
-            assert truth.wrong_rows(shape, s.get(ids[lo:lo + 256])) == []
+        bad = [f"transition {g}" for lo in range(0, added, 256) for g in truth.wrong_rows(shape, s.get(ids[lo:lo + 256]))]
         if prioritized:
-            given = np.array([truth.priority(g) for g in range(updated)], dtype=np.float32)
-            later = np.float32(max(1.0, float(given.max())))  # added after the update: the maximum so far
-            want = np.concatenate([given, np.full(added - updated, later, dtype=np.float32)])
-            np.testing.assert_array_equal(s.priorities("per").of(ids), want)
+            given = np.array([truth.priority(g) for g in range(UPDATED)], dtype=np.float32)
+            later = np.float32(max(1.0, float(given.max())))
+            want = np.concatenate([given, np.full(added - UPDATED, later, dtype=np.float32)])
+            got = s.priorities("per").of(ids)
+            bad += [f"priority of {g}: {got[g]}, expected {want[g]}" for g in np.flatnonzero(got != want)]
+        return bad
 
 
-CASES = {
-    "low-dim": dict(shape=LOW_DIM, encoder="thread"),
-    "image, thread encoder": dict(shape=IMAGE, encoder="thread"),
-    "image, unbounded, thread encoder": dict(shape=IMAGE, encoder="thread", capacity=None),
-    "image, unbounded, encoder process": dict(shape=IMAGE, encoder="process", capacity=None),
-    "prioritized, low-dim": dict(shape=LOW_DIM, encoder="thread", prioritized=True),
-    "prioritized, image, encoder process": dict(shape=IMAGE, encoder="process", prioritized=True),
-}
+def check_every_store(stores: dict, stderr: str) -> None:
+    """Every store holds everything the child added, and the child had nothing to complain about."""
+    problems = {}
+    for name, (path, added) in stores.items():
+        shape, _, _, prioritized = STORES[name]
+        found = wrong(path, shape, added, prioritized)
+        if found:
+            problems[name] = found[:5] + ([f"... {len(found)} in all"] if len(found) > 5 else [])
+    assert problems == {}, stderr[-3000:]
+    assert "Warning" not in stderr and "Traceback" not in stderr.replace("RuntimeError: the training", ""), \
+        stderr[-3000:]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_a_normal_exit_commits_the_last_adds(store_path, case):
-    kw = CASES[case]
-    added = run_child(store_path, **kw)
-    check_store(store_path, kw["shape"], added, prioritized=kw.get("prioritized", False))
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_every_way_out_of_main_commits_every_store(tmp_path, ending):
+    check_every_store(*run_child(tmp_path, ending))
 
 
-@pytest.mark.parametrize("ending", ["sys.exit", "exception", "KeyboardInterrupt"])
-def test_every_way_out_of_main_commits(store_path, ending):
-    added = run_child(store_path, shape=IMAGE, encoder="thread", prioritized=True, ending=ending)
-    check_store(store_path, IMAGE, added, prioritized=True)
+def test_stores_written_by_another_thread_commit_at_exit(tmp_path):
+    check_every_store(*run_child(tmp_path, in_thread=True))
 
 
-def test_a_store_written_by_another_thread_commits_at_exit(store_path):
-    added = run_child(store_path, shape=LOW_DIM, encoder="thread", prioritized=True, in_thread=True)
-    check_store(store_path, LOW_DIM, added, prioritized=True)
+FORK_CHILD = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {here!r})
+    import mmreplay, exit_truth as truth
+
+    SHAPE = {shape!r}
+    s = mmreplay.Store.create({path!r}, truth.obs_space(SHAPE), truth.ACTION_SPACE, capacity=1000,
+                              frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1))
+    for g in range(300):
+        s.add(*truth.transition(SHAPE, g))  # pending, not committed: the forked child inherits them
+    go, wait = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a worker forked from the training script: it ends with a normal exit of its own
+        os.read(go, 1)
+        try:
+            s.add(*truth.transition(SHAPE, 300))
+        except mmreplay.StoreClosedError:
+            sys.exit(0)  # atexit runs here: it must not commit the parent's store
+        sys.exit(3)
+    for g in range(300, 500):
+        s.add(*truth.transition(SHAPE, g))
+    s.flush()  # committed: 500 transitions; nothing is pending after this
+    os.write(wait, b"x")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    {ending}
+""")
+
+
+@pytest.mark.parametrize("shape", [LOW_DIM, IMAGE])
+def test_a_forked_child_that_exits_never_commits_its_parents_store(store_path, shape):
+    """The child holds the parent's 300 uncommitted transitions and state; if its exit committed them, the
+    store would say 300 where the parent committed 500 (and its staging shard file would be the child's)."""
+    code = FORK_CHILD.format(here=HERE, path=store_path, shape=shape, ending="pass  # no close()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert wrong(store_path, shape, 500, False) == []
+    assert "Warning" not in out.stderr, out.stderr[-3000:]
+
+
+def test_sys_exit_inside_a_with_block_commits(store_path):
+    code = CHILD.format(here=HERE, updated=UPDATED, ending="", run=textwrap.dedent(f"""
+        s, sampler = fill({store_path!r}, {IMAGE!r}, 1000, "thread", True)
+        with s:
+            sys.exit(0)"""), stores=[])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    added = int(out.stdout.split()[-1])
+    assert wrong(store_path, IMAGE, added, True) == []
+
+
+def add_until(store, shape, g, done) -> int:
+    while not done():
+        store.add(*truth.transition(shape, g))
+        g += 1
+    return g
+
+
+def test_a_shard_whose_encoder_process_died_is_encoded_here(store_path, monkeypatch):
+    """The encoder child dies (SIGKILL, an OOM kill) with a sealed shard's job in flight: the shard is
+    encoded from the sealed buffers instead, so the next commit (here, close) loses nothing."""
+    monkeypatch.delenv("MMREPLAY_ENCODER", raising=False)
+    s = mmreplay.Store.create(store_path, truth.obs_space(IMAGE), truth.ACTION_SPACE, capacity=1000,
+                              frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1))
+    frames = s._state.frames
+    child = frames._encoder._proc
+    os.kill(child.pid, signal.SIGSTOP)  # it takes the job but never answers
+    g = add_until(s, IMAGE, 0, lambda: frames._sealed is not None)  # a shard sealed: its job in the pipe
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    g = add_until(s, IMAGE, g, lambda: s._writer.block.n == 5)
+    with pytest.warns(RuntimeWarning, match="shard encoder process failed"):
+        s.close()
+    assert wrong(store_path, IMAGE, g, False) == []
+
+
+def test_a_ctrl_c_at_the_terminal_does_not_reach_the_encoder_process(store_path, monkeypatch):
+    """SIGINT goes to the terminal's foreground process group; the encoder runs in a session of its own."""
+    monkeypatch.delenv("MMREPLAY_ENCODER", raising=False)
+    with mmreplay.Store.create(store_path, truth.obs_space(IMAGE), truth.ACTION_SPACE, capacity=1000,
+                               frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1)) as s:
+        child = s._state.frames._encoder._proc
+        assert os.getpgid(child.pid) != os.getpgid(0) and os.getsid(child.pid) == child.pid
