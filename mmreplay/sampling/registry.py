@@ -2,8 +2,9 @@
 
 Invariants (all under the store's lock):
 - ``PrioritySets``: at most one loaded ``Priorities`` per name; a set not loaded yet is created from its
-  committed record entry on first use, so an untouched set costs nothing. ``entries`` is what the next
-  commit record names (the committed entry of every set, updated by ``write``).
+  committed record entry on first use, so an untouched set costs nothing; a writer's set has its files'
+  zarr metadata from then on (the commit at interpreter exit cannot run zarr). ``entries`` is what the
+  next commit record names (the committed entry of every set, updated by ``write``).
 - ``SamplerStates``: at most one open sampler per name (its RNG state is what gets committed); a second
   one while the first is open is an error naming both. ``state()`` is the committed states of samplers
   not open now, overlaid with the live state of every open one.
