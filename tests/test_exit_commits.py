@@ -258,3 +258,20 @@ def test_a_ctrl_c_at_the_terminal_does_not_reach_the_encoder_process(store_path,
                                frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1)) as s:
         child = s._state.frames._encoder._proc
         assert os.getpgid(child.pid) != os.getpgid(0) and os.getsid(child.pid) == child.pid
+
+
+def test_zarr_reads_an_unbounded_store_whose_metadata_was_grown_without_zarr(store_path):
+    import zarr
+
+    shape = (84, 84)
+    with mmreplay.Store.create(store_path, truth.obs_space(shape), truth.ACTION_SPACE, capacity=None,
+                               frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1)) as s:
+        first_rows = s.geometry.frames.rows
+        g = add_until(s, shape, 0, lambda: s._state.frames.head > first_rows)  # grew at least once
+        rows, head = s.geometry.frames.rows, s._state.frames.head
+    assert rows > first_rows
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        assert s.valid_range() == (0, g) and truth.wrong_rows(shape, s.get(range(g - 64, g))) == []
+    frames = zarr.open_array(store=store_path, path="frames/obs", mode="r")
+    assert frames.shape == (rows, *shape)
+    np.testing.assert_array_equal(frames[head - 1], truth.next_obs(shape, g - 1))  # the newest frame, by zarr

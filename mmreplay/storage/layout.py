@@ -187,10 +187,13 @@ def resize_arrays(root: str, layouts, rows: int) -> None:
     for layout in layouts:
         path = os.path.join(root, layout.path, "zarr.json")
         with open(path, "rb") as f:
-            meta = json.loads(f.read())
+            try:
+                meta = json.loads(f.read(1 << 20))
+            except ValueError as exc:
+                raise FormatError(f"{path}: not valid JSON ({exc}), cannot grow {layout.path!r}") from None
         shape = meta.get("shape") if isinstance(meta, dict) else None
-        if meta.get("node_type") != "array" or not isinstance(shape, list) or not shape or \
-                not isinstance(shape[0], int):
+        if not isinstance(shape, list) or not shape or not isinstance(shape[0], int) or \
+                meta.get("node_type") != "array":
             raise FormatError(f"{path}: not the metadata of a zarr array (expected a 'shape' list), cannot "
                               f"grow {layout.path!r} to {rows} rows")
         bits = (layout.attributes or {}).get("mmreplay", {}).get("packed_bits")
