@@ -69,7 +69,8 @@ class StoreState:
         self._decode_reward = ColumnEncoder(self.schema.reward).decode  # n-step returns sum stored rewards
         self.app_meta: dict = dict(rec.get("app", {}))  # the application's metadata, committed with the rest
         self.samplers = SamplerStates(rec.get("samplers", {}))
-        self.priorities = PrioritySets(path, self.ring, self.frames, self.schema.frame_stack, rec.get("priorities", {}))
+        self.priorities = PrioritySets(path, self.ring, self.frames, self.schema.frame_stack, rec.get("priorities", {}),
+                                       writable=writable)
         self._priority_written: list[str] = []
         if record is not None:
             self._restore(record)

@@ -99,6 +99,7 @@ class Priorities:
         self._arrays: dict[int, ShardedArray] = {}
         self._draw_buffers: dict[int, tuple] = {}
         self._metadata_rows = 0  # rows the buffers' zarr metadata covers, as far as this object made sure
+        self._created: list[str] = []  # metadata files made before a commit: fsynced before one names them
         if entry is not None:
             self._load(entry)
         self.sync()
@@ -281,16 +282,22 @@ class Priorities:
         self.sync()
         target = 1 - self.buffer
         arr = self._array(target)
-        created = []
-        if self._metadata_rows != self.rows:  # zarr metadata: once, and again after an unbounded ring grew
-            created = ensure_arrays(self.root, self.name, self.rows, self.shard_rows)
-            self._metadata_rows = self.rows
+        self.make_files()
+        created, self._created = self._created, []
         stale = np.flatnonzero(self._shard_tick > self._written_tick[target])
         written = [arr.write_shard(int(s), self.raw[s * self.shard_rows:(s + 1) * self.shard_rows], self.shard_rows)
                    for s in stale]
         self._written_tick[target][:] = self._tick
         self.buffer = target
         return self.entry(), created + written
+
+    def make_files(self) -> None:
+        """The buffers' zarr metadata: created once (a writer does it when the set is made, so that the
+        commit at interpreter exit, when zarr's I/O threads refuse work, never has to) and grown with an
+        unbounded ring (``resize_arrays`` needs no zarr)."""
+        if self._metadata_rows != self.rows:
+            self._created += ensure_arrays(self.root, self.name, self.rows, self.shard_rows)
+            self._metadata_rows = self.rows
 
     def changed(self, committed: dict | None) -> bool:
         """Does the committed buffer (whose record entry is ``committed``) lack anything: updates, or

@@ -2,8 +2,9 @@
 
 Invariants (all under the store's lock):
 - ``PrioritySets``: at most one loaded ``Priorities`` per name; a set not loaded yet is created from its
-  committed record entry on first use, so an untouched set costs nothing. ``entries`` is what the next
-  commit record names (the committed entry of every set, updated by ``write``).
+  committed record entry on first use, so an untouched set costs nothing; a writer's set has its files'
+  zarr metadata from then on (the commit at interpreter exit cannot run zarr). ``entries`` is what the
+  next commit record names (the committed entry of every set, updated by ``write``).
 - ``SamplerStates``: at most one open sampler per name (its RNG state is what gets committed); a second
   one while the first is open is an error naming both. ``state()`` is the committed states of samplers
   not open now, overlaid with the live state of every open one.
@@ -21,8 +22,10 @@ from mmreplay.sampling.priorities import DEFAULT_ALPHA, DEFAULT_PRIORITY_EPS, Pr
 class PrioritySets:
     """The priority sets of one store, by name (see the module invariant)."""
 
-    def __init__(self, root: str, ring: TransitionRing, frames, frame_stack: int, committed: dict[str, dict]):
+    def __init__(self, root: str, ring: TransitionRing, frames, frame_stack: int, committed: dict[str, dict], *,
+                 writable: bool = False):
         self.root, self.ring, self.frames, self.frame_stack = root, ring, frames, frame_stack
+        self.writable = writable  # a writer's sets make their files when made (see Priorities.make_files)
         self.entries: dict[str, dict] = dict(committed)  # committed, maybe not loaded
         self.loaded: dict[str, Priorities] = {}
 
@@ -37,6 +40,8 @@ class PrioritySets:
             eps = saved.get("eps", DEFAULT_PRIORITY_EPS) if eps is None else eps
             prio = Priorities(self.ring, self.frames, self.frame_stack, self.root, name, alpha=alpha, eps=eps,
                               entry=entry)
+            if self.writable:
+                prio.make_files()
             self.loaded[name] = prio
         elif alpha is not None or eps is not None:
             prio.set_alpha(prio.alpha if alpha is None else alpha, prio.eps if eps is None else eps)

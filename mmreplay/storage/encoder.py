@@ -13,7 +13,8 @@ write) when ``result()`` returns — or, for a job with an output buffer, its fi
 chunks lie back to back in that buffer with their sizes returned, and the caller (``FrameRing``, which
 encodes the rest itself while it would otherwise wait) writes the file. A failure raises ``OSError`` with
 the child's errno. The child exits when its stdin closes, so it never outlives the store (or a crashed
-parent) for long.
+parent) for long; it runs in a session of its own, so a Ctrl-C meant for the script does not kill it (a
+child that dies anyway costs time, not data: ``FrameRing`` then encodes the shard itself).
 
 The child imports only numpy, numcodecs and google_crc32c (``python -m mmreplay.storage.encoder``).
 """
@@ -94,8 +95,11 @@ class ShardEncoder:
 
     def _child(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
+            # A session of its own: a Ctrl-C at the terminal (SIGINT to the foreground process group) stops the
+            # script, whose exit commit may still need the child; the child ends when its stdin closes.
             self._proc = subprocess.Popen([sys.executable, "-m", "mmreplay.storage.encoder"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                          stdout=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                          start_new_session=True)
         return self._proc
 
     def close(self) -> None:

@@ -12,7 +12,14 @@ run before the child does anything else, so that
 zarr-python resets its own event loop after a fork; a store opened *in* the child works normally.
 
 At interpreter exit every object registered with ``close_at_exit`` and still open is closed (a writer
-commits what was added: a script that never called ``close()`` loses nothing).
+commits what was added: a script that never called ``close()`` loses nothing). This is an ``atexit``
+hook, so it runs after every non-daemon thread ended (a training thread's last adds are committed too),
+and therefore after ``concurrent.futures`` stopped taking work (its hook runs before threads are joined)
+and after zarr closed its event loop. The exit commit must not need either: frame shards are then
+written by the exiting thread (``FrameRing``), zarr metadata is grown without zarr (``resize_arrays``)
+and a writer's priority arrays exist since its set was made (``Priorities.make_files``). A store
+inherited by a forked child is closed there without a commit (``_after_fork_in_child``), so the child's
+exit never touches it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ Invariants:
   ring, grown by doubling when unbounded). Frames ``[oldest, head)`` are readable; ``head - oldest <= rows``.
 - The shard holding row ``head`` is the *staging shard*: its rows live in RAM (``staging``) and reads of
   them are served from there. The shard before it may be *sealed*: full, being encoded and written by a
-  background thread (at most one at a time), and read from its RAM copy until that write finished.
+  background thread (at most one at a time), and read from its RAM copy until that write finished. A seal
+  never depends on anything but this process: when the writer thread's pool refuses work (interpreter
+  exit) the adding thread writes the shard itself, and when the encoder child fails its part is encoded
+  here, so a commit at exit always completes.
   Every other shard is read from its file through the chunk cache.
 - Entering a shard that holds frames of the previous lap first gives those frames up (``oldest`` moves
   past the shard, ``on_invalidate`` tells the store) and drops them from the cache; the file itself is
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -177,10 +180,9 @@ class FrameRing:
             jobs = [{"path": col.layout.shard_file(self.root, shard), "rows": self.shard_rows,
                      "chunk_rows": col.spec.chunk_rows, "codec": dict(col.spec.codec),
                      "head_chunks": head_chunks[name]} for name, col in self.columns.items()]
-            future = self._encoder.submit(jobs, [buffers[name] for name in self.columns],
-                                          [self._encoded_out_buffer(col) for col in self.columns.values()])
+            future = self._submit_to_encoder(jobs, buffers)
         else:
-            future = self._writer().submit(self._write_buffers, shard, buffers)
+            future = self._submit_write(shard, buffers)
         self._sealed = (self.staging_shard, buffers, future, shard, head_chunks)
         for name, col in self.columns.items():
             col.staging = self._spare.pop(name, None)
@@ -189,6 +191,29 @@ class FrameRing:
         self.dirty = False
         self.staging_shard += 1
         self._enter_shard(self.staging_shard)
+
+    def _submit_to_encoder(self, jobs: list[dict], buffers: Mapping[str, np.ndarray]):
+        """The head chunks of a sealed shard, to the encoder child; a child that cannot take them (it died,
+        e.g. of a Ctrl-C) gives a future that fails, and ``_finish_split_shard`` encodes them here."""
+        try:
+            return self._encoder.submit(jobs, [buffers[name] for name in self.columns],
+                                        [self._encoded_out_buffer(col) for col in self.columns.values()])
+        except OSError as exc:
+            return _failed(exc)
+
+    def _submit_write(self, shard: int, buffers: Mapping[str, np.ndarray]) -> Future:
+        """Write a sealed shard on the writer thread, or here once ``concurrent.futures`` refuses new work:
+        it does from the start of interpreter exit, before the store's exit commit runs (see
+        ``storage/forking.py``), and in a thread still adding after the main thread finished."""
+        try:
+            return self._writer().submit(self._write_buffers, shard, buffers)
+        except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+            done: Future = Future()
+            try:
+                done.set_result(self._write_buffers(shard, buffers))
+            except Exception as exc:  # raised by wait_sealed, as from the writer thread
+                done.set_exception(exc)
+            return done
 
     def _new_buffer(self, col: FrameColumn) -> np.ndarray:
         shape = (self.shard_rows, *col.spec.shape)
@@ -248,19 +273,38 @@ class FrameRing:
                                for i in range(head_chunks[name], self.shard_rows // c)]
         finally:  # the child's reply is always read, or the next one would be taken for it
             t1 = time.perf_counter()
-            sizes = future.result()
+            heads = self._encoded_heads(buffers, future, head_chunks)
         waited = time.perf_counter() - t1
-        for (name, col), col_sizes in zip(self.columns.items(), sizes):
-            out = self._encoded_out[name]
-            ends = np.cumsum(col_sizes)
-            head = [out[e - s:e].tobytes() for s, e in zip(col_sizes, ends.tolist())]
-            self.written.append(self._install(name, shard, build_shard(head + tails[name])))
+        for name in self.columns:
+            self.written.append(self._install(name, shard, build_shard(heads[name] + tails[name])))
         # Feedback: waited for the child -> take more chunks here; the child was done first -> give it more.
         tail_s = t1 - t0
         if waited > 0.1 * tail_s + 1e-4:
             self._child_share = max(MIN_CHILD_SHARE, self._child_share - SHARE_STEP)
         elif waited < 1e-4:
             self._child_share = min(1.0, self._child_share + SHARE_STEP)
+
+    def _encoded_heads(self, buffers, future, head_chunks: dict) -> dict[str, list[bytes]]:
+        """Per column, the head chunks the child encoded; if it failed (it died: a Ctrl-C at the terminal,
+        an OOM kill), they are encoded here from the sealed buffers, which nothing wrote since ``submit``:
+        the shard, and a commit at exit that waits for it, never depend on the child."""
+        try:
+            sizes = future.result()
+        except OSError as exc:
+            warnings.warn(f"mmreplay: the shard encoder process failed ({exc}); encoding its part of the shard "
+                          "here instead", RuntimeWarning, stacklevel=2)
+            heads = {}
+            for name, col in self.columns.items():
+                c, compressor = col.spec.chunk_rows, col.array.compressor
+                heads[name] = [encode_chunk(compressor, buffers[name][i * c:(i + 1) * c])
+                               for i in range(head_chunks[name])]
+            return heads
+        heads = {}
+        for name, col_sizes in zip(self.columns, sizes):
+            out = self._encoded_out[name]
+            ends = np.cumsum(col_sizes)
+            heads[name] = [out[e - s:e].tobytes() for s, e in zip(col_sizes, ends.tolist())]
+        return heads
 
     def _check_overwrite(self, global_shard: int) -> None:
         if not self.unbounded and global_shard * self.shard_rows >= self.rows:
@@ -348,3 +392,9 @@ class FrameRing:
                 self._encoder.close()
             for col in self.columns.values():
                 col.array.close()
+
+
+def _failed(exc: BaseException) -> Future:
+    future: Future = Future()
+    future.set_exception(exc)
+    return future

@@ -1,7 +1,8 @@
 """Where every array lives in a store directory, how it is chunked, and how a ring maps ids to rows.
 
 Invariant: the directory is a standard zarr v3 group; each array here is a sharded zarr array whose
-metadata (``zarr.json``) is written by zarr itself, so ``zarr.open_group(path)`` reads everything.
+metadata (``zarr.json``) is written by zarr itself (only its ``shape`` is grown here, for unbounded
+rings), so ``zarr.open_group(path)`` reads everything.
 Shard ``s`` of an array covers rows ``[s * shard_rows, (s + 1) * shard_rows)`` and is the file
 ``<array>/c/<s>/0/...`` (zarr's default chunk key encoding). Both rings (transitions, frames) follow
 one ``RingGeometry``: global id ``g`` lives in row ``g % rows`` (bounded) or ``g`` (unbounded, the
@@ -18,7 +19,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from mmreplay.columns.spec import ColumnSpec
+from mmreplay.errors import FormatError
 from mmreplay.storage.codecs import zarr_compressor
+from mmreplay.storage.files import atomic_write
 
 FRAMES_GROUP = "frames"
 TRANSITIONS_GROUP = "transitions"
@@ -177,12 +180,24 @@ def priority_layout(name: str, buffer: int, rows: int, shard_rows: int) -> Array
 
 def resize_arrays(root: str, layouts, rows: int) -> None:
     """Unbounded stores: make the zarr metadata of ``layouts`` cover ``rows`` ring rows (packed columns
-    hold ``bits`` per row); never shrinks."""
-    import zarr
-
+    hold ``bits`` per row); never shrinks. Growing a zarr array changes only ``shape`` in its ``zarr.json``
+    (no chunk moves), so this edits that field itself, atomically, rather than through zarr: zarr's I/O
+    runs on its event loop and thread pools, which refuse work once the interpreter began to exit, and an
+    unbounded ring may grow in the commit a store makes at exit (see ``storage/forking.py``)."""
     for layout in layouts:
-        arr = zarr.open_array(store=root, path=layout.path, mode="r+")
+        path = os.path.join(root, layout.path, "zarr.json")
+        with open(path, "rb") as f:
+            try:
+                meta = json.loads(f.read(1 << 20))
+            except ValueError as exc:
+                raise FormatError(f"{path}: not valid JSON ({exc}), cannot grow {layout.path!r}") from None
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if not isinstance(shape, list) or not shape or not isinstance(shape[0], int) or \
+                meta.get("node_type") != "array":
+            raise FormatError(f"{path}: not the metadata of a zarr array (expected a 'shape' list), cannot "
+                              f"grow {layout.path!r} to {rows} rows")
         bits = (layout.attributes or {}).get("mmreplay", {}).get("packed_bits")
         new_len = rows * bits // 8 if bits else rows
-        if new_len > arr.shape[0]:
-            arr.resize((new_len, *arr.shape[1:]))
+        if new_len > shape[0]:
+            meta["shape"] = [new_len, *shape[1:]]
+            atomic_write(path, json.dumps(meta, indent=2).encode())
