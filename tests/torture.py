@@ -268,7 +268,7 @@ def resume_budget(path: str) -> int:
     return int(need / MAX_RESIDENT_SHARE) + 64
 
 
-def resume_cycle(path: str, budget: int, adds: int, readers: int = 2, batch: int = 128, seed: int = 0) -> dict:
+def resume_cycle(path: str, budget: int, adds: int, readers: int = 2, batch: int = 256, seed: int = 0) -> dict:
     """Reopen the store (its background loader starts), then at once: a writer thread adds ``adds``
     transitions while ``readers`` threads read the newest transitions back and sample, every row checked.
     Returns counts: rows, wrong, refused (ids given up between ``valid_range`` and ``get``), examples."""
