@@ -10,7 +10,9 @@
   when the shard is loaded, never read out of bounds (the crash check runs in a child process).
 """
 
+import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -34,12 +36,20 @@ CAPACITY = 1000
 WAIT = 120  # seconds: only a broken test waits this long (the events are set within milliseconds)
 
 
+@pytest.fixture(scope="module")
+def wrapped_original(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("wrapped") / "store")
+    resume_create(path, CAPACITY)
+    return path, resume_budget(path)
+
+
 @pytest.fixture
-def wrapped(store_path):
-    """A store whose frame ring went round 1.5 times, and a budget that holds its compressed frames whole
-    with frames decoded straight into batches."""
-    resume_create(store_path, CAPACITY)
-    return store_path, resume_budget(store_path)
+def wrapped(wrapped_original, store_path):
+    """A store whose frame ring went round 1.5 times (a copy per test), and a budget that holds its
+    compressed frames whole with frames decoded straight into batches."""
+    original, budget = wrapped_original
+    shutil.copytree(original, store_path)
+    return store_path, budget
 
 
 def check_newest(s, n: int = 200) -> int:
@@ -251,7 +261,6 @@ def test_a_decode_keeps_the_shard_copy_it_reads_while_the_writer_thread_replaces
     proc = subprocess.run([sys.executable, "-c", WINDOW.format(here=HERE, path=path, budget=budget)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
-    import json
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "error" not in result and result["wrong"] == [] and result["after"] == [], result
     assert result["waited"]  # the writer thread's install waited for the decode
@@ -293,32 +302,40 @@ HOSTILE_READ = textwrap.dedent("""
     sys.path.insert(0, {here!r})
     import numpy as np
     import mmreplay
-    with mmreplay.Store.open({path!r}, mode="r", cache_bytes={budget}) as s:
-        s._state.reader._preloader.join()
-        oldest, head = s.valid_range()
-        try:
-            s.get(np.arange(oldest + 4, head))
-        except Exception as exc:
-            print("refused:", type(exc).__name__, exc, flush=True)
-        else:
-            print("read", flush=True)
+    for path in sys.argv[1:]:
+        print("reading", path, flush=True)  # the last line names the store if this process dies
+        with mmreplay.Store.open(path, mode="r", cache_bytes={budget}) as s:
+            s._state.reader._preloader.join()
+            oldest, head = s.valid_range()
+            try:
+                s.get(np.arange(oldest + 4, head))
+            except Exception as exc:
+                print("refused:", type(exc).__name__, exc, flush=True)
+            else:
+                print("read", flush=True)
 """)
 
 
-@pytest.mark.parametrize("entry", WRAPPING, ids=lambda e: f"{e[0]}+{e[1]}")
-def test_reading_a_store_with_a_hostile_index_raises_and_never_crashes(wrapped, entry):
+def test_reading_stores_with_hostile_indexes_raises_and_never_crashes(wrapped, tmp_path):
+    """One store per wrapping entry, chunk 5 of every sealed shard; read whole in a child process."""
     path, budget = wrapped
     with mmreplay.Store.open(path, mode="r", cache_bytes=1 << 20) as s:
         layout = s._state.frames.columns["obs"].layout
         staging = s._state.frames.file_shard(s._state.frames.staging_shard)
-    for shard in range(layout.rows // layout.shard_rows):
-        if shard == staging:
-            continue  # read at open, by the file path (its own overflow check is not this module's)
-        file = layout.shard_file(path, shard)
-        raw = open(file, "rb").read()
-        with open(file, "wb") as f:
-            f.write(hostile(raw, layout.chunks_per_shard, entry, inner=5))
-    proc = subprocess.run([sys.executable, "-c", HOSTILE_READ.format(here=HERE, path=path, budget=budget)],
+    stores = []
+    for k, entry in enumerate(WRAPPING):
+        copy = str(tmp_path / f"hostile{k}")
+        shutil.copytree(path, copy)
+        for shard in range(layout.rows // layout.shard_rows):
+            if shard == staging:
+                continue  # read at open, by the file path (its own overflow check is not this module's)
+            file = layout.shard_file(copy, shard)
+            raw = open(file, "rb").read()
+            with open(file, "wb") as f:
+                f.write(hostile(raw, layout.chunks_per_shard, entry, inner=5))
+        stores.append(copy)
+    proc = subprocess.run([sys.executable, "-c", HOSTILE_READ.format(here=HERE, budget=budget), *stores],
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"the reading process died (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    assert proc.stdout.startswith("refused:"), proc.stdout  # every sealed shard's chunk 5 is unreadable
+    assert proc.returncode == 0, f"the reading process died (exit {proc.returncode}): {proc.stdout[-500:]}"
+    outcomes = [line for line in proc.stdout.splitlines() if not line.startswith("reading")]
+    assert len(outcomes) == len(WRAPPING) and all(o.startswith("refused:") for o in outcomes), proc.stdout
