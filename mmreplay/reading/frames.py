@@ -12,7 +12,10 @@ of that batch in the cache. Each frame passes through at most three tiers:
    store, or for rows still in the writer's RAM (the staging and sealed shards, copied from there).
 
 The reader learns of writes through ``FrameEvents`` (it is the ring's listener): shards written or
-changed elsewhere, rows about to be overwritten, a ring that grew. The budget (``cache_bytes``) is split
+changed elsewhere, rows about to be overwritten, a ring that grew. A batch holds its column's compressed
+tier still while it decodes (``ResidentShards.reading``), so the writer thread's installs and the
+background loader (``start_preload``) never free or move bytes under a decode; the loader installs no
+shard that the writer entered, wrote or dropped after the loader listed it. The budget (``cache_bytes``) is split
 between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the frames,
 frames are decoded straight into the batch instead (``_decode_into_batch``).
 """
