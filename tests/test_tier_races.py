@@ -26,8 +26,7 @@ import pytest
 import mmreplay
 from mmreplay.reading import native
 from mmreplay.reading.resident import ResidentShards
-from mmreplay.storage.shardfile import EMPTY
-from torture import resume_budget, resume_create, resume_cycle, resume_expected, resume_transition, resume_wrong_rows
+from torture import resume_budget, resume_create, resume_cycle, resume_transition, resume_wrong_rows
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="this numcodecs/google-crc32c build exports no C symbols")
 
@@ -73,7 +72,8 @@ def add(s, n: int) -> None:
 @pytest.mark.parametrize("pause", ["before-reading", "after-reading"])
 def test_the_loader_never_installs_a_shard_the_resumed_writer_entered(wrapped, monkeypatch, pause):
     """The loader is held at the shard the writer will enter next (before it reads the file, or after it
-    read it and before it installs it); the writer enters that shard and adds rows; then the loader goes on."""
+    read it and before it installs it); the writer enters that shard and adds rows; then the loader goes on.
+    (Before this fix the first window gave stale rows; the second was already refused, and stays so.)"""
     path, budget = wrapped
     held, go = threading.Event(), threading.Event()
     target = {}

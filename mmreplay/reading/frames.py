@@ -15,9 +15,9 @@ The reader learns of writes through ``FrameEvents`` (it is the ring's listener):
 changed elsewhere, rows about to be overwritten, a ring that grew. A batch holds its column's compressed
 tier still while it decodes (``ResidentShards.reading``), so the writer thread's installs and the
 background loader (``start_preload``) never free or move bytes under a decode; the loader installs no
-shard that the writer entered, wrote or dropped after the loader listed it. The budget (``cache_bytes``) is split
-between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the frames,
-frames are decoded straight into the batch instead (``_decode_into_batch``).
+shard that the writer entered, wrote or dropped after the loader listed it. The budget (``cache_bytes``)
+is split between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the
+frames, frames are decoded straight into the batch instead (``_decode_into_batch``).
 """
 
 from __future__ import annotations
@@ -174,9 +174,10 @@ class FrameReader(FrameEvents):
     def start_preload(self) -> None:
         """Read every committed shard into the compressed tier, in file order, on a daemon thread: right
         after a restart one sequential pass (~0.5 GB for 1M Atari transitions, ~2 s here) replaces
-        hundreds of thousands of small random reads. Called under the store's lock: the shards are listed,
-        and their generations taken, before the writer can enter any of them; a shard the writer enters
-        (or writes, or that is dropped) after that is never installed from its file by this pass."""
+        hundreds of thousands of small random reads. Called as the store's state is loaded, before anything
+        is added: the shards are listed, and their generations taken, before the writer can enter any of
+        them; a shard the writer enters (or writes, or that is dropped) after that is never installed from
+        its file by this pass."""
         if not any(c.resident is not None for c in self.columns.values()) or self._preloader is not None:
             return
         shards = self._committed_file_shards()
