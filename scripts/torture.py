@@ -5,9 +5,15 @@
 - Reader race (``--reader-race``): one writer on a small wrapping ring committing every few dozen adds,
   several reader processes refreshing, sampling and ``get``-ing for a given number of minutes, every row
   checked against the ground truth. Prints rows checked and wrong rows (the target is 0 wrong).
+- Resume (``--resume``): a store of image frames whose compressed frames fit the budget, wrapped, then
+  over and over: reopened (its background loader in flight), a writer thread adding while reader threads
+  read the newest transitions back and sample, every row checked against the ground truth, closed.
+  Alternates the thread and the process shard encoder. Prints rows checked and wrong rows; exits 1 if any
+  row was wrong.
 
     python scripts/torture.py [--trials 200] [--capacity 300] [--path /tmp/mmreplay_torture]
     python scripts/torture.py --reader-race --minutes 10 --readers 3
+    python scripts/torture.py --resume --minutes 10 [--capacity 2000] [--readers 2]
 """
 
 import argparse
@@ -17,24 +23,30 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # this checkout's mmreplay, not another one installed
 
-from torture import concurrent_readers, kill_trials, reader_race  # noqa: E402
+from torture import concurrent_readers, kill_trials, reader_race, resume_trials  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200)
-    parser.add_argument("--capacity", type=int, default=300)
+    parser.add_argument("--capacity", type=int, default=None, help="transitions (default 300; --resume: 2000)")
     parser.add_argument("--readers", type=int, default=3, help="concurrent reader processes")
     parser.add_argument("--path", default="/tmp/mmreplay_torture")
     parser.add_argument("--reader-race", action="store_true", help="run the reader race instead of SIGKILLs")
-    parser.add_argument("--minutes", type=float, default=10.0, help="reader race: how long")
+    parser.add_argument("--resume", action="store_true", help="run the resume cycles instead of SIGKILLs")
+    parser.add_argument("--minutes", type=float, default=10.0, help="reader race, resume: how long")
+    parser.add_argument("--adds", type=int, default=None, help="resume: adds per reopen (default capacity / 4)")
     parser.add_argument("--commit-every", type=int, default=30, help="reader race: commit after 1..N adds")
     parser.add_argument("--frame-codec", default="lz4hc", help="reader race: the writer's frame_codec "
                         "(e.g. delta-zstd: a writer rewriting runs of frames that readers decode)")
     args = parser.parse_args()
     shutil.rmtree(args.path, ignore_errors=True)
+    if args.resume:
+        return resume(args)
+    args.capacity = args.capacity or 300
     if args.reader_race:
         t0 = time.monotonic()
         results = reader_race(args.path, readers=args.readers, seconds=args.minutes * 60, capacity=args.capacity,
@@ -52,6 +64,17 @@ def main() -> int:
     for out in concurrent_readers(args.path, readers=args.readers, seconds=20.0, capacity=args.capacity):
         print("reader:", out)
     return 0
+
+
+def resume(args) -> int:
+    t0 = time.monotonic()
+    total = resume_trials(args.path, args.minutes * 60, capacity=args.capacity or 2000, readers=args.readers,
+                          adds=args.adds)
+    print(f"resume: {total['cycles']} reopen cycles, {time.monotonic() - t0:.0f} s, {total['added']:,} transitions "
+          f"added, {total['rows']:,} rows checked, {total['wrong']} wrong (first: {total['examples']}), "
+          f"{total['refused']:,} reads refused (ids given up)")
+    shutil.rmtree(args.path, ignore_errors=True)
+    return 1 if total["wrong"] else 0
 
 
 if __name__ == "__main__":

@@ -194,3 +194,165 @@ def reader_race(path: str, readers: int = 2, seconds: float = 10.0, capacity: in
         writer.kill()
         writer.communicate()
     return results
+
+
+# -- resume: a wrapped store reopened, added to and sampled at once, the background loader in flight ------------
+
+RESUME_SHAPE = (32, 32)  # an image (one frame a chunk: the compressed tier decodes straight into batches)
+RESUME_STACK = 4
+RESUME_EPISODE = 100  # transition g ends an episode when g % 100 == 99
+
+
+def resume_frames(ids) -> np.ndarray:
+    """Frame ``f`` of the resume stores, for every id in ``ids``: runs of 8 pixels of one of four gray
+    levels (compresses ~5x, like Atari frames), a function of ``f`` alone. Vectorized: checking millions
+    of rows must not cost more than reading them."""
+    ids = np.asarray(ids, dtype=np.uint64).reshape(-1)
+    pos = np.arange(RESUME_SHAPE[0] * RESUME_SHAPE[1] // 8, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = ids[:, None] * np.uint64(0x9E3779B97F4A7C15) + (pos + np.uint64(1)) * np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(29)
+    levels = ((h & np.uint64(3)) * np.uint64(60)).astype(np.uint8).reshape(-1, RESUME_SHAPE[0], RESUME_SHAPE[1] // 8)
+    return np.repeat(levels, 8, axis=2)
+
+
+def resume_transition(g: int):
+    """Transition ``g``: obs is frame ``g``, next_obs frame ``g + 1``, episodes of ``RESUME_EPISODE``."""
+    pair = resume_frames([g, g + 1])
+    return pair[0], g % 4, float(g % 3 - 1), pair[1], g % RESUME_EPISODE == RESUME_EPISODE - 1, False
+
+
+def resume_expected(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The true obs and next_obs stacks of transitions ``ids``: frames ``g-3..g`` (not before the episode's
+    first), and the same shifted by one with frame ``g + 1`` last."""
+    ids = np.asarray(ids, dtype=np.int64)
+    start = ids - ids % RESUME_EPISODE
+    stack = np.maximum(ids[:, None] + np.arange(1 - RESUME_STACK, 1)[None, :], start[:, None])
+    frame_ids = np.concatenate([stack, ids[:, None] + 1], axis=1)
+    frames = resume_frames(frame_ids).reshape(len(ids), RESUME_STACK + 1, *RESUME_SHAPE)
+    return frames[:, :RESUME_STACK], frames[:, 1:]
+
+
+def resume_wrong_rows(batch) -> list[int]:
+    """Transitions of ``batch`` whose obs, next_obs, action or reward differ from the ground truth."""
+    ids = batch.indices.numpy().astype(np.int64)
+    want_obs, want_next = resume_expected(ids)
+    n = len(ids)
+    ok = (batch.obs.numpy() == want_obs).reshape(n, -1).all(axis=1)
+    ok &= (batch.next_obs.numpy() == want_next).reshape(n, -1).all(axis=1)
+    ok &= batch.action.numpy().reshape(n) == ids % 4
+    ok &= batch.reward.numpy().reshape(n) == (ids % 3 - 1)
+    return ids[~ok].tolist()
+
+
+def resume_create(path: str, capacity: int, laps: float = 1.5, **kw) -> int:
+    """A resume store whose frame ring went round ``laps`` times; returns the transitions added."""
+    from gymnasium import spaces
+    with mmreplay.Store.create(path, spaces.Box(0, 255, RESUME_SHAPE, np.uint8), spaces.Discrete(4),
+                               capacity=capacity, frame_stack=RESUME_STACK, durable=False, **kw) as s:
+        frame_rows = s.geometry.frames.rows
+        n = int(frame_rows * laps)
+        for g in range(n):
+            s.add(*resume_transition(g))
+        return n
+
+
+def resume_budget(path: str) -> int:
+    """A budget whose compressed share holds the whole frame ring (measured from its files) but whose
+    decoded share holds few frames: frames are then decoded from the compressed tier straight into
+    batches, the path a stale shard in that tier would corrupt."""
+    from mmreplay.reading.tiers import MAX_RESIDENT_SHARE
+    with mmreplay.Store.open(path, mode="r", cache_bytes=1 << 30) as s:
+        need = s.cache_stats()["obs"]["compressed"]["capacity_bytes"]
+    return int(need / MAX_RESIDENT_SHARE) + 64
+
+
+def resume_cycle(path: str, budget: int, adds: int, readers: int = 2, batch: int = 256, seed: int = 0) -> dict:
+    """Reopen the store (its background loader starts), then at once: a writer thread adds ``adds``
+    transitions while ``readers`` threads read the newest transitions back and sample, every row checked.
+    Returns counts: rows, wrong, refused (ids given up between ``valid_range`` and ``get``), examples."""
+    import threading
+
+    counts = {"rows": 0, "wrong": 0, "refused": 0, "examples": []}
+    lock = threading.Lock()
+    done = threading.Event()
+    errors: list[BaseException] = []
+    with mmreplay.Store.open(path, cache_bytes=budget, commit_every=10**9, commit_seconds=1e9, durable=False) as s:
+        first = s.num_added
+
+        def write():
+            try:
+                for g in range(first, first + adds):
+                    s.add(*resume_transition(g))
+            except BaseException as exc:  # reported by the caller
+                errors.append(exc)
+            finally:
+                done.set()
+
+        def read(i: int):
+            rng = np.random.default_rng([seed, i])
+            try:
+                while True:
+                    finished = done.is_set()  # one more round after the writer stopped
+                    oldest, head = s.valid_range()
+                    newest = np.arange(max(oldest + RESUME_STACK, head - batch), head)
+                    try:
+                        got = [s.get(newest)] if newest.size else []
+                        if head - oldest >= batch:
+                            got.append(s.sample(batch, seed=int(rng.integers(1 << 31))))
+                    except IndexError:  # the writer gave those ids up meanwhile: refused, not wrong
+                        with lock:
+                            counts["refused"] += 1
+                        continue
+                    for b in got:
+                        bad = resume_wrong_rows(b)
+                        with lock:
+                            counts["rows"] += len(b.indices)
+                            counts["wrong"] += len(bad)
+                            counts["examples"] += bad[:max(0, 5 - len(counts["examples"]))]
+                    if finished:
+                        return
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write)] + [threading.Thread(target=read, args=(i,)) for i in range(readers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    return counts
+
+
+def resume_trials(path: str, seconds: float, capacity: int = 2000, readers: int = 2, adds: int | None = None,
+                  log=print) -> dict:
+    """``resume_cycle`` over and over for ``seconds`` on one store (created wrapped), alternating the thread
+    and the process shard encoder. Returns the summed counts and the number of cycles."""
+    import time
+
+    n = resume_create(path, capacity)
+    budget = resume_budget(path)
+    total = {"rows": 0, "wrong": 0, "refused": 0, "examples": [], "cycles": 0, "added": n}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        thread_encoder = total["cycles"] % 2 == 0
+        previous = os.environ.get("MMREPLAY_ENCODER")
+        os.environ["MMREPLAY_ENCODER"] = "thread" if thread_encoder else "process"
+        try:
+            c = resume_cycle(path, budget, adds or capacity // 4, readers=readers, seed=total["cycles"])
+        finally:
+            if previous is None:
+                os.environ.pop("MMREPLAY_ENCODER")
+            else:
+                os.environ["MMREPLAY_ENCODER"] = previous
+        total["cycles"] += 1
+        total["added"] += adds or capacity // 4
+        for key in ("rows", "wrong", "refused"):
+            total[key] += c[key]
+        total["examples"] += c["examples"][:max(0, 5 - len(total["examples"]))]
+        log(f"cycle {total['cycles']} ({'thread' if thread_encoder else 'process'} encoder): {c['rows']:,} rows "
+            f"checked, {c['wrong']} wrong, {c['refused']} refused")
+    return total

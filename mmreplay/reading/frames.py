@@ -12,13 +12,17 @@ of that batch in the cache. Each frame passes through at most three tiers:
    store, or for rows still in the writer's RAM (the staging and sealed shards, copied from there).
 
 The reader learns of writes through ``FrameEvents`` (it is the ring's listener): shards written or
-changed elsewhere, rows about to be overwritten, a ring that grew. The budget (``cache_bytes``) is split
-between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the frames,
-frames are decoded straight into the batch instead (``_decode_into_batch``).
+changed elsewhere, rows about to be overwritten, a ring that grew. A batch holds its column's compressed
+tier still while it decodes (``ResidentShards.reading``), so the writer thread's installs and the
+background loader (``start_preload``) never free or move bytes under a decode; the loader installs no
+shard that the writer entered, wrote or dropped after the loader listed it. The budget (``cache_bytes``)
+is split between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the
+frames, frames are decoded straight into the batch instead (``_decode_into_batch``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -170,11 +174,16 @@ class FrameReader(FrameEvents):
     def start_preload(self) -> None:
         """Read every committed shard into the compressed tier, in file order, on a daemon thread: right
         after a restart one sequential pass (~0.5 GB for 1M Atari transitions, ~2 s here) replaces
-        hundreds of thousands of small random reads."""
+        hundreds of thousands of small random reads. Called as the store's state is loaded, before anything
+        is added: the shards are listed, and their generations taken, before the writer can enter any of
+        them; a shard the writer enters (or writes, or that is dropped) after that is never installed from
+        its file by this pass."""
         if not any(c.resident is not None for c in self.columns.values()) or self._preloader is not None:
             return
         shards = self._committed_file_shards()
-        self._preloader = threading.Thread(target=self._preload, args=(shards,), name="mmreplay-preload",
+        listed = {name: (col.resident, col.resident.generations(shards))
+                  for name, col in self.columns.items() if col.resident is not None}
+        self._preloader = threading.Thread(target=self._preload, args=(shards, listed), name="mmreplay-preload",
                                            daemon=True)
         self._preloader.start()
 
@@ -183,15 +192,21 @@ class FrameReader(FrameEvents):
         first, last = ring.oldest // ring.shard_rows, ring.staging_shard
         return sorted({ring.file_shard(s) for s in range(first, last)})
 
-    def _preload(self, shards: list[int]) -> None:
+    def _preload(self, shards: list[int], listed: dict) -> None:
+        """``listed``: per column, the tier and the generations (and epoch) its shards had when listed."""
         for shard in shards:
-            for col in self.columns.values():
+            for name, col in list(self.columns.items()):
                 if self._stop.is_set():
                     return
                 res = col.resident
-                if res is None or shard in res.buffers or res.nbytes >= col.tier.capacity_bytes:
+                if name not in listed or res is not listed[name][0]:
+                    continue  # the tiers were planned again: this pass's generations say nothing about them
+                generations, epoch = listed[name][1]
+                if shard in res.buffers or res.nbytes >= col.tier.capacity_bytes:
                     continue
-                res.load(shard, col.tier.capacity_bytes)
+                if shard in self.ring.ram_shards(name):
+                    continue  # the writer is in it (its rows come from RAM); the generation check also refuses it
+                res.load(shard, col.tier.capacity_bytes, (generations[shard], epoch))
 
     def stats(self) -> dict[str, dict]:
         """Per observation key, what ``Store.cache_stats()`` returns."""
@@ -209,7 +224,8 @@ class FrameReader(FrameEvents):
         if self._replan_with is not None:
             self._replan_if_measured()
         col = self.columns[name]
-        index = self._slab_index(col, frame_ids.reshape(-1))
+        with self._holding_tier(col):
+            index = self._slab_index(col, frame_ids.reshape(-1))
         flat = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
         out[...] = np.take(flat, index, axis=0, mode="clip").reshape(out.shape)
 
@@ -229,6 +245,16 @@ class FrameReader(FrameEvents):
         if self._replan_with is not None:
             self._replan_if_measured()
         col = self.columns[name]
+        with self._holding_tier(col):
+            self._gather_stacks(col, obs_ids, next_ids, obs_words, next_words, shifted)
+
+    @staticmethod
+    def _holding_tier(col: ColumnReader):
+        """The compressed tier held still while a batch decodes from it (``ResidentShards.reading``): the
+        writer thread's installs and the background loader wait (a batch at most), never the reverse."""
+        return col.resident.reading() if col.resident is not None else contextlib.nullcontext()
+
+    def _gather_stacks(self, col: ColumnReader, obs_ids, next_ids, obs_words, next_words, shifted) -> None:
         if col.direct:
             return self._decode_into_batch(col, obs_ids, next_ids, obs_words, next_words, shifted)
         cache = col.cache

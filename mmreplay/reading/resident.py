@@ -3,10 +3,21 @@
 Invariant: ``chunk_addr[c] > 0`` iff the bytes of chunk ``c`` (``chunk_size[c]`` of them, checksum
 included) are at that address inside ``buffers[c // chunks_per_shard]``, a copy of that shard's file
 as it was when loaded or written; ``chunk_addr[c] == EMPTY_CHUNK`` iff that resident shard's index
-marks the chunk empty (zarr's fill value, zeros); 0 = not resident. A buffer is freed only by
-``drop`` (called under the store's lock, as every decode is, so no decode reads a freed buffer);
-loads from the background thread only add shards, and only if no ``drop`` of that shard happened
-since they started reading (``_generation``), so a file replaced meanwhile is never installed stale.
+marks the chunk empty (zarr's fill value, zeros); 0 = not resident. Every index entry held points
+inside its buffer (checked without overflow when the shard is installed).
+
+Who may change what, and why no decode ever reads a freed or half-installed buffer:
+- ``chunk_addr``, ``chunk_size`` and ``buffers`` change only under ``_lock`` (installs, drops, growth),
+  from whichever thread: the store's, the writer thread's (``install``), the background loader's.
+- Every decode of held bytes runs inside ``reading()``, which holds the same lock from before it reads
+  an address until its last byte is decoded (codec helpers included: their part of a call ends before the
+  call returns). So a buffer is replaced or freed only when no decode is between reading its address and
+  finishing with it, and a decode never sees a shard's addresses and sizes half updated.
+- A load (``load``) never installs bytes older than a change the writer made: every writer-side change
+  of a shard (``drop``: its file changed or the writer entered it again; ``install``: new bytes) bumps
+  that shard's generation, ``drop()`` of everything bumps the epoch, and a load installs only if both
+  still equal what the caller saw when it decided to read the file (``generations``, taken by the
+  background loader when it lists the shards, before the writer can enter any of them).
 
 Why whole shards: a cache miss that goes to a file is a small random read (a few hundred bytes of one
 84x84 frame); right after a restart, with a cold page cache, thousands of them per second are what made
@@ -45,9 +56,20 @@ class ResidentShards:
         self.buffers: dict[int, np.ndarray] = {}
         self.nbytes = 0
         self.loads = 0  # shards read from their files
-        self._generation: dict[int, int] = {}  # shard -> drops so far
+        self._generation: dict[int, int] = {}  # shard -> writer-side changes so far (drops and installs)
         self._epoch = 0  # drops of everything so far
-        self._lock = threading.Lock()
+        # Reentrant: a decode holding it (``reading``) may load a missing shard whole (``load``).
+        self._lock = threading.RLock()
+
+    def reading(self) -> threading.RLock:
+        """Hold while decoding from held bytes (``with res.reading(): ...``): no buffer is replaced or freed
+        and no address changes until the block ends."""
+        return self._lock
+
+    def generations(self, shards) -> tuple[dict[int, int], int]:
+        """What ``load`` must still find to install these shards: their generations and the epoch now."""
+        with self._lock:
+            return {shard: self._generation.get(shard, 0) for shard in shards}, self._epoch
 
     def grow_address_space(self, n_chunks: int) -> None:
         if n_chunks > self.chunk_addr.size:
@@ -59,13 +81,18 @@ class ResidentShards:
                     setattr(self, name, grown)
 
     def install(self, shard: int, raw) -> bool:
-        """Hold ``raw``, the bytes the writer just wrote to ``shard``'s file, in place of any older copy.
-        Safe while decodes run: a shard being written is read from the writer's RAM, not from here.
-        False if the bytes are not a well-formed shard (nothing is held; the file path reports it)."""
-        return self._install(shard, raw, self._generation.get(shard, 0), replace=True)
+        """Hold ``raw``, the bytes the writer just wrote to ``shard``'s file, in place of any older copy
+        (waiting for decodes that read the older copy to end). A load of the older file still in flight
+        will not be installed. False if the bytes are not a well-formed shard (nothing is held then, the
+        older copy is dropped; the file path reports what is wrong)."""
+        with self._lock:
+            generation, epoch = self._generation.get(shard, 0), self._epoch
+        if self._install(shard, raw, generation, epoch, replace=True):
+            return True
+        self.drop([shard])
+        return False
 
-    def _install(self, shard: int, raw, generation: int, *, replace: bool, epoch: int | None = None) -> bool:
-        epoch = self._epoch if epoch is None else epoch
+    def _install(self, shard: int, raw, generation: int, epoch: int, *, replace: bool) -> bool:
         buf = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
         try:
             index = self._parse(shard, buf)
@@ -73,13 +100,15 @@ class ResidentShards:
             return False
         with self._lock:
             if self._generation.get(shard, 0) != generation or self._epoch != epoch:
-                return False  # dropped while it was being read: the file changed
+                return False  # the writer changed the shard since the caller looked: these bytes may be stale
             if shard in self.buffers and not replace:
-                return True  # loaded meanwhile by another thread (same file): decodes may be using that copy
-            self._release(shard)
+                return True  # loaded meanwhile by another thread (same file)
             lo = shard * self.per_shard
             if lo + self.per_shard > self.chunk_addr.size:
                 return False  # beyond the ring as this reader knows it (an unbounded store grew)
+            if replace:  # a load of the older file that is still in flight must not follow these bytes
+                self._generation[shard] = generation + 1
+            self._release(shard)
             used = index[:, 0] != EMPTY
             base = buf.ctypes.data
             addr = np.full(self.per_shard, EMPTY_CHUNK, dtype=np.int64)
@@ -91,21 +120,30 @@ class ResidentShards:
         return True
 
     def _parse(self, shard: int, buf: np.ndarray) -> np.ndarray:
+        """The shard's index, every used entry checked to lie inside the chunk data. The check is done so
+        that it cannot overflow: ``offset + nbytes`` in uint64 wraps around for a hostile index (offset
+        2**64-16, nbytes 32 sums to 16), and the compiled decoder would then read outside the buffer."""
         where = f"array {self.layout.path!r}, shard {shard}"
         size = index_nbytes(self.per_shard)
         if buf.size < size:
             raise CorruptDataError(f"{where}: shard is {buf.size} bytes, smaller than its index")
         index = parse_index(buf[buf.size - size:].tobytes(), self.per_shard, where)
         used = index[:, 0] != EMPTY
-        if used.any() and int((index[used, 0] + index[used, 1]).max()) > buf.size - size:
-            raise CorruptDataError(f"{where}: shard index points past the chunk data")
+        offsets, sizes = index[used, 0], index[used, 1]
+        limit = np.uint64(buf.size - size)  # bytes of chunk data
+        outside = (offsets > limit) | (sizes > limit - np.minimum(offsets, limit))
+        if outside.any():
+            inner = int(np.flatnonzero(used)[np.argmax(outside)])
+            raise CorruptDataError(f"{where}: index entry of chunk {inner} (offset {int(index[inner, 0])}, "
+                                   f"{int(index[inner, 1])} bytes) points past the {int(limit)} bytes of chunk data")
         return index
 
-    def load(self, shard: int, budget: int) -> bool:
+    def load(self, shard: int, budget: int, expected: tuple[int, int] | None = None) -> bool:
         """Read ``shard``'s file whole and hold it if the tier stays within ``budget`` bytes; False if not,
         or if there is no file or it is malformed (the chunk-by-chunk file path then reads it and reports
-        what is wrong)."""
-        generation, epoch = self._generation.get(shard, 0), self._epoch
+        what is wrong). ``expected`` (generation, epoch): what the caller saw when it chose to read the
+        file (default: now); if the writer changed the shard since, nothing is installed."""
+        generation, epoch = expected if expected is not None else (self._generation.get(shard, 0), self._epoch)
         path = self.layout.shard_file(self.root, shard)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -129,10 +167,11 @@ class ResidentShards:
         finally:
             os.close(fd)
         self.loads += 1
-        return self._install(shard, buf, generation, replace=False, epoch=epoch)
+        return self._install(shard, buf, generation, epoch, replace=False)
 
     def drop(self, shards=None) -> None:
-        """Forget shards (all when None): their files changed, or the tier is being emptied."""
+        """Forget shards (all when None): their files changed, the writer entered them again, or the tier
+        is being emptied. Waits for decodes reading them to end."""
         with self._lock:
             if shards is None:
                 self._epoch += 1
