@@ -8,6 +8,11 @@ and checked on every read, like a shard index's: an edited or damaged record rai
 (records of stores written before the checksum existed have none and are read as they are). A record that
 is missing fields, has wrong types or absurd values raises ``FormatError``.
 
+The record lists the identity of every shard file it covers (``shard_ids``: array path -> a list indexed
+by file shard, ``null`` where none; see ``storage/shardfile.py``): reading a committed shard whose file has
+another identity is ``CorruptDataError``. Records written before identities existed have none, and their
+shards are read unchecked.
+
 The protocol: ``CommitLog`` (the writer) fsyncs every data file written since the last commit, then
 replaces the record; before a shard file of the previous lap is overwritten it first commits a record
 that gives that shard up. ``CommitWatcher`` (a reader) bounds what it read by the ``oldest`` of every
@@ -36,6 +41,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 FORMAT_VERSION = 1
 MAX_ROWS = 1 << 40
 MAX_APP_META_BYTES = 1 << 20  # the record is re-read after every reader batch: keep it small
+SHARD_IDS_KEY = "shard_ids"
+MAX_SHARDS = 1 << 24
 
 COMMIT_INT_FIELDS = ("sequence", "head", "oldest", "frame_head", "frame_oldest", "transition_rows", "frame_rows",
                      "max_prev_delta")
@@ -153,6 +160,9 @@ def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
         raise FormatError(f"{path}: 'streams' must be a list of [stream, last_transition, ended] integer triples")
     if not isinstance(record.get("app", {}), dict):
         raise FormatError(f"{path}: 'app' (the application's metadata) must be a JSON object")
+    if not valid_shard_ids(record.get(SHARD_IDS_KEY, {})):
+        raise FormatError(f"{path}: {SHARD_IDS_KEY!r} must map array paths to lists (at most {MAX_SHARDS}) of "
+                          "shard identities (integers in [0, 2**32) or null)")
     samplers = record.setdefault("samplers", {})
     if not isinstance(samplers, dict) or not all(valid_name(k) and valid_rng_state(v) for k, v in samplers.items()):
         raise FormatError(f"{path}: 'samplers' must map names (1-64 letters, digits, '_', '-') to PCG64 states "
@@ -185,6 +195,13 @@ def check_leaf_range(top: float, alpha: float, eps: float, what: str, error: typ
     if not leaf <= MAX_LEAF:
         raise error(f"{what}: (priority + eps) ** alpha = ({top!r} + {eps!r}) ** {alpha!r} overflows "
                          f"(must stay <= {MAX_LEAF:.3g}); use a smaller alpha or smaller priorities")
+
+
+def valid_shard_ids(ids: Any) -> bool:
+    return isinstance(ids, dict) and all(
+        isinstance(path, str) and isinstance(lst, list) and len(lst) <= MAX_SHARDS and
+        all(v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32) for v in lst)
+        for path, lst in ids.items())
 
 
 def valid_name(name: Any) -> bool:
@@ -235,6 +252,9 @@ class CommitLog:
         self.root = root
         self.durable = durable
         self.record = record
+        # The identities of the shard files now (``sharded.shard_identities``), written into every record:
+        # taken when a record is written, after the files it covers were (sealed writes are waited for).
+        self.identities: Callable[[], dict[str, list]] | None = None
 
     @property
     def sequence(self) -> int:
@@ -245,6 +265,8 @@ class CommitLog:
         ``state`` under the next sequence number. ``written`` is emptied."""
         self.sync(written)
         record = {**state, "format_version": FORMAT_VERSION, "sequence": self.record["sequence"] + 1}
+        if self.identities is not None:
+            record[SHARD_IDS_KEY] = self.identities()
         write_commit(self.root, record, durable=self.durable)
         self.record = record
 

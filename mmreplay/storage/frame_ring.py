@@ -202,7 +202,9 @@ class FrameRing:
 
     def _install(self, name: str, shard: int, raw: bytes) -> str:
         """Write a shard's bytes and tell the listener; returns the file's path (to fsync)."""
-        path = self.columns[name].array.install_shard(shard, raw)
+        array = self.columns[name].array
+        raw = array.tagged(shard, raw)  # the file's bytes, identity tag included
+        path = array.install_shard(shard, raw, tagged=True)
         self.listener.shard_written(name, shard, raw)
         return path
 
