@@ -19,6 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from typing import Callable
 
 import numpy as np
 
@@ -48,6 +49,8 @@ class ResidentShards:
         self._generation: dict[int, int] = {}  # shard -> drops so far
         self._epoch = 0  # drops of everything so far
         self._lock = threading.Lock()
+        # ``ShardedArray.check_file``: a loaded file must be the one the commit expects (storage/sharded.py)
+        self.check_file: Callable[[int, np.ndarray], None] | None = None
 
     def grow_address_space(self, n_chunks: int) -> None:
         if n_chunks > self.chunk_addr.size:
@@ -129,6 +132,11 @@ class ResidentShards:
         finally:
             os.close(fd)
         self.loads += 1
+        if self.check_file is not None:
+            try:
+                self.check_file(shard, buf)
+            except CorruptDataError:
+                return False  # not held: the file path reads it and reports what it is
         return self._install(shard, buf, generation, replace=False, epoch=epoch)
 
     def drop(self, shards=None) -> None:

@@ -67,21 +67,23 @@ class ShardedArray:
                 self._close_fd(shard)
 
     def check_file(self, shard: int, raw) -> None:
-        """``raw`` (a whole shard file read elsewhere, e.g. into the compressed tier) must be the file the
-        commit expects, each chunk included; ``CorruptDataError`` if not. No check without an identity."""
-        expected = self.identities.get(shard)
-        if expected is None:
-            return
+        """``raw`` (a whole shard file read elsewhere, e.g. into the compressed tier) must be a well-formed
+        shard (index checksum, every entry within the data: checked without overflow) and, when the commit
+        lists an identity for it, the file the commit expects, each chunk included; ``CorruptDataError`` if
+        not."""
         buf = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
         n = self.layout.chunks_per_shard
         tail = buf[max(0, buf.size - tail_nbytes(n)):].tobytes()
+        index = index_from_tail(tail, buf.size, n, f"array {self.layout.path!r}, shard {shard}")
+        expected = self.identities.get(shard)
+        if expected is None:
+            return
         try:
             crcs = check_identity(tail, n, expected, self.layout.path, shard, self.layout.shard_file(self.root, shard))
         except CorruptDataError:
             if self.tolerate_mismatch is not None and self.tolerate_mismatch():
                 return
             raise
-        index = index_from_tail(tail, buf.size, n, f"array {self.layout.path!r}, shard {shard}")
         used = np.flatnonzero(index[:, 0] != EMPTY)
         ends = (index[used, 0] + index[used, 1]).astype(np.int64)
         stored = np.zeros(used.size, dtype=np.uint32)
@@ -203,13 +205,21 @@ class ShardedArray:
         self.forget([shard])
         return problems
 
-    def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) as a new array (used to load resident columns at open)."""
+    def read_rows(self, start: int, stop: int, damaged: list | None = None) -> np.ndarray:
+        """Rows [start, stop) as a new array (used to load resident columns at open). With a ``damaged``
+        list, a chunk that cannot be read is zeros and ``(chunk, CorruptDataError)`` is appended to it
+        instead of raising: damage stays local to its chunk (``FrameRing.load_staging``)."""
         c = self.layout.chunk_rows
         first, last = start // c, -(-stop // c)
         buf = np.empty(((last - first) * c, *self.layout.row_shape), dtype=self.layout.np_dtype)
         for i, chunk in enumerate(range(first, last)):
-            self.read_chunk(chunk, buf[i * c:(i + 1) * c])
+            try:
+                self.read_chunk(chunk, buf[i * c:(i + 1) * c])
+            except CorruptDataError as exc:
+                if damaged is None:
+                    raise
+                buf[i * c:(i + 1) * c] = 0
+                damaged.append((chunk, exc))
         return buf[start - first * c: stop - first * c]
 
     def _open(self, shard: int) -> tuple[int, tuple[list, list] | None]:
