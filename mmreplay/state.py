@@ -78,7 +78,7 @@ class StoreState:
             self._expect_shards(record)
             self._restore(record)
         self.log = CommitLog(path, {**self.record(), "sequence": rec.get("sequence", 0)}, durable=durable)
-        self.log.identities = lambda: shard_identities(self._identified_arrays())
+        self.log.identities = self._shard_identities
         self.watcher = None if writable else CommitWatcher(path)
         self.needs_reload = False  # readers: a refresh broke off; the next sample or get loads again
         if not writable:
@@ -93,6 +93,13 @@ class StoreState:
 
     def _identified_arrays(self) -> list:
         return [c.array for c in self.frames.columns.values()] + list(self.ring.disk.values())
+
+    def _shard_identities(self, record: dict) -> dict:
+        """What ``record`` (about to be written) expects of the shard files (storage/sharded.py)."""
+        geo = self.geometry()
+        return {**shard_identities([c.array for c in self.frames.columns.values()], geo.frames,
+                                   record["frame_oldest"], record["frame_head"]),
+                **shard_identities(list(self.ring.disk.values()), geo.transitions, record["oldest"], record["head"])}
 
     def _expect_shards(self, record: dict) -> None:
         """Shard files are read only if they are the ones ``record`` lists (storage/sharded.py); a reader

@@ -4,6 +4,9 @@ filled shard stays local to its chunk. Every row read is checked against ``synth
 
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -12,7 +15,8 @@ import mmreplay
 import synthetic as syn
 from conftest import frame_shard_file
 from mmreplay.storage.commit import read_commit, write_commit
-from mmreplay.storage.shardfile import CRC_BYTES, crc32c, identity, index_nbytes, tail_nbytes
+from mmreplay.storage.shardfile import (CRC_BYTES, ShardTag, crc32c, identity, index_nbytes, tag_nbytes,
+                                       tail_nbytes)
 
 
 def forget_shard_identities(path: str) -> None:
@@ -83,6 +87,24 @@ def test_an_older_copy_of_a_shard_is_an_error_not_zeros(synthetic_store):
         assert all("marks this chunk empty" in e for e in errors)
 
 
+def test_an_older_copy_of_the_partly_filled_shard_is_an_error(synthetic_store):
+    s = synthetic_store(n=100)
+    s.flush()
+    shard, filled = divmod(s.num_frames, s.geometry.frames.shard_rows)
+    victim = frame_shard_file(s, shard)
+    old = open(victim, "rb").read()
+    for g in range(100, 102):  # two more frames in the same, still partly filled, shard
+        s.add(*syn.transition(g))
+    assert s.num_frames // s.geometry.frames.shard_rows == shard
+    path = s.path
+    s.close()
+    open(victim, "wb").write(old)
+    with mmreplay.Store.open(path, mode="r") as s:
+        right, errors = read_every_transition(s)
+        assert right > 50 and errors
+        assert all(f"shard {shard}" in e and "written" in e and "or later" in e for e in errors)
+
+
 def test_stores_without_identities_open_read_and_gain_them_when_written(synthetic_store):
     s = synthetic_store(n=120)
     path = s.path
@@ -93,7 +115,7 @@ def test_stores_without_identities_open_read_and_gain_them_when_written(syntheti
     with mmreplay.Store.open(path) as s:
         for g in range(120, 140):
             s.add(*syn.transition(g))
-    assert read_commit(path)["shard_ids"]["frames/obs"]  # shards written since are identified
+    assert read_commit(path)["shard_ids"]["frames/obs"]["sealed"]  # shards written since are identified
     with mmreplay.Store.open(path, mode="r") as s:
         right, errors = read_every_transition(s)
         assert errors == [] and right > 100
@@ -116,9 +138,44 @@ def test_a_resumed_writer_keeps_the_partial_shards_identity_right(synthetic_stor
         assert errors == [] and right > 100
         files = {("frames/obs", shard): frame_shard_file(s, shard) for shard in range(frame_shards(s))}
     n = s.geometry.frames.shard_rows  # one frame per chunk
+    entry = record["shard_ids"]["frames/obs"]
+    assert entry["partial"][0] == len(files) - 1  # the newest shard is partly filled
     for (array, shard), file in files.items():
-        raw = open(file, "rb").read()
-        assert record["shard_ids"][array][shard] == identity(raw[-tail_nbytes(n):]), (array, shard)
+        tail = open(file, "rb").read()[-tail_nbytes(n):]
+        if shard == entry["partial"][0]:
+            assert ShardTag.decode(tail[:tag_nbytes(n)], n).written_ns == entry["partial"][1]
+        else:
+            assert entry["sealed"][shard] == identity(tail), (array, shard)
+
+
+CRASH_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    import mmreplay, mmreplay.storage.commit, synthetic as syn
+    s = mmreplay.Store.open({path!r})
+    for g in range(s.num_added, {stop}):
+        s.add(*syn.transition(g))
+    def die(*a, **k):  # the shard files are rewritten, the commit record never gets written
+        os.kill(os.getpid(), signal.SIGKILL)
+    mmreplay.storage.commit.write_commit = die
+    s.flush()
+""")
+
+
+@pytest.mark.parametrize("stop", [47, 70])  # the partial shard rewritten; sealed and a new partial one
+def test_a_crash_after_the_shard_files_before_the_record_reopens_the_last_commit(synthetic_store, stop):
+    s = synthetic_store(n=45)
+    path = s.path
+    s.close()
+    code = CRASH_CHILD.format(tests=os.path.dirname(__file__), path=path, stop=stop)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    for mode in ("r", "a"):
+        with mmreplay.Store.open(path, mode=mode) as s:
+            assert s.num_added == 45
+            right, errors = read_every_transition(s)
+            assert errors == [] and right > 30
+            assert s.verify() == []
 
 
 def chunk_span(raw: bytes, n_chunks: int, inner: int) -> tuple[int, int]:
@@ -156,11 +213,11 @@ def test_one_flipped_byte_in_the_partly_filled_shard_stays_local(synthetic_store
 
 
 def test_identities_in_the_record_are_validated(synthetic_store):
-    s = synthetic_store(n=30)
+    s = synthetic_store(n=100)
     path = s.path
     s.close()
     record = read_commit(path)
-    record["shard_ids"]["frames/obs"][0] = "x"
+    record["shard_ids"]["frames/obs"]["sealed"][0] = "x"
     write_commit(path, record)
     with pytest.raises(mmreplay.FormatError, match="shard_ids"):
         mmreplay.Store.open(path, mode="r")

@@ -8,9 +8,10 @@ and checked on every read, like a shard index's: an edited or damaged record rai
 (records of stores written before the checksum existed have none and are read as they are). A record that
 is missing fields, has wrong types or absurd values raises ``FormatError``.
 
-The record lists the identity of every shard file it covers (``shard_ids``: array path -> a list indexed
-by file shard, ``null`` where none; see ``storage/shardfile.py``): reading a committed shard whose file has
-another identity is ``CorruptDataError``. Records written before identities existed have none, and their
+The record says which file each shard it covers must be (``shard_ids``: per array path, the identity of
+each sealed shard and the earliest write time of the partial one; see ``storage/sharded.py``): reading a
+committed shard from another file is ``CorruptDataError``. Every record written (give-ups included)
+states what the files are at that moment, after the files it covers were written. Records written before identities existed have none, and their
 shards are read unchecked.
 
 The protocol: ``CommitLog`` (the writer) fsyncs every data file written since the last commit, then
@@ -161,8 +162,9 @@ def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
     if not isinstance(record.get("app", {}), dict):
         raise FormatError(f"{path}: 'app' (the application's metadata) must be a JSON object")
     if not valid_shard_ids(record.get(SHARD_IDS_KEY, {})):
-        raise FormatError(f"{path}: {SHARD_IDS_KEY!r} must map array paths to lists (at most {MAX_SHARDS}) of "
-                          "shard identities (integers in [0, 2**32) or null)")
+        raise FormatError(f"{path}: {SHARD_IDS_KEY!r} must map array paths to {{'sealed': a list (at most "
+                          f"{MAX_SHARDS}) of shard identities (integers in [0, 2**32) or null), 'partial': "
+                          "[file shard, write time in ns] or null}")
     samplers = record.setdefault("samplers", {})
     if not isinstance(samplers, dict) or not all(valid_name(k) and valid_rng_state(v) for k, v in samplers.items()):
         raise FormatError(f"{path}: 'samplers' must map names (1-64 letters, digits, '_', '-') to PCG64 states "
@@ -198,10 +200,18 @@ def check_leaf_range(top: float, alpha: float, eps: float, what: str, error: typ
 
 
 def valid_shard_ids(ids: Any) -> bool:
+    """``{array path: {"sealed": [identity or None, ...], "partial": [file shard, written ns] or None}}``."""
+    def integer(v, top):
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < top
+
     return isinstance(ids, dict) and all(
-        isinstance(path, str) and isinstance(lst, list) and len(lst) <= MAX_SHARDS and
-        all(v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32) for v in lst)
-        for path, lst in ids.items())
+        isinstance(path, str) and isinstance(entry, dict) and isinstance(entry.get("sealed", []), list)
+        and len(entry.get("sealed", [])) <= MAX_SHARDS
+        and all(v is None or integer(v, 1 << 32) for v in entry.get("sealed", []))
+        and (entry.get("partial") is None or (isinstance(entry["partial"], list) and len(entry["partial"]) == 2
+                                              and integer(entry["partial"][0], MAX_SHARDS)
+                                              and integer(entry["partial"][1], 1 << 63)))
+        for path, entry in ids.items())
 
 
 def valid_name(name: Any) -> bool:
@@ -254,7 +264,7 @@ class CommitLog:
         self.record = record
         # The identities of the shard files now (``sharded.shard_identities``), written into every record:
         # taken when a record is written, after the files it covers were (sealed writes are waited for).
-        self.identities: Callable[[], dict[str, list]] | None = None
+        self.identities: Callable[[dict], dict[str, dict]] | None = None
 
     @property
     def sequence(self) -> int:
@@ -266,7 +276,7 @@ class CommitLog:
         self.sync(written)
         record = {**state, "format_version": FORMAT_VERSION, "sequence": self.record["sequence"] + 1}
         if self.identities is not None:
-            record[SHARD_IDS_KEY] = self.identities()
+            record[SHARD_IDS_KEY] = self.identities(record)
         write_commit(self.root, record, durable=self.durable)
         self.record = record
 

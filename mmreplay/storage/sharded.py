@@ -7,12 +7,14 @@ shard and chunk. Callers only read rows a commit covers, so a missing shard file
 marks empty are errors too (zarr would read zeros, silently), unless the array was made with
 ``missing_ok`` (priority buffers, whose never-written shards are zarr's fill value).
 
-Identity: ``identities`` maps file shards to the identity (``shardfile.identity``) of the file the commit
-covers: loaded from the record (``expect``), updated by every write. A shard with an identity is read only
-from that file: its tail must have that identity and every chunk the crc32c its tag lists, else
-``CorruptDataError`` naming the file and what it holds. Shards without one (stores written before
-identities existed) are read as before. A reader whose writer is active (``tolerate_mismatch()``) takes a
-mismatch as the writer's newer file, which the commit protocol (``CommitWatcher``) already bounds.
+Identity: the commit record says which file each shard it covers must be (``expect``): a *sealed* shard
+(every row written, not written again this lap) by its identity (``shardfile.identity``: tag and index, so
+the tag's chunk crcs bind every chunk); the *partial* shard (the one holding the head, rewritten at every
+commit) by its tag's write time, which a file written since (by a commit that crashed before its record,
+holding the same committed rows) may exceed but an older copy cannot. Anything else is
+``CorruptDataError`` naming the file and what it holds. Shards the record says nothing about (stores
+written before identities) are read as before. A reader whose writer is active (``tolerate_mismatch()``)
+takes a mismatch as the writer's newer file, which the commit protocol (``CommitWatcher``) already bounds.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from mmreplay.errors import CorruptDataError
 from mmreplay.storage.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write
 from mmreplay.storage.layout import ArrayLayout
-from mmreplay.storage.shardfile import (CRC_BYTES, EMPTY, ShardTag, build_shard, check_identity, decode_chunk,
-                                       encode_chunk, identity, index_from_tail, read_tail, tail_nbytes)
+from mmreplay.storage.shardfile import (CRC_BYTES, EMPTY, ShardTag, build_shard, check_identity, check_written_since,
+                                       decode_chunk, encode_chunk, identity, index_from_tail, read_tail, tag_nbytes,
+                                       tail_nbytes)
 
 EMPTY_INT = int(EMPTY)
 
@@ -52,19 +55,39 @@ class ShardedArray:
         self._chunk_crcs: dict[int, tuple | None] = {}  # shard -> crc32c of each chunk, from its checked tag
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._lock = threading.Lock()
-        self.identities: dict[int, int] = {}  # file shard -> identity of the file the commit covers
+        self.identities: dict[int, int] = {}  # file shard -> identity of its file (expected, or written here)
+        self.written_ns: dict[int, int] = {}  # file shard -> write time in the tag of the file written here
+        self.partial: tuple[int, int] | None = None  # (file shard, written at or after) of the partial shard
         self.tolerate_mismatch: Callable[[], bool] | None = None
 
     # -- identity --------------------------------------------------------------------------------
-    def expect(self, identities: dict[int, int]) -> None:
-        """The identities a (newly loaded) commit record lists for this array's shards."""
+    def expect(self, identities: dict[int, int], partial: tuple[int, int] | None = None) -> None:
+        """What a (newly loaded) commit record expects of this array's files: the identities of its sealed
+        shards, and (file shard, earliest write time) of its partial one."""
         with self._lock:
-            changed = [s for s in set(self.identities) | set(identities)
-                       if self.identities.get(s) != identities.get(s)]
-            self.identities = dict(identities)
-            for shard in changed:  # checked against the identity of another commit: check again
+            changed = {s for s in set(self.identities) | set(identities)
+                       if self.identities.get(s) != identities.get(s)}
+            changed |= {p[0] for p in (self.partial, partial) if p is not None and self.partial != partial}
+            self.identities, self.partial = dict(identities), partial
+            self.written_ns = {} if partial is None else {partial[0]: partial[1]}  # kept by a commit not writing it
+            for shard in changed:  # checked against another commit's expectations: check again
                 self._indexes.pop(shard, None)
                 self._close_fd(shard)
+
+    def _check_tail(self, shard: int, tail: bytes) -> tuple | None:
+        """The chunk crcs of the file whose tail this is, if it is the file the commit expects (None: the
+        commit expects nothing of it, or a reader's writer is active); else ``CorruptDataError``."""
+        n, path = self.layout.chunks_per_shard, self.layout.shard_file(self.root, shard)
+        expected, partial = self.identities.get(shard), self.partial
+        try:
+            if expected is not None:
+                return check_identity(tail, n, expected, self.layout.path, shard, path)
+            if partial is not None and partial[0] == shard:
+                return check_written_since(tail, n, partial[1], self.layout.path, shard, path)
+        except CorruptDataError:
+            if self.tolerate_mismatch is None or not self.tolerate_mismatch():
+                raise
+        return None
 
     def check_file(self, shard: int, raw) -> None:
         """``raw`` (a whole shard file read elsewhere, e.g. into the compressed tier) must be a well-formed
@@ -75,15 +98,9 @@ class ShardedArray:
         n = self.layout.chunks_per_shard
         tail = buf[max(0, buf.size - tail_nbytes(n)):].tobytes()
         index = index_from_tail(tail, buf.size, n, f"array {self.layout.path!r}, shard {shard}")
-        expected = self.identities.get(shard)
-        if expected is None:
+        crcs = self._check_tail(shard, tail)
+        if crcs is None:
             return
-        try:
-            crcs = check_identity(tail, n, expected, self.layout.path, shard, self.layout.shard_file(self.root, shard))
-        except CorruptDataError:
-            if self.tolerate_mismatch is not None and self.tolerate_mismatch():
-                return
-            raise
         used = np.flatnonzero(index[:, 0] != EMPTY)
         ends = (index[used, 0] + index[used, 1]).astype(np.int64)
         stored = np.zeros(used.size, dtype=np.uint32)
@@ -118,6 +135,7 @@ class ShardedArray:
             self._close_fd(shard)
             self._indexes[shard] = _as_lists(index)
             self.identities[shard] = identity(bytes(tail))
+            self.written_ns[shard] = ShardTag.decode(bytes(tail[:tag_nbytes(n)]), n).written_ns
             self._chunk_crcs[shard] = None  # re-read from the tag at the next open
         return path
 
@@ -257,14 +275,7 @@ class ShardedArray:
         n = self.layout.chunks_per_shard
         size = os.fstat(fd).st_size
         tail = read_tail(fd, size, n)
-        expected = self.identities.get(shard)
-        crcs = None
-        if expected is not None:
-            try:
-                crcs = check_identity(tail, n, expected, self.layout.path, shard, path)
-            except CorruptDataError:
-                if self.tolerate_mismatch is None or not self.tolerate_mismatch():
-                    raise
+        crcs = self._check_tail(shard, tail)
         index = _as_lists(index_from_tail(tail, size, n, f"array {self.layout.path!r}, shard {shard}"))
         self._chunk_crcs[shard] = crcs
         return index
@@ -275,22 +286,34 @@ class ShardedArray:
             os.close(fd)
 
 
-def shard_identities(arrays) -> dict[str, list]:
-    """``shard_ids`` for a commit record: per array path, the identity of each file shard (None: none)."""
+def shard_identities(arrays, ring, oldest: int, head: int) -> dict[str, dict]:
+    """What a commit record of rows ``[oldest, head)`` of ``ring`` (a ``RingGeometry``) expects of the files
+    of ``arrays``, per array path: ``{"sealed": [identity or None per file shard], "partial": [file shard,
+    written at or after] or None}``. Sealed: the shards from ``oldest``'s to the one before ``head``'s
+    (the writer does not write them again this lap); partial: ``head``'s, if it holds committed rows."""
+    if head <= oldest:
+        return {}
+    sealed = {int(ring.file_shard(g)) for g in range(oldest // ring.shard_rows, head // ring.shard_rows)}
+    partial = int(ring.file_shard(head // ring.shard_rows)) if head % ring.shard_rows else None
     out = {}
     for array in arrays:
         with array._lock:
-            ids = dict(array.identities)
-        if ids:
-            out[array.layout.path] = [ids.get(s) for s in range(max(ids) + 1)]
+            ids, written = dict(array.identities), dict(array.written_ns)
+        listed = {s: ids[s] for s in sealed if s in ids}
+        entry = {"sealed": [listed.get(s) for s in range(max(listed) + 1)] if listed else [],
+                 "partial": [partial, written[partial]] if partial in written else None}
+        if listed or entry["partial"]:
+            out[array.layout.path] = entry
     return out
 
 
 def expect_identities(arrays, record: dict | None, tolerate_mismatch: Callable[[], bool] | None = None) -> None:
-    """Give each array the identities ``record`` lists for its shards (none for records without them);
+    """Give each array what ``record`` expects of its files (nothing for records without identities);
     readers pass ``tolerate_mismatch`` (see the module docstring)."""
     listed = (record or {}).get("shard_ids", {})
     for array in arrays:
-        ids = listed.get(array.layout.path, [])
-        array.expect({s: v for s, v in enumerate(ids) if v is not None})
+        entry = listed.get(array.layout.path, {})
+        ids = entry.get("sealed", [])
+        partial = entry.get("partial")
+        array.expect({s: v for s, v in enumerate(ids) if v is not None}, None if partial is None else tuple(partial))
         array.tolerate_mismatch = tolerate_mismatch

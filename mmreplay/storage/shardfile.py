@@ -10,7 +10,8 @@ zarr-python and TensorStore read these files; we read them faster by caching the
 Identity (mmreplay's addition, invisible to zarr): between the chunks and the index lies a *tag*
 (``ShardTag``): magic ``MMRS``, the crc32c of the array's path, the shard number, when it was written, a
 random nonce and the crc32c of every inner chunk. The crc32c of the whole tail (tag + index + index crc)
-is the shard's *identity*; the commit record lists the identity of every shard it covers. A valid
+is the shard's *identity*; the commit record lists the identity of every sealed shard it covers, and the
+write time of its partial one (``storage/sharded.py``). A valid
 checksum only proves that bytes are intact; the identity proves that the file is the one the commit
 expects (not another shard of the store, not an older copy of this one), and the tag's chunk crcs bind
 every chunk to it. No index entry points into the tag, so zarr readers never see it.
@@ -134,6 +135,24 @@ def identity(tail: bytes) -> int:
 
 def tail_nbytes(n_chunks: int) -> int:
     return tag_nbytes(n_chunks) + index_nbytes(n_chunks)
+
+
+def check_written_since(tail: bytes, n_chunks: int, written_ns: int, array_path: str, shard: int, file: str
+                        ) -> tuple:
+    """Is ``tail`` the tail of shard ``shard``'s file as the commit covers it when the shard is partial:
+    tagged as this array's shard ``shard``, written at ``written_ns`` or later (a newer write holds the
+    same committed rows; an older copy lacks some)? Returns the tag's chunk crcs, else
+    ``CorruptDataError`` naming the file and what it holds."""
+    tag = ShardTag.decode(tail[:tag_nbytes(n_chunks)], n_chunks) if len(tail) == tail_nbytes(n_chunks) else None
+    if tag is not None and tag.shard == shard and tag.array == array_crc(array_path) and tag.written_ns >= written_ns:
+        return tag.chunk_crcs
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(written_ns / 1e9))
+    holds = tag.describe(array_path) if tag is not None else "no mmreplay shard tag (a file of another store, " \
+        "or written before shard identities existed)"
+    raise CorruptDataError(
+        f"array {array_path!r}, shard {shard}: {file} is not the shard file the last commit expects (this "
+        f"array's shard {shard}, written {when} UTC or later); it holds {holds}: a misplaced or stale file (a "
+        "restored backup, a copy, a lost rename?); its rows are not read")
 
 
 def check_identity(tail: bytes, n_chunks: int, expected: int, array_path: str, shard: int, file: str
