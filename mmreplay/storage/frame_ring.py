@@ -13,7 +13,9 @@ Invariants:
   crash never leaves a commit pointing at overwritten frames).
 - Whoever reads frames (``reading/frames.py``) is told through ``listener`` (a ``FrameEvents``) of every
   shard written (with its bytes), every shard whose file changed elsewhere, rows about to be replaced, and
-  growth; this module never reads frames back except the staging rows it reloads at open.
+  growth; this module never reads frames back except the staging rows it reloads at open. Damage there
+  stays local (``load_staging``): a reader reads that column's staging shard from its file instead
+  (``ram_shards`` leaves it out, so a damaged chunk raises when read), a writer refuses to open.
 """
 
 from __future__ import annotations
