@@ -83,7 +83,8 @@ def check_blosc_header(data, nbytes: int, itemsize: int, format_code: int) -> No
     """``ValueError`` unless ``data`` is a blosc 1 payload of exactly ``len(data)`` bytes that decodes to
     ``nbytes`` bytes of items of ``itemsize`` with the compressor of ``format_code``, whose blocks all start
     inside it: what c-blosc trusts without checking (it reads ``cbytes`` from the header, not the buffer)."""
-    data = memoryview(data).cast("B")
+    if not isinstance(data, bytes):
+        data = memoryview(data).cast("B")
     if len(data) < BLOSC_HEADER.size:
         raise ValueError(f"blosc payload of {len(data)} bytes is shorter than its header ({BLOSC_HEADER.size})")
     version, _, flags, typesize, announced, blocksize, cbytes = BLOSC_HEADER.unpack_from(data)
@@ -109,15 +110,16 @@ def check_blosc_header(data, nbytes: int, itemsize: int, format_code: int) -> No
     first = BLOSC_HEADER.size + 4 * n_blocks
     if first > cbytes:
         raise ValueError(f"blosc header: {n_blocks} block starts do not fit a payload of {cbytes} bytes")
-    starts = np.frombuffer(data, dtype="<i4", count=n_blocks, offset=BLOSC_HEADER.size)
-    if n_blocks and (int(starts.min()) < first or int(starts.max()) >= cbytes):
+    starts = struct.unpack_from(f"<{n_blocks}i", data, BLOSC_HEADER.size)  # few: n_blocks * 4 <= cbytes
+    if n_blocks and (min(starts) < first or max(starts) >= cbytes):
         raise ValueError(f"blosc header: a block starts outside [{first}, {cbytes})")
 
 
 def check_zstd_header(data, nbytes: int) -> None:
     """``ValueError`` unless ``data`` starts with a zstd frame, made without a dictionary, that declares a
     content size of ``nbytes`` (so the library never allocates what a damaged header claims)."""
-    data = memoryview(data).cast("B")
+    if not isinstance(data, bytes):
+        data = memoryview(data).cast("B")
     if len(data) < 6 or int.from_bytes(data[:4], "little") != ZSTD_MAGIC:
         raise ValueError("not a zstd frame (bad magic number)")
     descriptor = data[4]
