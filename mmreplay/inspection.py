@@ -1,8 +1,9 @@
 """What ``mmreplay info`` and ``mmreplay verify`` report about a store.
 
-Invariant: both only read; ``verify`` re-reads every shard the last commit covers (each index and
-chunk checksum, each decoded size) and reports problems by array, shard and chunk instead of stopping at
-the first one.
+Invariant: both only read; ``verify`` re-reads every shard the last commit covers (each file's identity,
+each index and chunk checksum, and decodes every chunk holding committed rows: a chunk it reports clean
+decoded to exactly its size) and reports problems by array, shard and chunk instead of stopping at the
+first one.
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ from mmreplay.storage.sharded import ShardedArray
 
 def committed_work(root: str, record: dict, ring: TransitionRing, frames: FrameRing) -> tuple[list, list]:
     """What ``verify`` reads for commit ``record`` of a store with these rings: ``(layouts, work)``, every
-    array's layout (to check its ``zarr.json``) and ``(array, shard)`` for every shard holding committed
-    rows. Take it under the store's lock; ``verify`` can then run without it."""
+    array's layout (to check its ``zarr.json``) and ``(array, shard, committed chunks or None: all)`` for
+    every shard holding committed rows. Take it under the store's lock; ``verify`` can then run without it."""
     unbounded = ring.capacity is None
     t_geo = RingGeometry(record["transition_rows"], ring.shard_rows, unbounded)
     f_geo = RingGeometry(record["frame_rows"], frames.shard_rows, unbounded)
-    work = [(array, shard) for array in ring.disk.values()
+    work = [(array, shard, None) for array in ring.disk.values()
             for shard in t_geo.shards_holding(record["oldest"], record["head"])]
-    work += [(col.array, shard) for col in frames.columns.values()
-             for shard in f_geo.shards_holding(record["frame_oldest"], record["frame_head"])]
-    work += committed_priority_shards(root, record, t_geo)
-    layouts = ring.layouts() + [c.layout for c in frames.columns.values()] + [array.layout for array, _ in work]
+    frame_head = record["frame_head"]
+    partial = f_geo.file_shard(frame_head // f_geo.shard_rows) if frame_head % f_geo.shard_rows else None
+    for col in frames.columns.values():
+        in_partial = -(-(frame_head % f_geo.shard_rows) // col.spec.chunk_rows)  # chunks of the partial shard
+        work += [(col.array, shard, in_partial if shard == partial else None)
+                 for shard in f_geo.shards_holding(record["frame_oldest"], frame_head)]
+    work += [(array, shard, None) for array, shard in committed_priority_shards(root, record, t_geo)]
+    layouts = ring.layouts() + [c.layout for c in frames.columns.values()] + [array.layout for array, _, _ in work]
     return list({lay.path: lay for lay in layouts}.values()), work
 
 
@@ -41,8 +46,8 @@ def verify(root: str, layouts: list, work: list, progress=None) -> list[str]:
     problems = []
     for layout in layouts:
         problems += layout.metadata_problems(root)
-    for i, (array, shard) in enumerate(work):
-        problems += array.verify_shard(shard)
+    for i, (array, shard, committed_chunks) in enumerate(work):
+        problems += array.verify_shard(shard, committed_chunks)
         if progress:
             progress(i + 1, len(work))
     return problems

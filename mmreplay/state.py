@@ -34,7 +34,9 @@ from mmreplay.settings import Settings
 from mmreplay.storage.commit import FORMAT_VERSION, CommitLog, CommitWatcher, read_commit
 from mmreplay.reading.frames import FrameReader
 from mmreplay.storage.frame_ring import FrameRing
+from mmreplay.storage.files import writer_active
 from mmreplay.storage.layout import RingGeometry, StoreGeometry, resize_arrays
+from mmreplay.storage.sharded import expect_identities, shard_identities
 from mmreplay.storage.meta import check_record
 
 
@@ -72,9 +74,12 @@ class StoreState:
         self.priorities = PrioritySets(path, self.ring, self.frames, self.schema.frame_stack, rec.get("priorities", {}),
                                        writable=writable)
         self._priority_written: list[str] = []
+        self._writable = writable
         if record is not None:
+            self._expect_shards(record)
             self._restore(record)
         self.log = CommitLog(path, {**self.record(), "sequence": rec.get("sequence", 0)}, durable=durable)
+        self.log.identities = self._shard_identities
         self.watcher = None if writable else CommitWatcher(path)
         self.needs_reload = False  # readers: a refresh broke off; the next sample or get loads again
         if not writable:
@@ -86,6 +91,22 @@ class StoreState:
         self.frames.on_grow = lambda rows: resize_arrays(path, [c.layout for c in self.frames.columns.values()], rows)
         self.ring.on_grow = lambda rows: resize_arrays(path, self.ring.layouts(), rows)
         self.reader.start_preload()
+
+    def _identified_arrays(self) -> list:
+        return [c.array for c in self.frames.columns.values()] + list(self.ring.disk.values())
+
+    def _shard_identities(self, record: dict) -> dict:
+        """What ``record`` (about to be written) expects of the shard files (storage/sharded.py)."""
+        geo = self.geometry()
+        return {**shard_identities([c.array for c in self.frames.columns.values()], geo.frames,
+                                   record["frame_oldest"], record["frame_head"]),
+                **shard_identities(list(self.ring.disk.values()), geo.transitions, record["oldest"], record["head"])}
+
+    def _expect_shards(self, record: dict) -> None:
+        """Shard files are read only if they are the ones ``record`` lists (storage/sharded.py); a reader
+        whose writer is active takes a newer file as the writer's, which its commit checks bound."""
+        tolerate = None if self._writable else (lambda: writer_active(self.path))
+        expect_identities(self._identified_arrays(), record, tolerate)
 
     def _new_ring(self, record: dict) -> TransitionRing:
         geometry = StoreGeometry.from_meta(self.meta, record).transitions
@@ -167,6 +188,7 @@ class StoreState:
         for disk in self.ring.disk.values():
             disk.close()
         self.ring = self._new_ring(record)
+        self._expect_shards(record)
         self.frames.catch_up(old_frame_head, record["frame_head"], record["frame_oldest"], record["frame_rows"])
         self.streams = Streams(self.schema.observations)
         self._restore(record)

@@ -61,9 +61,13 @@ def test_chunk_reads_equal_what_zarr_reads(tmp_path):
         arr.write_shard(shard, data[shard * 16:(shard + 1) * 16], 16 if shard < 2 else 6)
     z = zarr.open_array(str(tmp_path / lay.path), mode="r")
     out = np.empty((4, 3, 5), np.uint8)
-    for chunk in range(12):
+    for chunk in range(10):  # shard 2 holds 6 rows: chunks 8 and 9
         arr.read_chunk(chunk, out)
         np.testing.assert_array_equal(out, z[chunk * 4:(chunk + 1) * 4])
+    for chunk in (10, 11):  # zarr reads zeros; every row we read is committed, so an empty chunk is an error
+        assert not z[chunk * 4:(chunk + 1) * 4].any()
+        with pytest.raises(CorruptDataError, match="marks this chunk empty"):
+            arr.read_chunk(chunk, out)
     with pytest.raises(CorruptDataError, match="missing"):
         arr.read_chunk(13, out)  # a committed-looking read of a shard with no file
     lenient = ShardedArray(str(tmp_path), lay, missing_ok=True)

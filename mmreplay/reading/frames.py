@@ -78,6 +78,8 @@ class FrameReader(FrameEvents):
             keep = old is not None and old.direct == (self.plan.direct and old.resident is not None
                                                       and col.spec.chunk_rows == 1)
             new = ColumnReader(col, ring, decoded, resident, self.plan.direct, cache=old.cache if keep else None)
+            if new.resident is not None:
+                new.resident.check_file = col.array.check_file  # only the files the commit expects are held
             if old is not None:
                 new.tier.hits, new.tier.misses = old.tier.hits, old.tier.misses
                 new.cache.stats.hits, new.cache.stats.misses = old.cache.stats.hits, old.cache.stats.misses
@@ -456,8 +458,11 @@ class FrameReader(FrameEvents):
             addr = res.chunk_addr[chunks]
             absent = addr == 0
         empty = addr == EMPTY_CHUNK
-        if empty.any():
-            col.cache.slab[slots[empty]] = 0  # the index marks the chunk empty: zarr's fill value
+        if empty.any():  # every frame read is committed: an index that lacks it belongs to another file
+            shard, inner = divmod(int(chunks[np.flatnonzero(empty)[0]]), res.per_shard)
+            raise CorruptDataError(f"{col.column.array.where(shard, inner)}: the shard index marks this chunk "
+                                   "empty, but the last commit says it holds committed rows (an older or "
+                                   "misplaced shard file?)")
         held = addr > 0
         n_held = int(np.count_nonzero(held))
         if n_held:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from typing import Callable
 
 import numpy as np
 
@@ -60,6 +61,8 @@ class ResidentShards:
         self._epoch = 0  # drops of everything so far
         # Reentrant: a decode holding it (``reading``) may load a missing shard whole (``load``).
         self._lock = threading.RLock()
+        # ``ShardedArray.check_file``: a loaded file must be the one the commit expects (storage/sharded.py)
+        self.check_file: Callable[[int, np.ndarray], None] | None = None
 
     def reading(self) -> threading.RLock:
         """Hold while decoding from held bytes (``with res.reading(): ...``): no buffer is replaced or freed
@@ -167,6 +170,11 @@ class ResidentShards:
         finally:
             os.close(fd)
         self.loads += 1
+        if self.check_file is not None:
+            try:
+                self.check_file(shard, buf)
+            except CorruptDataError:
+                return False  # not held: the file path reads it and reports what it is
         return self._install(shard, buf, generation, epoch, replace=False)
 
     def drop(self, shards=None) -> None:

@@ -3,7 +3,11 @@ metadata (so any zarr v3 reader decodes the same bytes).
 
 Invariant: for a spec ``s`` and dtype ``d``, bytes written by ``numcodecs_compressor(s, d)`` decode with
 the zarr codec ``zarr_compressor(s, d)`` and vice versa; Blosc runs single-threaded (we parallelise
-across chunks instead, like zarr does).
+across chunks instead, like zarr does). ``Compressor.decode`` hands a payload to the codec library only
+after its header is checked against the payload and the expected chunk (blosc: version, flags, codec,
+typesize, sizes, blocksize and block starts; zstd: magic, no dictionary, a declared content size equal to
+the chunk's): the libraries trust their headers, so a truncated or edited payload whose checksum was
+recomputed would otherwise be read past its end or decoded into garbage.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from mmreplay.storage import temporal
 blosc.use_threads = False  # many small chunks in parallel beat Blosc's own threads (zarr does the same)
 
 BLOSC_CNAMES = ("lz4", "lz4hc", "zstd", "zlib", "blosclz")
+BLOSC_FORMAT_CODE = {"blosclz": 0, "lz4": 1, "lz4hc": 1, "zlib": 3, "zstd": 4}  # header flags >> 5
+BLOSC_HEADER = struct.Struct("<BBBBIII")  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
+BLOSC_MAX_VERSION = 2  # c-blosc 1.x writes format 2 (1: older releases)
+BLOSC_SHUFFLE, BLOSC_MEMCPYED, BLOSC_BITSHUFFLE, BLOSC_RESERVED = 0x1, 0x2, 0x4, 0x8
+ZSTD_MAGIC = 0xFD2FB528
 
 
 def validate_codec(spec: Any) -> Mapping[str, Any]:
@@ -61,12 +70,14 @@ class Compressor:
     def __init__(self, spec: Mapping[str, Any], dtype: np.dtype):
         spec = validate_codec(spec)
         self.spec = spec
+        self.itemsize = np.dtype(dtype).itemsize
         if spec["name"] == "temporal":
             level = int(spec.get("level", temporal.DEFAULT_LEVEL))
             search = int(spec.get("search", temporal.DEFAULT_SEARCH))
             self.encode = lambda arr: temporal.encode_run(arr, level, search)
             self._decompress = None
         elif spec["name"] == "blosc":
+            self.format_code = BLOSC_FORMAT_CODE[spec.get("cname", "lz4")]
             cname = spec.get("cname", "lz4").encode()
             clevel, shuffle = int(spec.get("clevel", 5)), _shuffle(np.dtype(dtype))
             self.encode = lambda arr: blosc.compress(arr, cname, clevel, shuffle, 0)
@@ -79,19 +90,75 @@ class Compressor:
     def decode(self, data, out: np.ndarray) -> np.ndarray:
         """Decode into ``out``; a payload of another decoded size is an error (neither library says so
         when decoding into a buffer)."""
-        if self._decompress is None:
+        if self._decompress is None:  # temporal: checks its own header and zstd's announced size
             temporal.decode_run(data, out)
         elif self._decompress is blosc.decompress:
-            announced = struct.unpack_from("<I", data, 4)[0] if len(data) >= 16 else None  # header: nbytes
-            if announced != out.nbytes:
-                raise ValueError(f"blosc header announces {announced} bytes")
+            check_blosc_header(data, out.nbytes, self.itemsize, self.format_code)
             self._decompress(data, out)
         else:
+            check_zstd_header(data, out.nbytes)
             decoded = self._decompress(data)
             if len(decoded) != out.nbytes:
                 raise ValueError(f"payload holds {len(decoded)} bytes")
             out.reshape(-1).view(np.uint8)[:] = np.frombuffer(decoded, dtype=np.uint8)
         return out
+
+
+def check_blosc_header(data, nbytes: int, itemsize: int, format_code: int) -> None:
+    """``ValueError`` unless ``data`` is a blosc 1 payload of exactly ``len(data)`` bytes that decodes to
+    ``nbytes`` bytes of items of ``itemsize`` with the compressor of ``format_code``, whose blocks all start
+    inside it: what c-blosc trusts without checking (it reads ``cbytes`` from the header, not the buffer)."""
+    if not isinstance(data, bytes):
+        data = memoryview(data).cast("B")
+    if len(data) < BLOSC_HEADER.size:
+        raise ValueError(f"blosc payload of {len(data)} bytes is shorter than its header ({BLOSC_HEADER.size})")
+    version, _, flags, typesize, announced, blocksize, cbytes = BLOSC_HEADER.unpack_from(data)
+    if not 1 <= version <= BLOSC_MAX_VERSION:
+        raise ValueError(f"blosc header: format version {version}, expected 1..{BLOSC_MAX_VERSION}")
+    if flags & BLOSC_RESERVED or (flags & BLOSC_SHUFFLE and flags & BLOSC_BITSHUFFLE) or flags >> 5 != format_code:
+        raise ValueError(f"blosc header: flags {flags:#04x} do not describe this column's codec "
+                         f"(compressor format {format_code})")
+    if typesize != (itemsize if itemsize <= 255 else 1):
+        raise ValueError(f"blosc header: typesize {typesize}, expected {itemsize}")
+    if announced != nbytes:
+        raise ValueError(f"blosc header announces {announced} bytes, expected {nbytes}")
+    if cbytes != len(data):
+        raise ValueError(f"blosc header says the payload is {cbytes} bytes, it is {len(data)} (truncated or "
+                         "padded chunk)")
+    if not 0 < blocksize <= max(nbytes, 1):
+        raise ValueError(f"blosc header: blocksize {blocksize} outside [1, {nbytes}]")
+    if flags & BLOSC_MEMCPYED:
+        if cbytes != nbytes + BLOSC_HEADER.size:
+            raise ValueError(f"blosc header: an uncompressed payload of {nbytes} bytes takes {cbytes}")
+        return
+    n_blocks = -(-nbytes // blocksize)
+    first = BLOSC_HEADER.size + 4 * n_blocks
+    if first > cbytes:
+        raise ValueError(f"blosc header: {n_blocks} block starts do not fit a payload of {cbytes} bytes")
+    starts = struct.unpack_from(f"<{n_blocks}i", data, BLOSC_HEADER.size)  # few: n_blocks * 4 <= cbytes
+    if n_blocks and (min(starts) < first or max(starts) >= cbytes):
+        raise ValueError(f"blosc header: a block starts outside [{first}, {cbytes})")
+
+
+def check_zstd_header(data, nbytes: int) -> None:
+    """``ValueError`` unless ``data`` starts with a zstd frame, made without a dictionary, that declares a
+    content size of ``nbytes`` (so the library never allocates what a damaged header claims)."""
+    if not isinstance(data, bytes):
+        data = memoryview(data).cast("B")
+    if len(data) < 6 or int.from_bytes(data[:4], "little") != ZSTD_MAGIC:
+        raise ValueError("not a zstd frame (bad magic number)")
+    descriptor = data[4]
+    fcs_flag, single_segment, reserved, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 8, \
+        descriptor & 3
+    if reserved or dict_flag:
+        raise ValueError(f"zstd frame descriptor {descriptor:#04x}: reserved bit or dictionary set")
+    fcs_size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    start = 5 + (0 if single_segment else 1)
+    if fcs_size == 0 or len(data) < start + fcs_size:
+        raise ValueError("zstd frame does not declare its content size")
+    declared = int.from_bytes(data[start:start + fcs_size], "little") + (256 if fcs_size == 2 else 0)
+    if declared != nbytes:
+        raise ValueError(f"zstd frame declares {declared} bytes, expected {nbytes}")
 
 
 def numcodecs_compressor(spec: Mapping[str, Any], dtype: np.dtype) -> Compressor:

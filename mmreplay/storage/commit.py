@@ -8,6 +8,12 @@ and checked on every read, like a shard index's: an edited or damaged record rai
 (records of stores written before the checksum existed have none and are read as they are). A record that
 is missing fields, has wrong types or absurd values raises ``FormatError``.
 
+The record says which file each shard it covers must be (``shard_ids``: per array path, the identity of
+each sealed shard and the earliest write time of the partial one; see ``storage/sharded.py``): reading a
+committed shard from another file is ``CorruptDataError``. Every record written (give-ups included)
+states what the files are at that moment, after the files it covers were written. Records written before identities existed have none, and their
+shards are read unchecked.
+
 The protocol: ``CommitLog`` (the writer) fsyncs every data file written since the last commit, then
 replaces the record; before a shard file of the previous lap is overwritten it first commits a record
 that gives that shard up. ``CommitWatcher`` (a reader) bounds what it read by the ``oldest`` of every
@@ -36,6 +42,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 FORMAT_VERSION = 1
 MAX_ROWS = 1 << 40
 MAX_APP_META_BYTES = 1 << 20  # the record is re-read after every reader batch: keep it small
+SHARD_IDS_KEY = "shard_ids"
+MAX_SHARDS = 1 << 24
 
 COMMIT_INT_FIELDS = ("sequence", "head", "oldest", "frame_head", "frame_oldest", "transition_rows", "frame_rows",
                      "max_prev_delta")
@@ -153,6 +161,10 @@ def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
         raise FormatError(f"{path}: 'streams' must be a list of [stream, last_transition, ended] integer triples")
     if not isinstance(record.get("app", {}), dict):
         raise FormatError(f"{path}: 'app' (the application's metadata) must be a JSON object")
+    if not valid_shard_ids(record.get(SHARD_IDS_KEY, {})):
+        raise FormatError(f"{path}: {SHARD_IDS_KEY!r} must map array paths to {{'sealed': a list (at most "
+                          f"{MAX_SHARDS}) of shard identities (integers in [0, 2**32) or null), 'partial': "
+                          "[file shard, write time in ns] or null}")
     samplers = record.setdefault("samplers", {})
     if not isinstance(samplers, dict) or not all(valid_name(k) and valid_rng_state(v) for k, v in samplers.items()):
         raise FormatError(f"{path}: 'samplers' must map names (1-64 letters, digits, '_', '-') to PCG64 states "
@@ -185,6 +197,21 @@ def check_leaf_range(top: float, alpha: float, eps: float, what: str, error: typ
     if not leaf <= MAX_LEAF:
         raise error(f"{what}: (priority + eps) ** alpha = ({top!r} + {eps!r}) ** {alpha!r} overflows "
                          f"(must stay <= {MAX_LEAF:.3g}); use a smaller alpha or smaller priorities")
+
+
+def valid_shard_ids(ids: Any) -> bool:
+    """``{array path: {"sealed": [identity or None, ...], "partial": [file shard, written ns] or None}}``."""
+    def integer(v, top):
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < top
+
+    return isinstance(ids, dict) and all(
+        isinstance(path, str) and isinstance(entry, dict) and isinstance(entry.get("sealed", []), list)
+        and len(entry.get("sealed", [])) <= MAX_SHARDS
+        and all(v is None or integer(v, 1 << 32) for v in entry.get("sealed", []))
+        and (entry.get("partial") is None or (isinstance(entry["partial"], list) and len(entry["partial"]) == 2
+                                              and integer(entry["partial"][0], MAX_SHARDS)
+                                              and integer(entry["partial"][1], 1 << 63)))
+        for path, entry in ids.items())
 
 
 def valid_name(name: Any) -> bool:
@@ -235,6 +262,9 @@ class CommitLog:
         self.root = root
         self.durable = durable
         self.record = record
+        # The identities of the shard files now (``sharded.shard_identities``), written into every record:
+        # taken when a record is written, after the files it covers were (sealed writes are waited for).
+        self.identities: Callable[[dict], dict[str, dict]] | None = None
 
     @property
     def sequence(self) -> int:
@@ -245,6 +275,8 @@ class CommitLog:
         ``state`` under the next sequence number. ``written`` is emptied."""
         self.sync(written)
         record = {**state, "format_version": FORMAT_VERSION, "sequence": self.record["sequence"] + 1}
+        if self.identities is not None:
+            record[SHARD_IDS_KEY] = self.identities(record)
         write_commit(self.root, record, durable=self.durable)
         self.record = record
 

@@ -65,6 +65,26 @@ def acquire_writer_lock(path: str) -> int:
     return fd
 
 
+def writer_active(path: str) -> bool:
+    """Does a writer hold ``path``'s lock now (``acquire_writer_lock``)? Probed with a shared lock taken and
+    released at once: only when something already looks wrong (a reader's view meeting a newer file)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # releases the shared lock, if taken
+    return False
+
+
 def remove_contents(path: str) -> None:
     """Empty directory ``path`` (not following symlinks)."""
     import shutil

@@ -16,7 +16,9 @@ Invariants:
   crash never leaves a commit pointing at overwritten frames).
 - Whoever reads frames (``reading/frames.py``) is told through ``listener`` (a ``FrameEvents``) of every
   shard written (with its bytes), every shard whose file changed elsewhere, rows about to be replaced, and
-  growth; this module never reads frames back except the staging rows it reloads at open.
+  growth; this module never reads frames back except the staging rows it reloads at open. Damage there
+  stays local (``load_staging``): a reader reads that column's staging shard from its file instead
+  (``ram_shards`` leaves it out, so a damaged chunk raises when read), a writer refuses to open.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from mmreplay.columns.spec import ColumnSpec
+from mmreplay.errors import CorruptDataError
 from mmreplay.storage.encoder import ShardEncoder
 from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
@@ -95,6 +98,8 @@ class FrameRing:
         self._encoded_out: dict[str, np.ndarray] = {}
         self._spare: dict[str, np.ndarray] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._writable = writable
+        self.staging_damage: dict[str, list] = {}  # column -> [(chunk, error)] of the staging shard (readers)
         self._encoder = ShardEncoder.for_rows(total_row_bytes) if writable else None
         if self._encoder is not None:
             self._start_encoder()
@@ -227,7 +232,9 @@ class FrameRing:
 
     def _install(self, name: str, shard: int, raw: bytes) -> str:
         """Write a shard's bytes and tell the listener; returns the file's path (to fsync)."""
-        path = self.columns[name].array.install_shard(shard, raw)
+        array = self.columns[name].array
+        raw = array.tagged(shard, raw)  # the file's bytes, identity tag included
+        path = array.install_shard(shard, raw, tagged=True)
         self.listener.shard_written(name, shard, raw)
         return path
 
@@ -362,19 +369,33 @@ class FrameRing:
         self.listener.cleared()
 
     def load_staging(self) -> None:
-        """After open: bring the committed rows of the staging shard back into RAM."""
+        """After open: bring the committed rows of the staging shard back into RAM. Damage there stays
+        local: a reader keeps reading that column's staging shard from its file (each damaged chunk raises
+        ``CorruptDataError`` when read, the rest reads); a writer refuses to open, since its next commit
+        would rewrite the shard from RAM without the damaged rows."""
+        self.staging_damage = {}
         offset = self.head - self.shard_start(self.staging_shard)
         if offset == 0:
             return
-        row0 = self.file_shard(self.staging_shard) * self.shard_rows
-        for col in self.columns.values():
-            col.staging[:offset] = col.array.read_rows(row0, row0 + offset)
+        shard = self.file_shard(self.staging_shard)
+        row0 = shard * self.shard_rows
+        for name, col in self.columns.items():
+            damaged = []
+            col.staging[:offset] = col.array.read_rows(row0, row0 + offset, damaged)
+            if damaged:
+                self.staging_damage[name] = damaged
+        if self.staging_damage and self._writable:
+            first = next(iter(self.staging_damage.values()))[0][1]
+            raise CorruptDataError(
+                f"{first}; this is the partly filled shard {shard} that a writer continues and rewrites from RAM at "
+                "its next commit, which would lose the damaged rows: open the store with mode='r' to read every "
+                "intact row (verify() lists the damage), or restore the shard file from a backup")
 
     # -- rows still in RAM -------------------------------------------------------------------------
     def ram_shards(self, name: str) -> dict[int, np.ndarray]:
         """{file shard: its rows} for the shards of ``name`` whose rows are read from RAM, not their file:
         the staging shard and the sealed one until its write finished."""
-        shards = {self.file_shard(self.staging_shard): self.columns[name].staging}
+        shards = {} if name in self.staging_damage else {self.file_shard(self.staging_shard): self.columns[name].staging}
         if self._sealed is not None:
             shards[self.file_shard(self._sealed[0])] = self._sealed[1][name]
         return shards

@@ -2,10 +2,19 @@
 
 Invariant: ``write_shard`` replaces a shard file atomically (readers see the old or the new file) and
 keeps this object's cached index for that shard equal to the file's; ``read_chunk`` returns exactly
-what ``zarr.open_array(...)`` returns for that chunk (the fill value 0 for a chunk the index marks empty)
-or raises ``CorruptDataError`` naming the array, shard and chunk. A missing shard file is an error too
-(callers only read shards a commit covers), unless the array was made with ``missing_ok`` (priority
-buffers, whose never-written shards are zarr's fill value): zarr would read it as zeros, silently.
+what ``zarr.open_array(...)`` returns for that chunk or raises ``CorruptDataError`` naming the array,
+shard and chunk. Callers only read rows a commit covers, so a missing shard file and a chunk the index
+marks empty are errors too (zarr would read zeros, silently), unless the array was made with
+``missing_ok`` (priority buffers, whose never-written shards are zarr's fill value).
+
+Identity: the commit record says which file each shard it covers must be (``expect``): a *sealed* shard
+(every row written, not written again this lap) by its identity (``shardfile.identity``: tag and index, so
+the tag's chunk crcs bind every chunk); the *partial* shard (the one holding the head, rewritten at every
+commit) by its tag's write time, which a file written since (by a commit that crashed before its record,
+holding the same committed rows) may exceed but an older copy cannot. Anything else is
+``CorruptDataError`` naming the file and what it holds. Shards the record says nothing about (stores
+written before identities) are read as before. A reader whose writer is active (``tolerate_mismatch()``)
+takes a mismatch as the writer's newer file, which the commit protocol (``CommitWatcher``) already bounds.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from typing import Callable
 
 import numpy as np
 
@@ -20,7 +30,9 @@ from mmreplay.errors import CorruptDataError
 from mmreplay.storage.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write
 from mmreplay.storage.layout import ArrayLayout
-from mmreplay.storage.shardfile import EMPTY, build_shard, decode_chunk, encode_chunk, read_index
+from mmreplay.storage.shardfile import (CRC_BYTES, EMPTY, ShardTag, build_shard, check_identity, check_written_since,
+                                       decode_chunk, encode_chunk, identity, index_from_tail, read_tail, tag_nbytes,
+                                       tail_nbytes)
 
 EMPTY_INT = int(EMPTY)
 
@@ -40,8 +52,64 @@ class ShardedArray:
         self.compressor = numcodecs_compressor(layout.codec, layout.np_dtype)
         self.chunk_shape = (layout.chunk_rows, *layout.row_shape)
         self._indexes: dict[int, np.ndarray | None] = {}  # shard -> index; None = no file (all empty)
+        self._chunk_crcs: dict[int, tuple | None] = {}  # shard -> crc32c of each chunk, from its checked tag
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._lock = threading.Lock()
+        self.identities: dict[int, int] = {}  # file shard -> identity of its file (expected, or written here)
+        self.written_ns: dict[int, int] = {}  # file shard -> write time in the tag of the file written here
+        self.partial: tuple[int, int] | None = None  # (file shard, written at or after) of the partial shard
+        self.tolerate_mismatch: Callable[[], bool] | None = None
+
+    # -- identity --------------------------------------------------------------------------------
+    def expect(self, identities: dict[int, int], partial: tuple[int, int] | None = None) -> None:
+        """What a (newly loaded) commit record expects of this array's files: the identities of its sealed
+        shards, and (file shard, earliest write time) of its partial one."""
+        with self._lock:
+            changed = {s for s in set(self.identities) | set(identities)
+                       if self.identities.get(s) != identities.get(s)}
+            changed |= {p[0] for p in (self.partial, partial) if p is not None and self.partial != partial}
+            self.identities, self.partial = dict(identities), partial
+            self.written_ns = {} if partial is None else {partial[0]: partial[1]}  # kept by a commit not writing it
+            for shard in changed:  # checked against another commit's expectations: check again
+                self._indexes.pop(shard, None)
+                self._close_fd(shard)
+
+    def _check_tail(self, shard: int, tail: bytes) -> tuple | None:
+        """The chunk crcs of the file whose tail this is, if it is the file the commit expects (None: the
+        commit expects nothing of it, or a reader's writer is active); else ``CorruptDataError``."""
+        n, path = self.layout.chunks_per_shard, self.layout.shard_file(self.root, shard)
+        expected, partial = self.identities.get(shard), self.partial
+        try:
+            if expected is not None:
+                return check_identity(tail, n, expected, self.layout.path, shard, path)
+            if partial is not None and partial[0] == shard:
+                return check_written_since(tail, n, partial[1], self.layout.path, shard, path)
+        except CorruptDataError:
+            if self.tolerate_mismatch is None or not self.tolerate_mismatch():
+                raise
+        return None
+
+    def check_file(self, shard: int, raw) -> None:
+        """``raw`` (a whole shard file read elsewhere, e.g. into the compressed tier) must be a well-formed
+        shard (index checksum, every entry within the data: checked without overflow) and, when the commit
+        lists an identity for it, the file the commit expects, each chunk included; ``CorruptDataError`` if
+        not."""
+        buf = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
+        n = self.layout.chunks_per_shard
+        tail = buf[max(0, buf.size - tail_nbytes(n)):].tobytes()
+        index = index_from_tail(tail, buf.size, n, f"array {self.layout.path!r}, shard {shard}")
+        crcs = self._check_tail(shard, tail)
+        if crcs is None:
+            return
+        used = np.flatnonzero(index[:, 0] != EMPTY)
+        ends = (index[used, 0] + index[used, 1]).astype(np.int64)
+        stored = np.zeros(used.size, dtype=np.uint32)
+        for k in range(CRC_BYTES):  # the little-endian crc that ends each chunk
+            stored |= buf[ends - CRC_BYTES + k].astype(np.uint32) << np.uint32(8 * k)
+        bad = used[stored != np.asarray(crcs, dtype=np.uint32)[used]]
+        if bad.size:
+            raise CorruptDataError(f"{self.where(shard, int(bad[0]))}: chunk checksum differs from the one the "
+                                   "shard's identity tag lists (the chunk was replaced)")
 
     # -- writing ---------------------------------------------------------------------------------
     def encode_shard(self, data: np.ndarray, n_rows: int) -> bytes:
@@ -49,19 +117,40 @@ class ShardedArray:
         c = self.layout.chunk_rows
         n_used = -(-n_rows // c)
         encoded = [encode_chunk(self.compressor, data[i * c:(i + 1) * c]) for i in range(n_used)]
-        return build_shard(encoded + [None] * (self.layout.chunks_per_shard - n_used))
+        return build_shard(encoded + [None] * (self.layout.chunks_per_shard - n_used))  # tagged by install_shard
 
-    def install_shard(self, shard: int, raw: bytes) -> str:
-        """Write encoded shard bytes atomically; returns the file path (for a later fsync)."""
+    def install_shard(self, shard: int, raw: bytes, *, tagged: bool = False) -> str:
+        """Write encoded shard bytes atomically: ``build_shard`` output, given this array's identity tag here
+        (or already ``tagged``); returns the file path (for a later fsync). The shard's identity becomes
+        the new file's."""
+        n = self.layout.chunks_per_shard
+        index = np.frombuffer(raw[len(raw) - n * 16 - 4: len(raw) - 4], dtype="<u8").reshape(n, 2)
+        if not tagged:
+            raw = self.tagged(shard, raw)
+        tail = raw[len(raw) - tail_nbytes(n):]
         path = self.layout.shard_file(self.root, shard)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write(path, raw)
-        n = self.layout.chunks_per_shard
-        index = np.frombuffer(raw[len(raw) - n * 16 - 4: len(raw) - 4], dtype="<u8").reshape(n, 2)
         with self._lock:
             self._close_fd(shard)
             self._indexes[shard] = _as_lists(index)
+            self.identities[shard] = identity(bytes(tail))
+            self.written_ns[shard] = ShardTag.decode(bytes(tail[:tag_nbytes(n)]), n).written_ns
+            self._chunk_crcs[shard] = None  # re-read from the tag at the next open
         return path
+
+    def tagged(self, shard: int, raw: bytes) -> bytes:
+        """Untagged shard bytes (chunks, index, crc) with this array's tag inserted before the index (the
+        chunk offsets do not change): the bytes ``install_shard`` writes."""
+        n = self.layout.chunks_per_shard
+        index = np.frombuffer(raw[len(raw) - n * 16 - 4: len(raw) - 4], dtype="<u8").reshape(n, 2)
+        data_end = len(raw) - n * 16 - CRC_BYTES
+        crcs = np.zeros(n, dtype="<u4")
+        for i, (offset, nbytes) in enumerate(index.tolist()):
+            if offset != EMPTY_INT:
+                crcs[i] = int.from_bytes(raw[offset + nbytes - CRC_BYTES:offset + nbytes], "little")
+        tag = ShardTag.new(self.layout.path, shard).encode(crcs)
+        return b"".join((raw[:data_end], tag, raw[data_end:]))
 
     def write_shard(self, shard: int, data: np.ndarray, n_rows: int) -> str:
         return self.install_shard(shard, self.encode_shard(data, n_rows))
@@ -71,6 +160,7 @@ class ShardedArray:
         with self._lock:
             for shard in list(self._indexes) if shards is None else shards:
                 self._indexes.pop(shard, None)
+                self._chunk_crcs.pop(shard, None)
                 self._close_fd(shard)
 
     def close(self) -> None:
@@ -93,36 +183,61 @@ class ShardedArray:
                 if len(raw) != nbytes:
                     raise CorruptDataError(f"{self.where(shard, inner)}: read {len(raw)} of {nbytes} bytes "
                                            "(truncated shard file?)")
+                crcs = self._chunk_crcs.get(shard)
+                if crcs is not None and raw[-CRC_BYTES:] != crcs[inner].to_bytes(CRC_BYTES, "little"):
+                    raise CorruptDataError(f"{self.where(shard, inner)}: chunk checksum differs from the one the "
+                                           "shard's identity tag lists (the chunk was replaced)")
         if raw is None:
+            if not self.missing_ok:  # every row read is committed: an index without it is another file's
+                raise CorruptDataError(f"{self.where(shard, inner)}: the shard index marks this chunk empty, but "
+                                       "the last commit says it holds committed rows (an older or misplaced "
+                                       "shard file?)")
             out[...] = 0
         else:  # outside the lock: decoders release the GIL
             decode_chunk(self.compressor, raw, out, lambda: self.where(shard, inner))
 
-    def verify_shard(self, shard: int) -> list[str]:
-        """Check a shard file's index and every chunk (checksum and decoded size); the problems found."""
+    def verify_shard(self, shard: int, committed_chunks: int | None = None) -> list[str]:
+        """Check a shard file's identity and index, and decode every chunk (checksum, format, decoded
+        size): the problems found. The first ``committed_chunks`` chunks (all if None) hold committed rows
+        and must be there; later ones may be empty."""
         self.forget([shard])
         path = self.layout.shard_file(self.root, shard)
         if not os.path.exists(path):
             return [f"array {self.layout.path!r}, shard {shard}: file {path} is missing"]
+        try:
+            with self._lock:
+                _, index = self._open(shard)
+        except CorruptDataError as exc:  # the index or identity is bad: every chunk would repeat it
+            self.forget([shard])
+            return [str(exc)]
+        committed = self.layout.chunks_per_shard if committed_chunks is None else committed_chunks
         problems = []
         out = np.empty(self.chunk_shape, dtype=self.layout.np_dtype)
         for inner in range(self.layout.chunks_per_shard):
+            if inner >= committed and (index is None or index[0][inner] == EMPTY_INT):
+                continue  # beyond the committed rows: empty is right
             try:
                 self.read_chunk(shard * self.layout.chunks_per_shard + inner, out)
             except CorruptDataError as exc:
                 problems.append(str(exc))
-                if "index" in str(exc) or "shard file" in str(exc):
-                    break  # the index itself is bad: every chunk would repeat it
         self.forget([shard])
         return problems
 
-    def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) as a new array (used to load resident columns at open)."""
+    def read_rows(self, start: int, stop: int, damaged: list | None = None) -> np.ndarray:
+        """Rows [start, stop) as a new array (used to load resident columns at open). With a ``damaged``
+        list, a chunk that cannot be read is zeros and ``(chunk, CorruptDataError)`` is appended to it
+        instead of raising: damage stays local to its chunk (``FrameRing.load_staging``)."""
         c = self.layout.chunk_rows
         first, last = start // c, -(-stop // c)
         buf = np.empty(((last - first) * c, *self.layout.row_shape), dtype=self.layout.np_dtype)
         for i, chunk in enumerate(range(first, last)):
-            self.read_chunk(chunk, buf[i * c:(i + 1) * c])
+            try:
+                self.read_chunk(chunk, buf[i * c:(i + 1) * c])
+            except CorruptDataError as exc:
+                if damaged is None:
+                    raise
+                buf[i * c:(i + 1) * c] = 0
+                damaged.append((chunk, exc))
         return buf[start - first * c: stop - first * c]
 
     def _open(self, shard: int) -> tuple[int, tuple[list, list] | None]:
@@ -143,8 +258,7 @@ class ShardedArray:
         try:
             index = self._indexes.get(shard)
             if index is None:
-                index = _as_lists(read_index(fd, os.fstat(fd).st_size, self.layout.chunks_per_shard,
-                                             f"array {self.layout.path!r}, shard {shard}"))
+                index = self._read_checked_index(fd, shard, path)
         except BaseException:
             os.close(fd)
             raise
@@ -155,7 +269,51 @@ class ShardedArray:
             os.close(old)
         return fd, index
 
+    def _read_checked_index(self, fd: int, shard: int, path: str) -> tuple[list, list]:
+        """The shard's index from its file, after checking the file's identity (when the commit lists one;
+        the tag's chunk crcs are kept for ``read_chunk``)."""
+        n = self.layout.chunks_per_shard
+        size = os.fstat(fd).st_size
+        tail = read_tail(fd, size, n)
+        crcs = self._check_tail(shard, tail)
+        index = _as_lists(index_from_tail(tail, size, n, f"array {self.layout.path!r}, shard {shard}"))
+        self._chunk_crcs[shard] = crcs
+        return index
+
     def _close_fd(self, shard: int) -> None:
         fd = self._fds.pop(shard, None)
         if fd is not None:
             os.close(fd)
+
+
+def shard_identities(arrays, ring, oldest: int, head: int) -> dict[str, dict]:
+    """What a commit record of rows ``[oldest, head)`` of ``ring`` (a ``RingGeometry``) expects of the files
+    of ``arrays``, per array path: ``{"sealed": [identity or None per file shard], "partial": [file shard,
+    written at or after] or None}``. Sealed: the shards from ``oldest``'s to the one before ``head``'s
+    (the writer does not write them again this lap); partial: ``head``'s, if it holds committed rows."""
+    if head <= oldest:
+        return {}
+    sealed = {int(ring.file_shard(g)) for g in range(oldest // ring.shard_rows, head // ring.shard_rows)}
+    partial = int(ring.file_shard(head // ring.shard_rows)) if head % ring.shard_rows else None
+    out = {}
+    for array in arrays:
+        with array._lock:
+            ids, written = dict(array.identities), dict(array.written_ns)
+        listed = {s: ids[s] for s in sealed if s in ids}
+        entry = {"sealed": [listed.get(s) for s in range(max(listed) + 1)] if listed else [],
+                 "partial": [partial, written[partial]] if partial in written else None}
+        if listed or entry["partial"]:
+            out[array.layout.path] = entry
+    return out
+
+
+def expect_identities(arrays, record: dict | None, tolerate_mismatch: Callable[[], bool] | None = None) -> None:
+    """Give each array what ``record`` expects of its files (nothing for records without identities);
+    readers pass ``tolerate_mismatch`` (see the module docstring)."""
+    listed = (record or {}).get("shard_ids", {})
+    for array in arrays:
+        entry = listed.get(array.layout.path, {})
+        ids = entry.get("sealed", [])
+        partial = entry.get("partial")
+        array.expect({s: v for s, v in enumerate(ids) if v is not None}, None if partial is None else tuple(partial))
+        array.tolerate_mismatch = tolerate_mismatch
