@@ -20,15 +20,7 @@ from mmreplay.integrations.sb3 import MMReplayBuffer, save_replay_buffer  # noqa
 
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small networks on a shared 2-core box: more torch threads only contend (SAC here: 218 s vs 13 s)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 DQN_KW = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,

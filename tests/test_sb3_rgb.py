@@ -25,14 +25,7 @@ SIZE = 16
 TIME_LIMIT = 6  # episodes longer than this are truncated by gymnasium's TimeLimit
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def episode_length(env_id: int, episode: int) -> int:

@@ -147,12 +147,8 @@ def check_written_since(tail: bytes, n_chunks: int, written_ns: int, array_path:
     if tag is not None and tag.shard == shard and tag.array == array_crc(array_path) and tag.written_ns >= written_ns:
         return tag.chunk_crcs
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(written_ns / 1e9))
-    holds = tag.describe(array_path) if tag is not None else "no mmreplay shard tag (a file of another store, " \
-        "or written before shard identities existed)"
-    raise CorruptDataError(
-        f"array {array_path!r}, shard {shard}: {file} is not the shard file the last commit expects (this "
-        f"array's shard {shard}, written {when} UTC or later); it holds {holds}: a misplaced or stale file (a "
-        "restored backup, a copy, a lost rename?); its rows are not read")
+    raise _not_the_expected_file(array_path, shard, file, f"this array's shard {shard}, written {when} UTC or "
+                                 "later", tag)
 
 
 def check_identity(tail: bytes, n_chunks: int, expected: int, array_path: str, shard: int, file: str
@@ -166,12 +162,17 @@ def check_identity(tail: bytes, n_chunks: int, expected: int, array_path: str, s
         if tag is not None and tag.shard == shard and tag.array == array_crc(array_path):
             return tag.chunk_crcs
     tag = ShardTag.decode(tail[:tag_nbytes(n_chunks)], n_chunks) if found is not None else None
+    raise _not_the_expected_file(array_path, shard, file, f"identity {expected:#010x}, found "
+                                 f"{'none' if found is None else f'{found:#010x}'}", tag)
+
+
+def _not_the_expected_file(array_path: str, shard: int, file: str, expected: str, tag) -> CorruptDataError:
     holds = tag.describe(array_path) if tag is not None else "no mmreplay shard tag (a file of another store, " \
         "or written before shard identities existed)"
-    raise CorruptDataError(
-        f"array {array_path!r}, shard {shard}: {file} is not the shard file the last commit expects (identity "
-        f"{expected:#010x}, found {'none' if found is None else f'{found:#010x}'}); it holds {holds}: a misplaced "
-        "or stale file (a restored backup, a copy, a lost rename?); its rows are not read")
+    return CorruptDataError(
+        f"array {array_path!r}, shard {shard}: {file} is not the shard file the last commit expects ({expected}); "
+        f"it holds {holds}: a misplaced or stale file (a restored backup, a copy, a lost rename?); its rows are "
+        "not read")
 
 
 def index_nbytes(n_chunks: int) -> int:
