@@ -180,3 +180,18 @@ def test_ambiguous_inference_says_what_to_give(tmp_path):
     storage.set(0, both)  # the key given settles it
     assert storage.store.observation_space.shape == (3,)
     storage.close()
+
+
+def test_extra_columns_are_written_from_and_read_back_under_their_key(tmp_path):
+    """Extras given to Store.create come from the TensorDict key of the same name, next to the trajectory ids."""
+    from mmreplay import ColumnSpec
+
+    data = collector_batches(2, 30, 1, seed=8)[0]
+    data["cost"] = torch.arange(60, dtype=torch.float32)
+    storage = MMReplayStorage(str(tmp_path / "e.mmr"), 100, extras=[ColumnSpec.numeric("cost", (), "float32")])
+    try:
+        storage.set(0, data)
+        back = storage.get(torch.arange(60))
+        assert torch.equal(back["cost"], data["cost"]) and torch.equal(back[TRAJ], data[TRAJ])
+    finally:
+        storage.close()

@@ -183,8 +183,8 @@ def check_env_spaces(spec, observation_space, action_space) -> str | None:
             if not _same_layout(env_space, store_space):
                 wrappers = [w.name for w in spec.additional_wrappers or ()]
                 raise ValueError(f"env {spec.id!r} has {what} space {env_space} (wrappers: {wrappers}), the "
-                                 f"store has {store_space}: recover_environment() would give an env that does not match "
-                                 "the data. If wrappers made the stored data (e.g. AtariPreprocessing), give the "
+                                 f"store has {store_space}: recover_environment() would give an env that does not "
+                                 "match the data. If wrappers made the stored data (e.g. AtariPreprocessing), give the "
                                  "wrapped env's spec: env.spec.to_json() (with its additional_wrappers), or the env")
     finally:
         env.close()

@@ -148,7 +148,8 @@ class MMReplayStorage(_OutOfCoreStorage):
         if data.ndim == 0:
             data = data.unsqueeze(0)
         if data.ndim not in (1, 2):
-            raise ValueError(f"MMReplayStorage stores TensorDicts of shape (n,) or (envs, time), got {tuple(data.shape)}")
+            raise ValueError(f"MMReplayStorage stores TensorDicts of shape (n,) or (envs, time), "
+                             f"got {tuple(data.shape)}")
         envs = data.shape[0] if data.ndim == 2 else 1
         if data.ndim == 2:  # (envs, time): add time-major so each env is one stream, steps in order
             data = data.transpose(0, 1).reshape(-1)
@@ -162,7 +163,8 @@ class MMReplayStorage(_OutOfCoreStorage):
             streams = np.tile(np.arange(envs), len(data) // envs)
         else:
             streams = self._streams_of_trajectories(traj, ended)
-        extras = {}
+        extras = {spec.name: _np(data.get(spec.name)) for spec in self.store.schema.extras
+                  if spec.name != TRAJ_COLUMN and spec.name in data.keys()}  # read back under the same key
         if self._has_traj_column():
             extras[TRAJ_COLUMN] = traj if traj is not None else self._new_trajectory_ids(streams, ended)
         self.store.extend(cols["obs"], cols["action"], cols["reward"], cols["next_obs"], cols["terminated"],
