@@ -35,9 +35,11 @@ def register(sub) -> None:
                    help="HDF5 filter, lossless (default gzip; lzf is faster, larger; minari arrow: none)")
     m = p.add_argument_group("Minari metadata (--format minari)")
     m.add_argument("--dataset-id", help="the dataset id (default: from OUT)")
-    m.add_argument("--env-id", help="gymnasium env id of the env that made the data (CartPole-v1; "
-                                    "module:Id for a package that registers it, e.g. ale_py:ALE/Pong-v5): "
-                                    "stored as env_spec, so dataset.recover_environment() works")
+    m.add_argument("--env-id",
+                   help="the env that made the data, stored as env_spec so that dataset.recover_environment() "
+                        "works: a gymnasium env id (CartPole-v1; module:Id for a package that registers it, e.g. "
+                        "ale_py:ALE/Pong-v5), or for a wrapped env (AtariPreprocessing...) its EnvSpec JSON "
+                        "(env.spec.to_json(), with additional_wrappers), inline or as a .json file")
     m.add_argument("--author", action="append", help="author name (repeat for several)")
     m.add_argument("--author-email", action="append", help="author contact (repeat for several)")
     m.add_argument("--code-permalink", help="link to the versioned code that made the data")
@@ -56,6 +58,17 @@ def register(sub) -> None:
     p.add_argument("--reward-values", help="comma-separated clipped reward values to bit-pack, e.g. -1,0,1")
     p.add_argument("--block-rows", type=int, default=4096, help="rows read per block (bounds memory)")
     p.set_defaults(func=cmd_import)
+
+
+def _env_spec_arg(text: str | None) -> str | None:
+    """``--env-id``: an env id or EnvSpec JSON as given, or the contents of a file holding the JSON."""
+    if text is not None and not text.lstrip().startswith("{") and text.endswith(".json"):
+        try:
+            with open(text) as f:
+                return f.read()
+        except OSError as exc:
+            raise ValueError(f"--env-id {text!r}: cannot read the env spec JSON file ({exc.strerror})") from None
+    return text
 
 
 def _episode_selection(text: str | None):
@@ -86,7 +99,7 @@ def cmd_export(args) -> int:
               "block_rows": args.block_rows, "progress": Progress(f"exporting to {args.format}", unit="transitions"),
               "compression": args.compression}
     if args.format == "minari":
-        kwargs.update(dataset_id=args.dataset_id, env_spec=args.env_id, author=args.author,
+        kwargs.update(dataset_id=args.dataset_id, env_spec=_env_spec_arg(args.env_id), author=args.author,
                       author_email=args.author_email, code_permalink=args.code_permalink,
                       algorithm_name=args.algorithm_name, description=args.description,
                       data_format=args.data_format or "hdf5")

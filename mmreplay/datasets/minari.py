@@ -18,6 +18,10 @@ Invariants:
   known length and filled block by block). Arrow export buffers whole episodes until
   ``block_rows`` steps are pending (Minari's arrow writer takes whole episodes, so one episode longer than
   that is held alone).
+- ``env_spec`` is an id, an ``EnvSpec`` or its JSON (``EnvSpec.to_json()``, with ``additional_wrappers``):
+  ``recover_environment()`` gives an env whose spaces have the layout of the dataset's. Episodes hold
+  single frames, so a frame-stack store's trailing ``FrameStackObservation`` of the same size and padding
+  is dropped from the recorded spec (the store's ``frame_stack`` goes into the ``mmreplay`` metadata).
 - Placeholders are never written: author, email, code link and algorithm name are recorded only when
   given; the description defaults to naming the source store.
 """
@@ -57,6 +61,19 @@ def _minari():
     return minari, MinariStorage
 
 
+def image_spaces_named(observation_space, action_space) -> list[str]:
+    """The spaces Minari treats as images, each named for a message: ``observation space Box(...)`` or
+    ``observation key 'img' Box(...)``."""
+    named = []
+    for what, space in (("observation", observation_space), ("action", action_space)):
+        for path in image_subspaces(space):
+            sub = space
+            for key in path.split(".") if path else ():
+                sub = sub[key]
+            named.append(f"{what} key {path!r} {sub}" if path else f"{what} space {sub}")
+    return named
+
+
 def image_subspaces(space) -> list[str]:
     """Keys of the subspaces Minari treats as images (and JPEG-encodes unless told not to)."""
     from gymnasium import spaces
@@ -84,12 +101,15 @@ def _minari_root() -> str:
 
 def env_spec_of(env):
     """A gymnasium ``EnvSpec`` from an env id (``"CartPole-v1"``, or ``"module:Id"`` for an env that
-    importing ``module`` registers), an ``EnvSpec``, or an env made with ``gymnasium.make`` (its ``spec``)."""
+    importing ``module`` registers), an ``EnvSpec``, its JSON (``EnvSpec.to_json()``: an env with its
+    wrappers, ``additional_wrappers``), or an env made with ``gymnasium.make`` (its ``spec``)."""
     import gymnasium as gym
     from gymnasium.envs.registration import EnvSpec
 
     if env is None or isinstance(env, EnvSpec):
         return env
+    if isinstance(env, str) and env.lstrip().startswith("{"):
+        return _env_spec_from_json(env)
     if isinstance(env, str):
         module, _, name = env.rpartition(":")
         try:
@@ -108,6 +128,46 @@ def env_spec_of(env):
                     f"got {type(env).__name__} (with spec {spec!r})")
 
 
+def _env_spec_from_json(text: str):
+    from gymnasium.envs.registration import EnvSpec
+
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"env spec JSON is not valid JSON ({exc}): expected the text of EnvSpec.to_json()") from None
+    if not isinstance(fields, dict) or not {"id", "entry_point"} <= set(fields):
+        raise ValueError("env spec JSON must be an object with at least 'id' and 'entry_point' (the text of "
+                         f"EnvSpec.to_json()); got {text[:120]!r}")
+    try:
+        return EnvSpec.from_json(text)
+    except Exception as exc:  # noqa: BLE001 - gymnasium raises several types for a malformed spec
+        raise ValueError(f"env spec JSON for {fields['id']!r} is not a gymnasium EnvSpec ({type(exc).__name__}: "
+                         f"{exc})") from None
+
+
+def drop_frame_stack_wrapper(spec, frame_stack: int, stack_padding: str) -> tuple[Any, str | None]:
+    """The spec without a trailing ``FrameStackObservation`` that the store's frame stack stands for
+    (episodes hold single frames), and a note saying so; a stack wrapper that disagrees with the store's
+    ``frame_stack`` / padding is refused."""
+    import dataclasses
+
+    wrappers = tuple(spec.additional_wrappers or ())
+    if frame_stack <= 1 or not wrappers or wrappers[-1].name != "FrameStackObservation":
+        return spec, None
+    kwargs = dict(wrappers[-1].kwargs or {})
+    size, padding = kwargs.get("stack_size"), kwargs.get("padding_type", "reset")
+    want = {"first": "reset", "zeros": "zero"}.get(stack_padding)
+    if size != frame_stack or padding != want:
+        raise ValueError(f"env spec {spec.id!r} ends with FrameStackObservation(stack_size={size!r}, "
+                         f"padding_type={padding!r}), the store stacks frame_stack={frame_stack} with "
+                         f"stack_padding={stack_padding!r} (FrameStackObservation(stack_size={frame_stack}, "
+                         f"padding_type={want!r})): the recovered env would not match the data")
+    note = (f"env spec {spec.id!r}: its FrameStackObservation(stack_size={size}) is left out of the recorded "
+            "env_spec, as the dataset holds single frames (the mmreplay metadata records frame_stack="
+            f"{frame_stack}; wrap the recovered env in FrameStackObservation(env, {size}) to act in it)")
+    return dataclasses.replace(spec, additional_wrappers=wrappers[:-1]), note
+
+
 def check_env_spaces(spec, observation_space, action_space) -> str | None:
     """Make the env once and compare its spaces with the store's: a dataset whose recovered environment
     does not match its data is refused. Returns a note when the env cannot be made here (not checked)."""
@@ -121,8 +181,11 @@ def check_env_spaces(spec, observation_space, action_space) -> str | None:
         for what, env_space, store_space in (("observation", env.observation_space, observation_space),
                                              ("action", env.action_space, action_space)):
             if not _same_layout(env_space, store_space):
-                raise ValueError(f"env {spec.id!r} has {what} space {env_space}, the store has {store_space}: "
-                                 "recover_environment() would give an env that does not match the data")
+                wrappers = [w.name for w in spec.additional_wrappers or ()]
+                raise ValueError(f"env {spec.id!r} has {what} space {env_space} (wrappers: {wrappers}), the "
+                                 f"store has {store_space}: recover_environment() would give an env that does not "
+                                 "match the data. If wrappers made the stored data (e.g. AtariPreprocessing), give the "
+                                 "wrapped env's spec: env.spec.to_json() (with its additional_wrappers), or the env")
     finally:
         env.close()
     return None
@@ -193,9 +256,10 @@ def export_minari(store, out, *, dataset_id: str | None = None, include_partial:
     if os.path.exists(out):
         raise FileExistsError(f"cannot export to {out!r}: it exists (choose a new dataset directory)")
     obs_space, act_space = store.observation_space, store.action_space
-    images = image_subspaces(obs_space) + image_subspaces(act_space)
+    images = image_spaces_named(obs_space, act_space)
     if images and "jpeg_encoding" not in inspect.signature(MinariStorage.new).parameters:
-        raise ValueError(f"the installed Minari {minari.__version__} JPEG-encodes uint8 image spaces ({images}) "
+        raise ValueError(f"the installed Minari {minari.__version__} JPEG-encodes uint8 image spaces "
+                         f"({'; '.join(images)}) "
                          "on disk, which is lossy and would corrupt frame stacks; install minari>=0.5.4, "
                          "which can store raw arrays")
     spec = env_spec_of(env_spec)
@@ -206,8 +270,13 @@ def export_minari(store, out, *, dataset_id: str | None = None, include_partial:
                        requirements=requirements)
     notes = list(listing.notes)
     if spec is not None:
+        spec, note = drop_frame_stack_wrapper(spec, store.frame_stack, store.schema.stack_padding)
+        notes += [note] if note else []
         note = check_env_spaces(spec, obs_space, act_space)
         notes += [note] if note else []
+    else:
+        notes.append("no env spec given (env_spec= / --env-id): the dataset's recover_environment() will fail; "
+                     "give the env id, or for a wrapped env its EnvSpec JSON (env.spec.to_json())")
     os.makedirs(out)
     raw = {"jpeg_encoding": False} if "jpeg_encoding" in inspect.signature(MinariStorage.new).parameters else {}
     storage = MinariStorage.new(os.path.join(out, "data"), observation_space=obs_space, action_space=act_space,
@@ -332,10 +401,13 @@ def import_minari(src, path, *, progress=None, **store_kwargs) -> dict[str, Any]
     storage = dataset.storage
     meta = storage.metadata
     obs_space, act_space = dataset.observation_space, dataset.action_space
-    images = image_subspaces(obs_space) + image_subspaces(act_space)
+    images = image_spaces_named(obs_space, act_space)
     if images and meta.get("jpeg_encoding", True) and getattr(storage, "jpeg_encoding", False):
-        raise ValueError(f"Minari dataset {src!r} stores its image spaces {images} JPEG-encoded (lossy): its frames "
-                         "are not the recorded ones; refusing to import them as if they were")
+        raise ValueError(f"Minari dataset {src!r} was written with jpeg_encoding=True (the default of Minari's "
+                         f"DataCollector and create_dataset_from_buffers), so its {'; '.join(images)} are stored "
+                         "JPEG-encoded (lossy): they are not the frames the env gave. Refusing to import "
+                         "them as recorded data; collect again with DataCollector(env, jpeg_encoding=False) "
+                         "(Minari >= 0.5.4) for a lossless dataset")
     opts = store_options(parse_metadata(meta.get("mmreplay")), store_kwargs)
     writer = EpisodeWriter(path, obs_space, act_space, opts, progress, dataset.total_steps)
     try:

@@ -14,7 +14,12 @@ Invariants:
   ``PrioritizedSampler``) are exact only until then: use ``MMReplayPrioritizedSampler`` (priorities
   keyed by the store's stable ids and committed with it) for long runs.
 - ``storage[:]`` (what TorchRL's ``SliceSampler`` reads to find episodes) returns the small columns only
-  (flags, reward, action, ``episode``), never every frame; any other index decodes whole transitions.
+  (flags, ``episode``, ``("collector", "traj_ids")``), never every frame; any other index decodes whole
+  transitions.
+- ``("collector", "traj_ids")`` reads back as written: a store this storage creates has the extra column
+  ``collector.traj_ids`` (int64). Rows written without trajectory ids get new ids, one per episode of
+  their stream, counted on from the largest id held. A store without that column (made before, or by
+  ``Store.create``) reads back its episode numbers there, a bijection onto its episodes.
 - ``extend`` keeps episodes intact: rows of one ``("collector", "traj_ids")`` (or of one row of a 2-D
   ``(envs, time)`` batch) form one stream of the store; stream ids are reused once an episode ended.
 - ``dumps(path)`` commits the store and writes ``path/mmreplay_storage.json`` (JSON, no pickle);
@@ -47,6 +52,9 @@ from mmreplay.store import Store
 UNBOUNDED_MAX_SIZE = 1 << 62  # what an unbounded store tells TorchRL's writer (its cursor is taken mod this)
 CHECKPOINT_FILE = "mmreplay_storage.json"
 ACTION_ENCODINGS = ("auto", "categorical", "one_hot")
+TRAJ_KEY = ("collector", "traj_ids")
+TRAJ_COLUMN = "collector.traj_ids"  # the store's extra column holding TRAJ_KEY
+OBSERVATION_KEYS = ("observation", "pixels")  # TorchRL's keys for state and pixel observations
 
 
 class MMReplayStorage(_OutOfCoreStorage):
@@ -54,17 +62,23 @@ class MMReplayStorage(_OutOfCoreStorage):
 
     An existing store is opened; otherwise one is created with ``capacity`` (default ``max_size``; None
     grows without bound) from ``observation_space`` / ``action_space`` (gymnasium spaces) or, if they are
-    left out, from the first TensorDict written (a one-hot ``action`` of width n becomes ``Discrete(n)``).
-    ``action_encoding`` says how actions come back: ``"one_hot"``, ``"categorical"`` or ``"auto"`` (as
-    they were last written). Other keywords go to ``Store.create`` (``frame_stack``, ``cache_bytes``...).
+    left out, from the first TensorDict written: its observation's shape and dtype, a one-hot ``action``
+    of width n as ``Discrete(n)``, a float ``action`` as an unbounded ``Box`` of its shape and dtype.
+    ``observation_key`` (default: whichever of ``"observation"`` / ``"pixels"`` the first TensorDict has)
+    names the observation stored. ``action_encoding`` says how actions come back: ``"one_hot"``,
+    ``"categorical"`` or ``"auto"`` (as they were last written). Other keywords go to ``Store.create``
+    (``frame_stack``, ``cache_bytes``...).
     """
 
     def __init__(self, path: str | os.PathLike | Store, max_size: int | None = None, *, observation_space=None,
-                 action_space=None, action_encoding: str = "auto", observation_key: str = "observation",
+                 action_space=None, action_encoding: str = "auto", observation_key: str | None = None,
                  mode: str = "a", **create_kwargs):
         if action_encoding not in ACTION_ENCODINGS:
             raise ValueError(f"action_encoding must be one of {ACTION_ENCODINGS}, got {action_encoding!r}")
         self.store: Store | None = None
+        self._action_space = action_space  # cached: the store rebuilds its spaces from JSON on each access
+        self._next_traj: int | None = None  # the next trajectory id given to rows written without one
+        self._stream_traj: dict[int, int] = {}  # stream -> its running trajectory id (rows without ids)
         self.path = path.path if isinstance(path, Store) else os.fspath(path)
         self.observation_key = observation_key
         self.action_encoding = action_encoding
@@ -74,9 +88,9 @@ class MMReplayStorage(_OutOfCoreStorage):
                             capacity=max_size)
         self._open_mode = mode
         if isinstance(path, Store):
-            self.store = path
+            self._set_store(path)
         elif _is_store(self.path):
-            self.store = Store.open(self.path, mode=mode)
+            self._set_store(Store.open(self.path, mode=mode))
         elif observation_space is not None and action_space is not None:
             self._create_store(observation_space, action_space)
         if self.store is not None and max_size is None:
@@ -88,9 +102,20 @@ class MMReplayStorage(_OutOfCoreStorage):
         self._next_stream = 0
 
     def _create_store(self, observation_space, action_space) -> None:
+        from mmreplay.columns.spec import ColumnSpec
+
         kw = {k: v for k, v in self._create.items() if k not in ("observation_space", "action_space", "capacity")}
         kw.setdefault("capacity", self._create["capacity"])
-        self.store = Store.create(self.path, observation_space, action_space, **kw)
+        kw["extras"] = [*kw.get("extras", ()), ColumnSpec.numeric(TRAJ_COLUMN, (), "int64")]
+        self._set_store(Store.create(self.path, observation_space, action_space, **kw))
+
+    def _set_store(self, store: Store) -> None:
+        self.store = store
+        self._action_space = store.action_space
+        self._next_traj = None  # counted on from the store's largest id at the next write
+
+    def _has_traj_column(self) -> bool:
+        return any(c.name == TRAJ_COLUMN for c in self.store.schema.extras)
 
     def _require_store(self) -> Store:
         if self.store is None:
@@ -122,23 +147,38 @@ class MMReplayStorage(_OutOfCoreStorage):
             raise TypeError(f"MMReplayStorage stores TensorDicts, got {type(data).__name__}")
         if data.ndim == 0:
             data = data.unsqueeze(0)
-        streams = self._streams_for(data)
+        if data.ndim not in (1, 2):
+            raise ValueError(f"MMReplayStorage stores TensorDicts of shape (n,) or (envs, time), "
+                             f"got {tuple(data.shape)}")
+        envs = data.shape[0] if data.ndim == 2 else 1
         if data.ndim == 2:  # (envs, time): add time-major so each env is one stream, steps in order
             data = data.transpose(0, 1).reshape(-1)
         cols = self._columns(data)
         if self.store is None:
             self._create_store(*self._spaces_from(cols))
+        traj = data.get(TRAJ_KEY, None)
+        traj = None if traj is None else _np(traj).reshape(-1).astype(np.int64)
+        ended = cols["terminated"] | cols["truncated"]
+        if envs > 1 or traj is None:  # one stream per env (time-major rows), or all rows one stream
+            streams = np.tile(np.arange(envs), len(data) // envs)
+        else:
+            streams = self._streams_of_trajectories(traj, ended)
+        extras = {spec.name: _np(data.get(spec.name)) for spec in self.store.schema.extras
+                  if spec.name != TRAJ_COLUMN and spec.name in data.keys()}  # read back under the same key
+        if self._has_traj_column():
+            extras[TRAJ_COLUMN] = traj if traj is not None else self._new_trajectory_ids(streams, ended)
         self.store.extend(cols["obs"], cols["action"], cols["reward"], cols["next_obs"], cols["terminated"],
-                          cols["truncated"], streams=streams)
-        self._release_ended(data, cols)
+                          cols["truncated"], streams=streams, extras=extras or None)
+        if traj is not None and traj.size and self._has_traj_column():
+            self._next_traj = max(self._next_trajectory_id(), int(traj.max()) + 1)
         if set_cursor:
             self._set_last_cursor(cursor)
         self._bump_mutation_revision()
 
     def _columns(self, data) -> dict[str, np.ndarray]:
-        key = self.observation_key
-        nxt = data.get("next")
-        if nxt is None or key not in nxt.keys():
+        key = self.observation_key = self.observation_key or _observation_key(data)
+        nxt = data.get("next", None)
+        if nxt is None or key not in nxt.keys() or key not in data.keys():
             raise KeyError(f"MMReplayStorage needs {key!r} and ('next', {key!r}) in each TensorDict (TorchRL's "
                            f"collector layout); got keys {sorted(map(str, data.keys(True)))}")
         action = data.get("action")
@@ -163,7 +203,7 @@ class MMReplayStorage(_OutOfCoreStorage):
         if action.ndim != 2 or action.dtype.is_complex:
             return False
         width = self._discrete_width()
-        space = self.store.action_space if self.store is not None else self._create.get("action_space")
+        space = self._action_space
         if width is None and space is not None:
             return False  # a Box action space: vectors are vectors
         if width is not None and width != action.shape[-1]:
@@ -171,10 +211,7 @@ class MMReplayStorage(_OutOfCoreStorage):
         return bool(((action == 0) | (action == 1)).all()) and bool((action.sum(-1) == 1).all())
 
     def _discrete_width(self) -> int | None:
-        if self.store is None:
-            space = self._create.get("action_space")
-        else:
-            space = self.store.action_space
+        space = self._action_space
         return int(space.n) if space is not None and hasattr(space, "n") else None
 
     def _reward_shape(self) -> tuple:
@@ -183,50 +220,68 @@ class MMReplayStorage(_OutOfCoreStorage):
     def _spaces_from(self, cols) -> tuple:
         from gymnasium import spaces
 
-        obs = cols["obs"]
         obs_space = self._create.get("observation_space")
         if obs_space is None:
-            high = np.inf if obs.dtype.kind == "f" else np.iinfo(obs.dtype).max
-            obs_space = spaces.Box(-high if obs.dtype.kind == "f" else 0, high, obs.shape[1:], obs.dtype)
+            obs_space = _box_of(cols["obs"], f"observation {self.observation_key!r}", "observation_space")
         action_space = self._create.get("action_space")
         if action_space is None:
-            if not self._written_one_hot:
-                raise ValueError("MMReplayStorage: give action_space= to create the store (only one-hot actions "
-                                 "tell their number of values)")
-            action_space = spaces.Discrete(self._one_hot_width)
+            if self._written_one_hot:
+                action_space = spaces.Discrete(self._one_hot_width)
+            elif cols["action"].dtype.kind == "f":
+                action_space = _box_of(cols["action"], "action", "action_space")
+            else:
+                action = cols["action"]
+                raise ValueError(f"MMReplayStorage: cannot infer the action space from {action.dtype} actions of "
+                                 f"shape {action.shape[1:]} that are not one-hot (Discrete(n) or MultiDiscrete? n is "
+                                 "not in the data): give action_space=, e.g. gymnasium.spaces.Discrete(n)")
         return obs_space, action_space
 
-    def _streams_for(self, data) -> np.ndarray:
-        """Stream ids for the rows of ``data`` (time-major order for 2-D data)."""
-        if data.ndim == 2:
-            envs, steps = data.shape
-            return np.tile(np.arange(envs), steps)
-        traj = data.get(("collector", "traj_ids"), None)
-        if traj is None:
-            return np.zeros(len(data), dtype=np.int64)
-        out = np.empty(len(data), dtype=np.int64)
-        for i, t in enumerate(_np(traj).reshape(-1).tolist()):
+    def _streams_of_trajectories(self, traj: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """One stream per live trajectory id (a loop over the batch's distinct ids, not its rows);
+        trajectories that ended give their stream back, so streams stay few however many episodes."""
+        ids, inverse = np.unique(traj, return_inverse=True)
+        sids = np.empty(len(ids), dtype=np.int64)
+        for k, t in enumerate(ids.tolist()):
             sid = self._stream_of.get(t)
             if sid is None:
                 sid = self._free_streams.pop() if self._free_streams else self._new_stream()
                 self._stream_of[t] = sid
-            out[i] = sid
-        return out
+            sids[k] = sid
+        for t in np.unique(traj[ended]).tolist():
+            self._free_streams.append(self._stream_of.pop(t))
+        return sids[inverse.reshape(-1)]
 
     def _new_stream(self) -> int:
         self._next_stream += 1
         return self._next_stream - 1
 
-    def _release_ended(self, data, cols) -> None:
-        """Trajectories that ended give their stream back (streams stay few however many episodes)."""
-        traj = data.get(("collector", "traj_ids"), None) if data.ndim == 1 else None
-        if traj is None:
-            return
-        ended = cols["terminated"] | cols["truncated"]
-        for t in np.unique(_np(traj).reshape(-1)[ended]).tolist():
-            sid = self._stream_of.pop(t, None)
-            if sid is not None:
-                self._free_streams.append(sid)
+    def _next_trajectory_id(self) -> int:
+        if self._next_traj is None:  # first write of this session: count on from the largest id held
+            oldest, head = self.store.valid_range()
+            held = self.store.read_column(TRAJ_COLUMN, oldest, head) if head > oldest else np.zeros(0, np.int64)
+            self._next_traj = int(held.max()) + 1 if held.size else 0
+        return self._next_traj
+
+    def _new_trajectory_ids(self, streams: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """Trajectory ids for rows written without them: each stream's running episode keeps its id,
+        each episode after an end gets a new one (what a collector would have given)."""
+        out = np.empty(len(streams), dtype=np.int64)
+        nxt = self._next_trajectory_id()
+        for sid in np.unique(streams).tolist():
+            rows = np.flatnonzero(streams == sid)
+            episode = np.cumsum(ended[rows]) - ended[rows]  # 0: the episode running when the batch began
+            current = self._stream_traj.get(sid)
+            if current is None:
+                current, nxt = nxt, nxt + 1
+            fresh = nxt + episode - 1  # episodes that begin inside the batch
+            out[rows] = np.where(episode == 0, current, fresh)
+            nxt += int(episode[-1])
+            if ended[rows[-1]]:
+                self._stream_traj.pop(sid, None)
+            else:
+                self._stream_traj[sid] = int(out[rows[-1]])
+        self._next_traj = nxt
+        return out
 
     def get(self, index) -> TensorDict:
         store = self._require_store()
@@ -247,14 +302,15 @@ class MMReplayStorage(_OutOfCoreStorage):
         reward = batch.reward.reshape(n, *self.store.schema.reward.shape) if self.store.schema.reward.shape \
             else batch.reward.reshape(n, 1)
         false = torch.zeros(n, 1, dtype=torch.bool)
-        td = TensorDict({self.observation_key: batch.obs, "action": action, "done": false, "terminated": false,
+        key = self.observation_key or OBSERVATION_KEYS[0]  # nothing written yet this session, none given
+        td = TensorDict({key: batch.obs, "action": action, "done": false, "terminated": false,
                          "truncated": false.clone(),
-                         "next": TensorDict({self.observation_key: batch.next_obs, "reward": reward,
+                         "next": TensorDict({key: batch.next_obs, "reward": reward,
                                              "done": term | trunc, "terminated": term, "truncated": trunc},
                                             batch_size=[n])},
                         batch_size=[n])
         for name, value in batch.extras.items():
-            td[name] = value
+            td[TRAJ_KEY if name == TRAJ_COLUMN else name] = value
         return td.reshape(shape) if tuple(shape) != (n,) else td
 
     def _one_hot_out(self) -> bool:
@@ -269,8 +325,10 @@ class MMReplayStorage(_OutOfCoreStorage):
         prev, term, trunc = store.episode_links(oldest, head)
         n = head - oldest
         episode = _episode_numbers(prev, oldest)
+        traj = store.read_column(TRAJ_COLUMN, oldest, head) if self._has_traj_column() else episode
         term_t, trunc_t = torch.from_numpy(term).reshape(n, 1), torch.from_numpy(trunc).reshape(n, 1)
         return TensorDict({"episode": torch.from_numpy(episode),
+                           "collector": TensorDict({"traj_ids": torch.from_numpy(traj)}, batch_size=[n]),
                            "next": TensorDict({"done": term_t | trunc_t, "terminated": term_t, "truncated": trunc_t},
                                               batch_size=[n])}, batch_size=[n])
 
@@ -285,19 +343,20 @@ class MMReplayStorage(_OutOfCoreStorage):
         store = self._require_store()
         oldest, head = store.valid_range()
         return {"path": os.path.abspath(store.path), "head": head, "oldest": oldest,
-                "one_hot": self._written_one_hot}
+                "one_hot": self._written_one_hot, "observation_key": self.observation_key}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         path = state_dict["path"]
         if self.store is None or os.path.abspath(self.store.path) != path or self.store.closed:
             if self.store is not None and not self.store.closed:
                 self.store.close()
-            self.store = Store.open(path, mode=self._open_mode)
+            self._set_store(Store.open(path, mode=self._open_mode))
             self.path = path
         if self.store.num_added < state_dict["head"]:
             raise RuntimeError(f"store {path!r} holds {self.store.num_added} transitions, fewer than the "
                                f"{state_dict['head']} of the checkpoint (an older copy of the store?)")
         self._written_one_hot = state_dict.get("one_hot")
+        self.observation_key = self.observation_key or state_dict.get("observation_key")
 
     def dumps(self, path) -> None:
         """Commit the store (its data stays where it is) and write a small JSON pointer to it at ``path``."""
@@ -451,6 +510,29 @@ class MMReplaySliceSampler(_StoreSampler):
 # -- helpers -----------------------------------------------------------------------------------------------
 def _is_store(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "zarr.json"))
+
+
+def _observation_key(data) -> str:
+    """The observation key of a collector's TensorDict when none was given: the one of TorchRL's keys it has."""
+    present = [k for k in OBSERVATION_KEYS if k in data.keys()]
+    if len(present) > 1:
+        raise ValueError(f"MMReplayStorage: both of {OBSERVATION_KEYS} are in the TensorDict: give "
+                         "observation_key= to say which one to store")
+    return present[0] if present else OBSERVATION_KEYS[0]  # none: the caller's KeyError names what is missing
+
+
+def _box_of(values: np.ndarray, what: str, argument: str):
+    """An unbounded Box of the rows' shape and dtype (uint8: 0..255, other integers: their dtype's range)."""
+    from gymnasium import spaces
+
+    kind = values.dtype.kind
+    if kind not in "fiu":
+        raise ValueError(f"MMReplayStorage: cannot infer a space for the {what} of dtype {values.dtype} and shape "
+                         f"{values.shape[1:]}: give {argument}= (a gymnasium space)")
+    if kind == "f":
+        return spaces.Box(-np.inf, np.inf, values.shape[1:], values.dtype)
+    info = np.iinfo(values.dtype)
+    return spaces.Box(info.min, info.max, values.shape[1:], values.dtype)
 
 
 def _np(x) -> np.ndarray:
