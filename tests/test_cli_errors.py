@@ -29,9 +29,17 @@ def small_store(store_path):
     return store_path
 
 
+#: the checkout whose mmreplay this test imports: the child imports the same one from any directory
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(mmreplay.__file__)))
+
+
+def child_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))}
+
+
 def run_cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "mmreplay.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+                          timeout=300, cwd=cwd, env=child_env())
 
 
 def assert_input_error(proc, command: str, *names: str) -> str:
@@ -86,6 +94,32 @@ def test_import_options_out_of_range(tmp_path, flag, value):
     src.write_bytes(b"")
     assert_input_error(run_cli("import", str(src), str(tmp_path / "z.mmr"), "--format", "d4rl", flag, value),
                        "mmreplay import", flag, value)
+
+
+@pytest.mark.parametrize("damage", ["data file not HDF5", "metadata not JSON"])
+def test_import_of_a_damaged_minari_dataset(small_store, tmp_path, damage):
+    pytest.importorskip("minari")
+    src = tmp_path / "ds"
+    proc = run_cli("export", small_store, str(src), "--format", "minari")
+    assert proc.returncode == 0, proc.stderr
+    victim = src / "data" / ("main_data.hdf5" if damage == "data file not HDF5" else "metadata.json")
+    victim.write_text("{garbage")
+    line = assert_input_error(run_cli("import", str(src), str(tmp_path / "z.mmr"), "--format", "minari"),
+                              "mmreplay import", f"minari dataset {str(src)!r} cannot be read")
+    assert ("file signature not found" if damage == "data file not HDF5" else "line 1 column 2") in line
+
+
+def test_minari_export_to_a_relative_directory(small_store, tmp_path):
+    """``OUT`` relative to the working directory (it came out as OUT/data/OUT/data/main_data.hdf5)."""
+    pytest.importorskip("minari")
+    proc = run_cli("export", small_store, "rel", "--format", "minari", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["episodes"] == EPISODES
+    assert (tmp_path / "rel" / "data" / "main_data.hdf5").is_file()
+
+
+def test_bench_with_too_few_transitions():
+    assert_input_error(run_cli("bench", "--n", "10"), "mmreplay bench", "--n 10")
 
 
 # -- export --episodes --------------------------------------------------------------------------------
@@ -189,7 +223,8 @@ def test_info_and_verify_do_not_import_torch(small_store):
               f"    codes.append(main(['info', {small_store!r}, '--json']))\n"
               f"    codes.append(main(['verify', {small_store!r}]))\n"
               "print(json.dumps([codes, sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))]))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=child_env())
     assert proc.returncode == 0, proc.stderr
     codes, torch_modules = json.loads(proc.stdout.splitlines()[-1])
     assert codes == [0, 0, 0]
@@ -200,6 +235,6 @@ def test_public_names_still_import():
     """``import mmreplay`` stays lazy and every public name still resolves."""
     proc = subprocess.run([sys.executable, "-c", "import sys, mmreplay; print('torch' in sys.modules); "
                            "[getattr(mmreplay, n) for n in mmreplay.__all__]; print(mmreplay.Batch.numpy.__name__)"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=child_env())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "numpy"]

@@ -132,11 +132,13 @@ def cmd_export(args) -> int:
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --format minari only")
     _check_positive("--block-rows", args.block_rows)
+    # absolute: a relative Minari dataset directory came out as OUT/data/OUT/data/main_data.hdf5
+    out = os.path.abspath(args.out) if args.format == "minari" else args.out
     with Store.open(args.path, mode="r") as store:
         if selection is not None:
             exportable = len(list_episodes(store, include_partial=args.include_partial).episodes)
             _check_selection(args.episodes, selection, exportable)
-        summary = export_dataset(store, args.out, args.format, **kwargs)
+        summary = export_dataset(store, out, args.format, **kwargs)
     _print_summary(summary)
     return 0
 
@@ -178,8 +180,25 @@ def cmd_import(args) -> int:
         _check_hdf5_source(args.src, args.format)
     if args.format != "minari":
         kwargs["block_rows"] = args.block_rows
-    _print_summary(import_dataset(args.src, args.path, args.format, **kwargs))
+    try:
+        summary = import_dataset(args.src, args.path, args.format, **kwargs)
+    except (json.JSONDecodeError, OSError) as exc:
+        if not _is_unreadable_data(exc):
+            raise
+        raise ValueError(f"{args.format} dataset {args.src!r} cannot be read: {exc}") from exc
+    _print_summary(summary)
     return 0
+
+
+def _is_unreadable_data(exc: Exception) -> bool:
+    """A malformed JSON file, or h5py's OSError for a file that is not HDF5 ("file signature not found"):
+    messages that name no file. An operating-system error (errno set: missing file, disk full) or one of
+    ours is reported as it is."""
+    from mmreplay.errors import MMReplayError
+
+    if isinstance(exc, json.JSONDecodeError):
+        return True
+    return not isinstance(exc, MMReplayError) and exc.errno is None and exc.filename is None
 
 
 def _reward_values(text: str) -> list[float]:
