@@ -1,5 +1,6 @@
 """The ``mmreplay`` command: inspect, verify, plot, benchmark, demo and convert stores from a shell.
 
+    mmreplay --version
     mmreplay info PATH [--json]
     mmreplay verify PATH
     mmreplay plot PATH [--out FILE.png]
@@ -16,10 +17,11 @@ One module per subcommand group, each with a ``register(subparsers)`` that adds 
 
 Invariants: the CLI sits on top of the library and uses only its public API (``Store`` methods,
 ``mmreplay.stats``, ``mmreplay.datasets``); nothing in the library imports ``mmreplay.cli``. Results go to
-stdout, progress bars (tqdm) and errors to stderr; a usage or input error is one line and exit status 2,
-never a traceback; a closed stdout (``| head``) ends the command quietly (141). Every command except
+stdout, progress bars (tqdm) and errors to stderr; a usage or input error is one line naming the value
+and exit status 2, never a traceback (an internal error keeps its traceback, exit 1); a closed stdout (``| head``) ends the command quietly (141). Every command except
 ``demo``, ``bench`` and ``import`` only reads the store. Heavy imports (torch, zarr, matplotlib) happen
-inside the commands, so ``mmreplay --help`` stays fast.
+inside the commands, so ``mmreplay --help`` stays fast, and ``info`` and ``verify`` never import torch
+(tests/test_cli_errors.py checks it).
 """
 
 from mmreplay.cli.main import build_parser, main

@@ -2,12 +2,16 @@
 datasets (``mmreplay.datasets`` does the work; docs/datasets.md).
 
 Invariant: options that only one format can hold are refused for the others with an error naming them,
-never silently dropped; the summary (one JSON line) goes to stdout, notes to stderr.
+never silently dropped; an ``--episodes`` selection that is malformed, empty or reaches past the store's
+exportable episodes is refused before anything is written (never an empty or clipped dataset); a
+D4RL-style or d3rlpy source that is not a readable HDF5 file is refused naming it. The summary (one JSON
+line) goes to stdout, notes to stderr.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from mmreplay.cli.progress import Progress
@@ -71,19 +75,49 @@ def _env_spec_arg(text: str | None) -> str | None:
     return text
 
 
+EPISODES_FORMS = "a range like 0:100 (start < stop, either may be left out, an optional :step > 0) or " \
+                 "positions like 3,5,7, all non-negative integers"
+
+
 def _episode_selection(text: str | None):
-    """``"0:100"`` / ``":10"`` / ``"-5:"`` -> a slice; ``"3,5,7"`` -> positions; None -> everything."""
+    """``"0:100"`` / ``":10"`` / ``"5:"`` / ``"0:100:2"`` -> a slice; ``"3,5,7"`` -> positions; None -> all.
+    Only the form is checked here (non-negative integers, start < stop, step > 0); whether the positions
+    exist in the store is ``_check_selection``'s."""
     if text is None:
         return None
     try:
         if ":" in text:
             parts = [int(p) if p.strip() else None for p in text.split(":")]
-            if len(parts) > 3:
+            if len(parts) > 3 or any(p is not None and p < 0 for p in parts):
                 raise ValueError
-            return slice(*parts)
-        return [int(p) for p in text.split(",")]
+        else:
+            positions = [int(p) for p in text.split(",")]
+            if any(p < 0 for p in positions):
+                raise ValueError
+            return positions
     except ValueError:
-        raise ValueError(f"--episodes {text!r}: expected a slice like 0:100 or positions like 3,5,7") from None
+        raise ValueError(f"--episodes {text!r}: expected {EPISODES_FORMS}") from None
+    start, stop, *step = parts
+    if start is not None and stop is not None and start >= stop:
+        raise ValueError(f"--episodes {text!r} selects no episode: expected start < stop")
+    if step and step[0] is not None and step[0] <= 0:
+        raise ValueError(f"--episodes {text!r}: expected a step > 0")
+    return slice(*parts)
+
+
+def _check_selection(text: str, selection, exportable: int) -> None:
+    """Refuse a selection that reaches past the store's ``exportable`` episodes or selects none (the
+    library would clip a slice silently and write an empty dataset)."""
+    if isinstance(selection, slice):
+        reaches = selection.start or 0 if selection.stop is None else selection.stop - 1
+        too_far = (selection.start or 0) >= exportable or (selection.stop is not None and selection.stop > exportable)
+    else:
+        reaches = max(selection)
+        too_far = reaches >= exportable
+    if too_far:
+        have = f"positions 0 to {exportable - 1}" if exportable else "none"
+        raise ValueError(f"--episodes {text!r} reaches episode position {reaches}, but the store has {exportable} "
+                         f"exportable episode(s) ({have}; --include-partial also counts cut and unfinished ones)")
 
 
 def _print_summary(summary: dict) -> None:
@@ -94,8 +128,11 @@ def _print_summary(summary: dict) -> None:
 
 def cmd_export(args) -> int:
     from mmreplay.datasets import export_dataset
+    from mmreplay.datasets.episodes import list_episodes
+    from mmreplay.store import Store
 
-    kwargs = {"include_partial": args.include_partial, "episodes": _episode_selection(args.episodes),
+    selection = _episode_selection(args.episodes)
+    kwargs = {"include_partial": args.include_partial, "episodes": selection,
               "block_rows": args.block_rows, "progress": Progress(f"exporting to {args.format}", unit="transitions"),
               "compression": args.compression}
     if args.format == "minari":
@@ -107,8 +144,39 @@ def cmd_export(args) -> int:
         given = [flag for key, flag in MINARI_ONLY.items() if getattr(args, key)]
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --format minari only")
-    _print_summary(export_dataset(args.path, args.out, args.format, **kwargs))
+    _check_positive("--block-rows", args.block_rows)
+    # absolute: a relative Minari dataset directory came out as OUT/data/OUT/data/main_data.hdf5
+    out = os.path.abspath(args.out) if args.format == "minari" else args.out
+    with Store.open(args.path, mode="r") as store:
+        if selection is not None:
+            exportable = len(list_episodes(store, include_partial=args.include_partial).episodes)
+            _check_selection(args.episodes, selection, exportable)
+        summary = export_dataset(store, out, args.format, **kwargs)
+    _print_summary(summary)
     return 0
+
+
+def _check_positive(flag: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{flag} {value}: expected a positive integer")
+
+
+def _check_hdf5_source(src: str, fmt: str) -> None:
+    """A D4RL-style or d3rlpy source must be a readable HDF5 file: said here in one line naming it, where
+    h5py would say "file signature not found" without naming the file."""
+    expected = f"expected a {fmt} dataset, an .hdf5 file"
+    if not os.path.exists(src):
+        raise FileNotFoundError(f"{src!r}: no such file ({expected})")
+    if os.path.isdir(src):
+        raise ValueError(f"{src!r} is a directory ({expected})")
+    with open(src, "rb"):  # an unreadable file: PermissionError naming it
+        pass
+    try:
+        import h5py
+    except ImportError:
+        raise ImportError(f"--format {fmt} needs h5py; pip install 'mmreplay[d4rl]'") from None
+    if not h5py.is_hdf5(src):
+        raise ValueError(f"{src!r} is not an HDF5 file ({expected})")
 
 
 def cmd_import(args) -> int:
@@ -116,9 +184,38 @@ def cmd_import(args) -> int:
 
     kwargs = {"capacity": args.capacity, "frame_stack": args.frame_stack,
               "progress": Progress("importing", unit="transitions")}
+    for flag, value in (("--capacity", args.capacity), ("--frame-stack", args.frame_stack),
+                        ("--block-rows", args.block_rows)):
+        _check_positive(flag, value)
     if args.reward_values:
-        kwargs["reward_values"] = [float(v) for v in args.reward_values.split(",")]
+        kwargs["reward_values"] = _reward_values(args.reward_values)
+    if args.format != "minari":
+        _check_hdf5_source(args.src, args.format)
     if args.format != "minari":
         kwargs["block_rows"] = args.block_rows
-    _print_summary(import_dataset(args.src, args.path, args.format, **kwargs))
+    try:
+        summary = import_dataset(args.src, args.path, args.format, **kwargs)
+    except (json.JSONDecodeError, OSError) as exc:
+        if not _is_unreadable_data(exc):
+            raise
+        raise ValueError(f"{args.format} dataset {args.src!r} cannot be read: {exc}") from exc
+    _print_summary(summary)
     return 0
+
+
+def _is_unreadable_data(exc: Exception) -> bool:
+    """A malformed JSON file, or h5py's OSError for a file that is not HDF5 ("file signature not found"):
+    messages that name no file. An operating-system error (errno set: missing file, disk full) or one of
+    ours is reported as it is."""
+    from mmreplay.errors import MMReplayError
+
+    if isinstance(exc, json.JSONDecodeError):
+        return True
+    return not isinstance(exc, MMReplayError) and exc.errno is None and exc.filename is None
+
+
+def _reward_values(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--reward-values {text!r}: expected comma-separated numbers, e.g. -1,0,1") from None

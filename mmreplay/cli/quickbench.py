@@ -46,6 +46,8 @@ def register(sub) -> None:
 
 
 def cmd_bench(args) -> int:
+    if args.n < 256:
+        raise ValueError(f"--n {args.n}: expected at least 256 transitions (the largest batch sampled)")
     progress = Progress("adding", unit="transitions")
     try:
         run(n=args.n, batch_sizes=(32, 256), progress=progress)

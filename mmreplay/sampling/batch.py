@@ -2,17 +2,20 @@
 
 Invariant: ``assemble`` writes transition ``indices[i]`` into row ``i`` of every output buffer —
 observation stacks and next-observation stacks rebuilt from frames stored once, packed columns decoded
-to their values — and touches nothing else.
+to their values — and touches nothing else. torch is imported only by the functions that make or move
+tensors, so that opening a store without sampling from it (``mmreplay info``) does not load torch.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch  # imported where it is used: a store opened for info, verify or export never loads it
 
 from mmreplay.columns.spec import Schema
 from mmreplay.index.ring import TransitionRing
@@ -32,6 +35,7 @@ class Batch:
 
     A batch from ``Store.sampler`` lives in reused buffers: on CPU it is valid until the sampler's next
     batch; copy (``.clone()``) what you keep. ``Store.sample`` and ``Store.get`` return fresh tensors.
+    ``numpy()`` gives the batch as numpy arrays (copies by default) for numpy and JAX code.
     """
 
     obs: Any  # torch.Tensor, or dict of them for Dict observation spaces
@@ -46,6 +50,8 @@ class Batch:
     discount: torch.Tensor | None = None  # gamma ** m for n-step returns over m steps (n_step > 1)
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
+        import torch
+
         def move(x):
             if isinstance(x, dict):
                 return {k: move(v) for k, v in x.items()}
@@ -54,6 +60,8 @@ class Batch:
 
     def pin_memory(self) -> "Batch":
         """For ``DataLoader(pin_memory=True)``."""
+        import torch
+
         def pin(x):
             if isinstance(x, dict):
                 return {k: pin(v) for k, v in x.items()}
@@ -63,6 +71,36 @@ class Batch:
     @property
     def dones(self) -> torch.Tensor:
         return self.terminated | self.truncated
+
+    def numpy(self, copy: bool = True) -> dict[str, Any]:
+        """The batch as numpy arrays: a dict of this batch's fields (``obs``, ``action``, ``reward``,
+        ``next_obs``, ``terminated``, ``truncated``, ``indices``, ``extras``, ``weights``, ``discount``),
+        with the same shapes and dtypes; ``obs``/``next_obs`` and ``extras`` are dicts where the batch has
+        dicts, and ``weights``/``discount`` None where the batch has None.
+
+        ``copy=True`` (the default): arrays of their own, never changed by the sampler afterwards; keep
+        them, or hand them to ``jnp.asarray`` / ``jax.device_put``.
+        ``copy=False``: views of the batch's tensors, no copy. They are valid exactly as long as the
+        batch: for a batch from ``Store.sampler`` on CPU, until the sampler's next batch, which
+        overwrites them in place. Only CPU tensors have views: a batch on an accelerator is refused
+        (use ``copy=True``)."""
+        return {f.name: as_numpy(getattr(self, f.name), copy) for f in fields(self)}
+
+
+def as_numpy(value, copy: bool):
+    """A tensor (or a dict of them, or None) as numpy: a copy, or with ``copy=False`` a view of the
+    tensor's memory (CPU tensors only)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {k: as_numpy(v, copy) for k, v in value.items()}
+    if value.device.type != "cpu":
+        if not copy:
+            raise ValueError(f"numpy(copy=False): a tensor on {value.device} has no numpy view; expected a "
+                             "CPU batch (numpy(copy=True) copies it to host memory)")
+        return value.detach().cpu().numpy()  # .cpu() made the copy
+    array = value.detach().numpy()
+    return array.copy() if copy else array
 
 
 FLAG_TABLE = np.array([False, True])
@@ -83,6 +121,8 @@ class BatchBuffers:
 
     def __init__(self, schema: Schema, batch_size: int, pin_memory: bool = False, *, weights: bool = False,
                  nstep: bool = False):
+        import torch
+
         schema = getattr(schema, "schema", schema)  # a Store (the old spelling) stands for its schema
         k = schema.frame_stack
         self.schema = schema
@@ -180,7 +220,7 @@ def assemble(ring: TransitionRing, frames: FrameReader, g: np.ndarray, obs_ids: 
                 pad = np.zeros(ids.shape, dtype=bool)
                 pad[:, :-1] = ids[:, :-1] == ids[:, 1:]
                 if pad.any():
-                    out[torch.from_numpy(pad)] = 0
+                    out.numpy()[pad] = 0
     slots = ring.slot(g)
     for name, (_, out) in buf.columns.items():
         ring.read_into(name, slots, out, buf.decode_tables.get(name))
@@ -196,14 +236,14 @@ def assemble(ring: TransitionRing, frames: FrameReader, g: np.ndarray, obs_ids: 
     buf.indices[1][...] = g
 
 
-_TORCH_DTYPES = {np.dtype(k): v for k, v in {
-    "bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-    "int64": torch.int64, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
-    "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64}.items()}
+_TORCH_DTYPE_NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "uint16",
+                      "uint32", "uint64")
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    try:
-        return _TORCH_DTYPES[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"dtype {dtype} has no torch equivalent") from None
+    import torch
+
+    name = np.dtype(dtype).name
+    if name not in _TORCH_DTYPE_NAMES:
+        raise TypeError(f"dtype {dtype} has no torch equivalent")
+    return getattr(torch, name)

@@ -18,7 +18,6 @@ import threading
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from mmreplay.columns.spec import Schema
 from mmreplay.sampling.batch import Batch, BatchBuffers
@@ -75,6 +74,8 @@ class Sampler:
         """A sampler over the store whose columns ``schema`` describes; ``fill`` draws one batch into
         buffers under the store's lock; ``priorities`` (with ``update``) make it prioritized; ``saved_state``
         is the committed RNG state of ``name`` (continued when ``seed`` is None)."""
+        import torch  # here, not at module level: a store opened without sampling never loads torch
+
         self.n_step, self.gamma = check_sampler_args(schema, batch_size, name, beta, n_step, gamma)
         self._beta = float(beta)
         if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
@@ -172,6 +173,8 @@ class Sampler:
         if self.device is not None and self.device.type != "cpu":
             batch = batch.to(self.device, non_blocking=self._cuda)
             if self._cuda:
+                import torch
+
                 slot.copied = torch.cuda.Event()
                 slot.copied.record()
         return batch

@@ -21,13 +21,15 @@ Frames are read only through ``FrameReader.gather``; the caller holds the store'
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
-import torch
 
-from mmreplay.sampling.batch import FLAG_TABLE, _torch_dtype, check_host_memory
+if TYPE_CHECKING:
+    import torch  # imported where tensors are made or moved: opening a store does not load torch
+
+from mmreplay.sampling.batch import FLAG_TABLE, _torch_dtype, as_numpy, check_host_memory
 from mmreplay.reading.frames import FrameReader
 
 SAMPLE_FROM = ("steps", "episodes")
@@ -353,11 +355,20 @@ class SequenceBatch:
         return self.terminated | self.truncated
 
     def to(self, device, non_blocking: bool = False) -> "SequenceBatch":
+        import torch
+
         def move(x):
             if isinstance(x, dict):
                 return {k: move(v) for k, v in x.items()}
             return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
         return SequenceBatch(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
+
+    def numpy(self, copy: bool = True) -> dict[str, Any]:
+        """The windows as numpy arrays, a dict of this batch's fields (``burn_in`` stays an int); copies by
+        default, or with ``copy=False`` views valid until the sequence sampler's next batch, CPU only
+        (as ``Batch.numpy``)."""
+        return {f.name: getattr(self, f.name) if f.name == "burn_in" else as_numpy(getattr(self, f.name), copy)
+                for f in fields(self)}
 
 
 class SequenceBuffers:
@@ -365,6 +376,8 @@ class SequenceBuffers:
 
     def __init__(self, schema, batch_size: int, spec: SequenceSpec, pin_memory: bool = False, *,
                  weights: bool = False):
+        import torch
+
         k, T = schema.frame_stack, spec.width
         self.batch_size, self.spec = batch_size, spec
         check_host_memory(batch_size, T * (k * sum(s.row_nbytes for s in schema.observations)
