@@ -89,6 +89,17 @@ class ShardedArray:
                 raise
         return None
 
+    def check_empty_chunk(self, shard: int, inner: int) -> None:
+        """A row that a commit covers was asked for, and the shard's index marks its chunk empty: another
+        file's index, so ``CorruptDataError``; except for priority buffers (``missing_ok``: never-written
+        chunks are zarr's fill value) and for a reader whose writer is active (``tolerate_mismatch``): the
+        writer may have started the shard's next lap since the reader's commit, and the reader's overwrite
+        check discards what it read from it (zarr's fill value, zeros)."""
+        if self.missing_ok or (self.tolerate_mismatch is not None and self.tolerate_mismatch()):
+            return
+        raise CorruptDataError(f"{self.where(shard, inner)}: the shard index marks this chunk empty, but the last "
+                               "commit says it holds committed rows (an older or misplaced shard file?)")
+
     def check_file(self, shard: int, raw) -> None:
         """``raw`` (a whole shard file read elsewhere, e.g. into the compressed tier) must be a well-formed
         shard (index checksum, every entry within the data: checked without overflow) and, when the commit
@@ -188,10 +199,7 @@ class ShardedArray:
                     raise CorruptDataError(f"{self.where(shard, inner)}: chunk checksum differs from the one the "
                                            "shard's identity tag lists (the chunk was replaced)")
         if raw is None:
-            if not self.missing_ok:  # every row read is committed: an index without it is another file's
-                raise CorruptDataError(f"{self.where(shard, inner)}: the shard index marks this chunk empty, but "
-                                       "the last commit says it holds committed rows (an older or misplaced "
-                                       "shard file?)")
+            self.check_empty_chunk(shard, inner)
             out[...] = 0
         else:  # outside the lock: decoders release the GIL
             decode_chunk(self.compressor, raw, out, lambda: self.where(shard, inner))
