@@ -108,3 +108,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def small_store(store_path):
+    """A closed 300-transition store of 6x5 frames (frame stack 2), 6 complete episodes: for the CLI tests."""
+    with mmreplay.Store.create(store_path, spaces.Box(0, 255, (6, 5), np.uint8), spaces.Discrete(3), capacity=500,
+                               frame_stack=2, reward_values=(-1, 0, 1)) as s:
+        for i in range(300):
+            s.add(np.full((6, 5), i % 256, np.uint8), i % 3, 0, np.full((6, 5), (i + 1) % 256, np.uint8),
+                  i % 50 == 49, False)
+    return store_path

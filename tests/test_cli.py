@@ -16,16 +16,6 @@ from conftest import frame_shard_file
 from mmreplay.cli import main
 
 
-@pytest.fixture
-def small_store(store_path):
-    with mmreplay.Store.create(store_path, spaces.Box(0, 255, (6, 5), np.uint8), spaces.Discrete(3), capacity=500,
-                               frame_stack=2, reward_values=(-1, 0, 1)) as s:
-        for i in range(300):
-            s.add(np.full((6, 5), i % 256, np.uint8), i % 3, 0, np.full((6, 5), (i + 1) % 256, np.uint8),
-                  i % 50 == 49, False)
-    return store_path
-
-
 def test_info_json(small_store, capsys):
     assert main(["info", small_store, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)

@@ -19,16 +19,6 @@ from mmreplay.cli.main import one_line
 EPISODES = 6  # complete episodes in small_store
 
 
-@pytest.fixture
-def small_store(store_path):
-    with mmreplay.Store.create(store_path, spaces.Box(0, 255, (6, 5), np.uint8), spaces.Discrete(3), capacity=500,
-                               frame_stack=2, reward_values=(-1, 0, 1)) as s:
-        for i in range(300):
-            s.add(np.full((6, 5), i % 256, np.uint8), i % 3, 0, np.full((6, 5), (i + 1) % 256, np.uint8),
-                  i % 50 == 49, False)
-    return store_path
-
-
 #: the checkout whose mmreplay this test imports: the child imports the same one from any directory
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(mmreplay.__file__)))
 
