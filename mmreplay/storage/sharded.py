@@ -135,9 +135,9 @@ class ShardedArray:
         (or already ``tagged``); returns the file path (for a later fsync). The shard's identity becomes
         the new file's."""
         n = self.layout.chunks_per_shard
-        index = np.frombuffer(raw[len(raw) - n * 16 - 4: len(raw) - 4], dtype="<u8").reshape(n, 2)
         if not tagged:
             raw = self.tagged(shard, raw)
+        index = self._index_of(raw)  # the tag sits before the index: its place from the end is the same
         tail = raw[len(raw) - tail_nbytes(n):]
         path = self.layout.shard_file(self.root, shard)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -154,7 +154,7 @@ class ShardedArray:
         """Untagged shard bytes (chunks, index, crc) with this array's tag inserted before the index (the
         chunk offsets do not change): the bytes ``install_shard`` writes."""
         n = self.layout.chunks_per_shard
-        index = np.frombuffer(raw[len(raw) - n * 16 - 4: len(raw) - 4], dtype="<u8").reshape(n, 2)
+        index = self._index_of(raw)
         data_end = len(raw) - n * 16 - CRC_BYTES
         crcs = np.zeros(n, dtype="<u4")
         for i, (offset, nbytes) in enumerate(index.tolist()):
@@ -162,6 +162,11 @@ class ShardedArray:
                 crcs[i] = int.from_bytes(raw[offset + nbytes - CRC_BYTES:offset + nbytes], "little")
         tag = ShardTag.new(self.layout.path, shard).encode(crcs)
         return b"".join((raw[:data_end], tag, raw[data_end:]))
+
+    def _index_of(self, raw: bytes) -> np.ndarray:
+        """The (offset, nbytes) index at the end of shard bytes this array built (tagged or not)."""
+        n = self.layout.chunks_per_shard
+        return np.frombuffer(raw[len(raw) - n * 16 - CRC_BYTES: len(raw) - CRC_BYTES], dtype="<u8").reshape(n, 2)
 
     def write_shard(self, shard: int, data: np.ndarray, n_rows: int) -> str:
         return self.install_shard(shard, self.encode_shard(data, n_rows))
