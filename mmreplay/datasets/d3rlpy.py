@@ -30,6 +30,7 @@ import numpy as np
 from mmreplay.datasets import hdf5
 from mmreplay.datasets.d4rl import _h5py
 from mmreplay.datasets.episodes import iter_pieces, list_episodes
+from mmreplay.datasets.outputs import new_output
 from mmreplay.datasets.importing import (
     EpisodeWriter,
     export_metadata,
@@ -59,7 +60,7 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
     act_dtype = np.dtype(store.action_space.dtype)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # like `mmreplay export` into a new folder
     tmp = out + ".partial"
-    with h5py.File(tmp, "w", libver=hdf5.LIBVER) as f:
+    with new_output(tmp), h5py.File(tmp, "w", libver=hdf5.LIBVER) as f:
         f.create_dataset("columns", data=COLUMNS)
         f.create_dataset("num_episodes", data=len(listing.episodes))
         f.create_dataset("version", data=VERSION)
@@ -164,14 +165,11 @@ def import_d3rlpy(src, path, *, observation_space=None, action_space=None, block
             observation_space = observation_space or inferred[0]
             action_space = action_space or inferred[1]
         total = sum(int(f[f"rewards_{i}"].shape[0]) for i in range(n_eps))
-        writer = EpisodeWriter(path, observation_space, action_space, store_options(meta, store_kwargs), progress,
-                               total)
-        try:
+        with EpisodeWriter(path, observation_space, action_space, store_options(meta, store_kwargs), progress,
+                           total) as writer:
             for i in range(n_eps):
                 _import_episode(f, i, keys, writer, observation_space, action_space, block_rows)
-        finally:
-            store = writer.close()
-    return {"format": "d3rlpy", "path": store.path, "episodes": writer.episodes, "steps": writer.steps}
+    return {"format": "d3rlpy", "path": writer.store.path, "episodes": writer.episodes, "steps": writer.steps}
 
 
 def _import_episode(f, i, keys, writer, obs_space, act_space, block_rows) -> None:

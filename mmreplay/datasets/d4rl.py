@@ -27,6 +27,7 @@ import numpy as np
 
 from mmreplay.datasets import hdf5
 from mmreplay.datasets.episodes import iter_pieces, list_episodes
+from mmreplay.datasets.outputs import new_output
 from mmreplay.datasets.importing import (
     EpisodeWriter,
     export_metadata,
@@ -64,7 +65,7 @@ def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence
     act_shape, act_dtype = store.action_space.shape, np.dtype(store.action_space.dtype)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # like `mmreplay export` into a new folder
     tmp = out + ".partial"
-    with h5py.File(tmp, "w", libver=hdf5.LIBVER) as f:
+    with new_output(tmp), h5py.File(tmp, "w", libver=hdf5.LIBVER) as f:
         def column(name, shape, dtype):
             return hdf5.resizable(f, name, shape, dtype, max(1, min(block_rows, listing.steps)), compression)
         cols = {"observations": column("observations", obs_shape, obs_dtype),
@@ -129,12 +130,9 @@ def import_d4rl(src, path, *, observation_space=None, action_space=None, block_r
             raise ValueError(f"{src!r}: observations have shape {f['observations'].shape[1:]} per row, the "
                              f"observation space {obs_space} expects {obs_space.shape}")
         has_next = "next_observations" in f
-        writer = EpisodeWriter(path, obs_space, act_space, store_options(meta, store_kwargs), progress, n)
-        try:
+        with EpisodeWriter(path, obs_space, act_space, store_options(meta, store_kwargs), progress, n) as writer:
             _import_rows(f, n, has_next, writer, block_rows, squeeze_action=act_space.shape == ())
-        finally:
-            store = writer.close()
-    return {"format": "d4rl", "path": store.path, "episodes": writer.episodes, "steps": writer.steps,
+    return {"format": "d4rl", "path": writer.store.path, "episodes": writer.episodes, "steps": writer.steps,
             "next_observations": has_next}
 
 

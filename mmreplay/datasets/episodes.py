@@ -121,7 +121,7 @@ def _select(listing: EpisodeListing, select) -> EpisodeListing:
         return listing
     eps = listing.episodes
     if isinstance(select, slice):
-        listing.episodes = eps[select]
+        listing.episodes = eps[_checked_slice(select, len(eps))]
         return listing
     picked = []
     for i in select:
@@ -130,6 +130,22 @@ def _select(listing: EpisodeListing, select) -> EpisodeListing:
         picked.append(eps[int(i)])
     listing.episodes = picked
     return listing
+
+
+def _checked_slice(select: slice, n: int) -> slice:
+    """``select`` over ``n`` episodes, refused when it would be clipped (a bound past the last episode) or
+    select nothing: an export must never be silently shorter than asked for."""
+    if select.step is not None and select.step <= 0:
+        raise ValueError(f"episodes={select}: expected a step > 0")
+    bounds = {"start": select.start, "stop": select.stop}
+    for name, value in bounds.items():
+        if value is not None and not -n <= value <= n:
+            raise IndexError(f"episodes={select}: {name} {value} is past the store's {n} exportable episode(s) "
+                             f"(positions 0 to {n - 1})" if n else
+                             f"episodes={select}: the store has no exportable episode")
+    if not range(n)[select]:
+        raise ValueError(f"episodes={select} selects no episode of the store's {n} exportable episode(s)")
+    return select
 
 
 def iter_pieces(store, episodes: Sequence[EpisodeSpan], block_rows: int = 4096,

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from mmreplay.columns.spaces import space_from_json, space_to_json
+from mmreplay.datasets.outputs import new_output
 
 ProgressFn = Callable[[int, int], None]
 
@@ -65,7 +66,9 @@ def spaces_from_metadata(meta: Mapping[str, Any]):
 
 
 class EpisodeWriter:
-    """Creates the store lazily and appends episodes piece by piece."""
+    """Creates the store lazily and appends episodes piece by piece. Used as a context manager: the store
+    is closed (committed) when the block ends, and removed again if the block raises (``outputs.py``), so
+    a failed import leaves nothing that a later run would open as data."""
 
     def __init__(self, path, observation_space, action_space, store_kwargs: Mapping[str, Any],
                  progress: ProgressFn | None = None, total_steps: int | None = None):
@@ -74,6 +77,7 @@ class EpisodeWriter:
         if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
             raise FileExistsError(f"cannot import into {os.fspath(path)!r}: it exists and is not an empty "
                                   "directory (imports always create a new store)")
+        self.path = os.fspath(path)
         self._create = lambda: Store.create(path, observation_space, action_space, **store_kwargs)
         self.store = None
         self.dict_obs = hasattr(observation_space, "spaces") and isinstance(observation_space.spaces, dict)
@@ -108,6 +112,20 @@ class EpisodeWriter:
         store = self.open()  # an empty dataset still makes an (empty) store
         store.close()
         return store
+
+    def __enter__(self) -> "EpisodeWriter":
+        self._guard = new_output(self.path)
+        self._guard.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if exc[0] is None:
+                self.close()
+            elif self.store is not None:
+                self.store.close()  # released before its files go
+        finally:
+            self._guard.__exit__(*exc)
 
 
 def obs_rows(obs, lo: int, hi: int):

@@ -40,6 +40,7 @@ import numpy as np
 
 from mmreplay.datasets import hdf5
 from mmreplay.datasets.episodes import as_space_value, iter_pieces, list_episodes
+from mmreplay.datasets.outputs import new_output
 from mmreplay.datasets.importing import (
     EpisodeWriter,
     check_obs_shape,
@@ -277,19 +278,21 @@ def export_minari(store, out, *, dataset_id: str | None = None, include_partial:
     else:
         notes.append("no env spec given (env_spec= / --env-id): the dataset's recover_environment() will fail; "
                      "give the env id, or for a wrapped env its EnvSpec JSON (env.spec.to_json())")
-    os.makedirs(out)
     raw = {"jpeg_encoding": False} if "jpeg_encoding" in inspect.signature(MinariStorage.new).parameters else {}
-    storage = MinariStorage.new(os.path.join(out, "data"), observation_space=obs_space, action_space=act_space,
-                                env_spec=spec, data_format=data_format, **raw)
-    storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__, **given,
-                             "mmreplay": json.dumps({**meta, "compression": compression})})
-    pieces = iter_pieces(store, listing.episodes, block_rows, progress)
-    if data_format == "hdf5":
-        steps = _write_hdf5_episodes(storage, pieces, listing, store.schema.dict_obs, compression)
-    else:
-        steps = _write_arrow_episodes(storage, pieces, store.schema.dict_obs, block_rows)
-    storage.update_metadata({"total_episodes": len(listing.episodes), "total_steps": steps,
-                             "dataset_size": storage.get_size()})
+    with new_output(out):
+        os.makedirs(out)
+        # absolute: Minari's get_size joins a relative data path onto itself (OUT/data/OUT/data/...)
+        storage = MinariStorage.new(os.path.join(os.path.abspath(out), "data"), observation_space=obs_space,
+                                    action_space=act_space, env_spec=spec, data_format=data_format, **raw)
+        storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__, **given,
+                                 "mmreplay": json.dumps({**meta, "compression": compression})})
+        pieces = iter_pieces(store, listing.episodes, block_rows, progress)
+        if data_format == "hdf5":
+            steps = _write_hdf5_episodes(storage, pieces, listing, store.schema.dict_obs, compression)
+        else:
+            steps = _write_arrow_episodes(storage, pieces, store.schema.dict_obs, block_rows)
+        storage.update_metadata({"total_episodes": len(listing.episodes), "total_steps": steps,
+                                 "dataset_size": storage.get_size()})
     return {"format": "minari", "path": out, "dataset_id": dataset_id, "data_format": data_format,
             "compression": compression, "episodes": len(listing.episodes), "steps": listing.steps,
             "bytes": _dir_bytes(out), "env_spec": None if spec is None else spec.id, "notes": notes}
@@ -409,8 +412,7 @@ def import_minari(src, path, *, progress=None, **store_kwargs) -> dict[str, Any]
                          "them as recorded data; collect again with DataCollector(env, jpeg_encoding=False) "
                          "(Minari >= 0.5.4) for a lossless dataset")
     opts = store_options(parse_metadata(meta.get("mmreplay")), store_kwargs)
-    writer = EpisodeWriter(path, obs_space, act_space, opts, progress, dataset.total_steps)
-    try:
+    with EpisodeWriter(path, obs_space, act_space, opts, progress, dataset.total_steps) as writer:
         for ep in dataset.iterate_episodes():
             n = len(ep.rewards)
             check_obs_shape(ep.observations, obs_space, f"episode {ep.id} observations", n + 1)
@@ -419,6 +421,4 @@ def import_minari(src, path, *, progress=None, **store_kwargs) -> dict[str, Any]
             nx = {k: v[1:] for k, v in obs.items()} if isinstance(obs, dict) else obs[1:]
             writer.write(o, np.asarray(ep.actions), np.asarray(ep.rewards), nx, np.asarray(ep.terminations, bool),
                          np.asarray(ep.truncations, bool), end=True)
-    finally:
-        store = writer.close()
-    return {"format": "minari", "path": store.path, "episodes": writer.episodes, "steps": writer.steps}
+    return {"format": "minari", "path": writer.store.path, "episodes": writer.episodes, "steps": writer.steps}
