@@ -165,3 +165,43 @@ def test_settings_are_checked_and_resolved_from_keywords():
         Settings(durable="yes")
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['cache'\]"):
         Settings.resolve(None, {"cache": 1})
+
+
+def test_a_grown_unbounded_ring_is_durable_before_the_commit_that_names_it(tmp_path, monkeypatch):
+    """The zarr.json an unbounded ring grows is fsynced (file and directory) before the commit record that
+    covers the new rows is written: after a power loss the record never names rows the arrays lack."""
+    import gymnasium as gym
+    import numpy as np
+
+    import mmreplay
+    from mmreplay.storage import files
+
+    events = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+    real_write = files.atomic_write
+
+    def atomic_write(path, data, *, fsync=False):
+        events.append(("write", path))
+        return real_write(path, data, fsync=fsync)
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    monkeypatch.setattr("mmreplay.storage.commit.atomic_write", atomic_write)
+    store = mmreplay.Store.create(tmp_path / "s", gym.spaces.Box(0, 255, (4, 4), np.uint8), gym.spaces.Discrete(2),
+                                  capacity=None)
+    with store:
+        frame = np.zeros((4, 4), np.uint8)
+        for i in range(5000):
+            store.add(frame, 0, 0.0, frame, False, False)
+        events.clear()
+        for i in range(60_000):  # past the first ring size: the arrays grow
+            store.add(frame, 0, 0.0, frame, False, False)
+        store.flush()
+    grown = [i for i, (kind, p) in enumerate(events) if kind == "fsync" and "zarr.json.tmp" in p
+             and os.sep + "commit" + os.sep not in p]
+    dirs_synced = [i for i, (kind, p) in enumerate(events) if kind == "fsync" and os.path.isdir(p)]
+    commits = [i for i, (kind, p) in enumerate(events) if kind == "write" and p.endswith(os.path.join("commit", "zarr.json"))]
+    assert grown and commits, events[:20]
+    assert grown[0] < commits[-1] and any(grown[0] < d < commits[-1] for d in dirs_synced)

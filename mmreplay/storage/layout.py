@@ -21,7 +21,7 @@ import numpy as np
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.errors import FormatError
 from mmreplay.storage.codecs import zarr_compressor
-from mmreplay.storage.files import atomic_write
+from mmreplay.storage.files import atomic_write, fsync_dir
 
 FRAMES_GROUP = "frames"
 TRANSITIONS_GROUP = "transitions"
@@ -200,4 +200,6 @@ def resize_arrays(root: str, layouts, rows: int) -> None:
         new_len = rows * bits // 8 if bits else rows
         if new_len > shape[0]:
             meta["shape"] = [new_len, *shape[1:]]
-            atomic_write(path, json.dumps(meta, indent=2).encode())
+            # durable before any commit names the grown ring (growth doubles: rare, so always fsynced)
+            atomic_write(path, json.dumps(meta, indent=2).encode(), fsync=True)
+            fsync_dir(os.path.dirname(path))
