@@ -191,6 +191,40 @@ def test_a_reader_never_mixes_the_histories_before_and_after_a_rollback(make_sto
         reader.close()
 
 
+def test_a_rollback_while_a_reader_loads_a_commit_leaves_it_holding_nothing_until_it_reloads(make_store,
+                                                                                              store_path):
+    store = make_store(capacity=200, frame_stack=K)
+    rows = steps(400)
+    add_all(store, ReferenceReplay(K, 200), rows[:380])
+    store.flush()
+    reader = mmreplay.Store.open(store_path, mode="r")
+    add_all(store, ReferenceReplay(K, 200), rows[380:])
+    store.flush()  # the commit the reader will load
+    ref = reference_of(rows[:350])
+    ref.episodes.clear()
+    replaced = [(s, frame(90 + i), 2, 1.0, frame(91 + i), False, False) for i, (s, *_) in enumerate(rows[350:])]
+    state = reader._state
+    load_files = state._restore
+
+    def rolled_back_meanwhile(record):  # the writer rolls back and rewrites while the reader reads files
+        load_files(record)
+        state._restore = load_files
+        store.rollback(350)
+        add_all(store, ref, replaced)
+        store.flush()
+
+    state._restore = rolled_back_meanwhile
+    try:
+        assert reader.refresh()
+        oldest, head = reader.valid_range()
+        assert oldest == head  # what it loaded may mix two histories: it holds nothing
+        ids = list(range(360, 400))
+        assert_batch_matches(reader.get(ids), ref, ids)  # the next read loads the new history
+        check_all(reader, ref)
+    finally:
+        reader.close()
+
+
 sb3 = pytest.importorskip("stable_baselines3")
 
 
