@@ -123,6 +123,29 @@ def test_rollback_refuses_values_it_cannot_reach_naming_the_range(make_store, st
             reader.rollback(590)
 
 
+def test_priorities_of_kept_transitions_survive_a_rollback_and_a_reopen(make_store, store_path):
+    store = make_store(capacity=200, frame_stack=K)
+    add_all(store, ReferenceReplay(K, 200), steps(400))
+    smp = store.sampler(16, prioritized=True, seed=0)
+    batch = next(smp)
+    ids = np.unique(batch.indices.numpy())
+    values = np.arange(1, ids.size + 1, dtype=np.float32)
+    smp.update_priorities(ids, values)
+    smp.close()
+    cut = int(ids.max())  # drops the newest updated id and everything after it
+    store.rollback(cut)
+    kept = ids < cut
+    np.testing.assert_allclose(store.priorities().of(ids[kept]), values[kept])
+    smp = store.sampler(16, prioritized=True, seed=1)
+    assert int(next(smp).indices.max()) < cut
+    smp.close()
+    store.close()
+    with mmreplay.Store.open(store_path) as again:
+        np.testing.assert_allclose(again.priorities().of(ids[kept]), values[kept])
+        batch = next(again.sampler(64, prioritized=True, seed=2))
+        assert int(batch.indices.max()) < cut
+
+
 CRASH = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {tests!r})
