@@ -12,6 +12,10 @@ Invariants (all under the store's lock):
   sampled from a half-loaded state); rows read are trusted only if they lie above the ``oldest`` of
   every record seen after the read (``still_valid``): the writer commits a larger ``oldest`` before
   it replaces the files of what it gives up.
+- ``rollback_record`` only lowers ``head`` (one atomic record: the old state or the new one); frame ids
+  are never reused (``frame_head`` stays), so no cached frame ever changes. Rows past the new head will
+  be rewritten: the record's ``rollbacks`` count grows, and a reader that sees a count other than the one
+  it loaded trusts nothing it read (``CommitWatcher``) and loads again (``refresh``).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class StoreState:
         self.streams = Streams(self.schema.observations)
         self._decode_reward = ColumnEncoder(self.schema.reward).decode  # n-step returns sum stored rewards
         self.app_meta: dict = dict(rec.get("app", {}))  # the application's metadata, committed with the rest
+        self.rollbacks = rec.get("rollbacks", 0)  # rollbacks ever committed (see the module invariants)
         self.samplers = SamplerStates(rec.get("samplers", {}))
         self.priorities = PrioritySets(path, self.ring, self.frames, self.schema.frame_stack, rec.get("priorities", {}),
                                        writable=writable)
@@ -146,7 +151,8 @@ class StoreState:
                 "transition_rows": self.ring.rows, "frame_rows": self.frames.rows,
                 "max_prev_delta": self.ring.max_prev_delta, "streams": self.streams.to_json(),
                 "samplers": self.samplers.state(), "priorities": dict(self.priorities.entries),
-                **({"app": self.app_meta} if self.app_meta else {})}
+                **({"app": self.app_meta} if self.app_meta else {}),
+                **({"rollbacks": self.rollbacks} if self.rollbacks else {})}
 
     def changed(self) -> bool:
         """Is there anything besides new transitions that the last commit lacks?"""
@@ -171,6 +177,33 @@ class StoreState:
     def _before_overwrite(self) -> None:
         self.log.give_up_below(self.ring.oldest, self.frames.oldest, self._take_written)
 
+    def rollback_record(self, num_added: int) -> dict:
+        """The commit record of this state without the transitions added after the first ``num_added``
+        (a committed state: the caller flushed). Nothing is stored again: ``head`` goes back, every
+        stream's episode ends (its next add starts a new one), priority sets forget what they saw past
+        the new head, frames stay where they are (the dropped ones are never referenced again)."""
+        record = dict(self.log.record)
+        record.pop("sequence", None)
+        record.update(head=num_added, streams=[], rollbacks=self.rollbacks + 1,
+                      priorities={name: {**entry, "head": min(entry["head"], num_added)}
+                                  for name, entry in self.priorities.entries.items()})
+        return record
+
+    def check_rollback(self, num_added) -> int:
+        """``num_added`` as an int if it lies in ``[oldest, head]`` (what the ring still holds), else an
+        error naming it and that range."""
+        if not isinstance(num_added, (int, np.integer)) or isinstance(num_added, (bool, np.bool_)):
+            raise TypeError(f"rollback(num_added={num_added!r}): expected an integer count of transitions")
+        ring, n = self.ring, int(num_added)
+        if n > ring.head:
+            raise ValueError(f"rollback(num_added={n}): the store holds only {ring.head} transitions ever added; "
+                             f"a rollback can only drop transitions, to a count in [{ring.oldest}, {ring.head}]")
+        if n < ring.oldest:
+            raise ValueError(f"rollback(num_added={n}): transitions below {ring.oldest} were already overwritten "
+                             f"(the ring holds [{ring.oldest}, {ring.head})); num_added must lie in "
+                             f"[{ring.oldest}, {ring.head}]")
+        return n
+
     # -- readers ----------------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Load the writer's newest commit if it is newer than the loaded one (True) or an earlier load
@@ -194,22 +227,29 @@ class StoreState:
         self._restore(record)
         self.log.record = record
         self.app_meta = dict(record.get("app", {}))
+        self.rollbacks = record.get("rollbacks", 0)
         # sets and samplers made from now on start from this commit (live ones keep their own state)
         self.priorities.reload(self.ring, record.get("priorities", {}))
         self.samplers.reload(record.get("samplers", {}))
-        self._bound_by_newest_commit()
+        whole = self._bound_by_newest_commit()
         self._check_frame_links(record)
-        self.needs_reload = False
+        self.needs_reload = not whole
         return True
 
-    def _bound_by_newest_commit(self) -> None:
+    def _bound_by_newest_commit(self) -> bool:
         """Right after loading a commit's files: a later commit may have replaced some of them meanwhile.
-        Narrow the valid range to the newest record, read after loading."""
+        Narrow the valid range to the newest record, read after loading. If the store was rolled back
+        meanwhile, rows of two histories may have been read: hold nothing until the next load (False)."""
         record = self.watcher.newest()
         ring, frames = self.ring, self.frames
+        if record.get("rollbacks", 0) != self.rollbacks:
+            ring.oldest = ring.head
+            self.needs_reload = True
+            return False
         ring.oldest = min(max(ring.oldest, record["oldest"]), ring.head)
         frames.oldest = min(max(frames.oldest, record["frame_oldest"]), frames.head)
         ring.advance_past_frames(frames.oldest)
+        return True
 
     def still_valid(self, g: np.ndarray, obs_ids: np.ndarray, next_ids: np.ndarray) -> bool:
         """Readers: were transitions ``g`` and frames ``obs_ids``/``next_ids``, just read, still the

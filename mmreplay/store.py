@@ -136,10 +136,13 @@ class Store:
         if mode == "a":
             forking.close_at_exit(self)
         self._rng = np.random.default_rng()
-        st = self._state
-        self._writer = Writer(path, self.schema, st.ring, st.frames, st.reader, st.streams, self._lock,
-                              commit_every=settings.commit_every, commit_seconds=settings.commit_seconds,
-                              flush=self.flush, check_open=self._check_open) if mode == "a" else None
+        self._writer = self._new_writer() if mode == "a" else None
+
+    def _new_writer(self) -> Writer:
+        st, settings = self._state, self.settings
+        return Writer(self.path, self.schema, st.ring, st.frames, st.reader, st.streams, self._lock,
+                      commit_every=settings.commit_every, commit_seconds=settings.commit_seconds,
+                      flush=self.flush, check_open=self._check_open)
 
     # -- writing ----------------------------------------------------------------------------------
     def add(self, obs, action, reward, next_obs, terminated, truncated, *, stream: int = 0,
@@ -178,6 +181,49 @@ class Store:
     def _drain(self) -> None:
         if self._writer is not None:
             self._writer.drain()
+
+    def rollback(self, num_added: int) -> int:
+        """Drop every transition added after the first ``num_added`` (e.g. back to a training checkpoint's
+        step count after a crash); returns how many were dropped. ``num_added`` must lie in
+        ``[valid_range()[0], num_added]``: transitions already overwritten cannot come back.
+
+        Crash-safe: what was added is committed first, then one atomic commit record holds the rolled-back
+        state, so a crash leaves the state before or after, never a mix. Every stream's episode ends
+        there: each stream's next add starts a new one. Priority sets keep the priorities of the
+        transitions kept; committed sampler RNG states and ``app_meta`` are kept. Readers of the store
+        notice at their next batch or ``refresh()`` and reload. Open samplers must be closed first."""
+        with self._lock:
+            self._check_open()
+            writer = self._writer or self._refuse_write()
+            writer.drain()
+            n = self._state.check_rollback(num_added)
+            open_samplers = sorted(name for name, smp in self._state.samplers.live.items() if not smp.closed)
+            if open_samplers:
+                raise RuntimeError(f"rollback: close the open sampler(s) {open_samplers} first (they hold "
+                                   "positions and priorities of the transitions being dropped)")
+            self.flush()  # the state before is committed whole: a crash from here on leaves it or the new one
+            dropped = self._state.ring.head - n
+            if dropped == 0:
+                return 0
+            with writer.failing_writes():
+                self._state.log.commit(self._state.rollback_record(n), [])
+            self._reload_committed()
+            return dropped
+
+    def _reload_committed(self) -> None:
+        """Rebuild the state in RAM from the commit record on disk, exactly as ``open`` would."""
+        record = read_commit(self.path)
+        check_record(record, self._meta, self.path)
+        self._state.samplers.close_all()
+        self._state.close()
+        try:
+            self._state = StoreState(self.path, self._meta, self.schema, record, writable=True,
+                                     settings=self.settings)
+        except BaseException:  # the commit is on disk; reopening the store continues from it
+            self._closed = True
+            self._writer.closed = True
+            raise
+        self._writer = self._new_writer()
 
     # -- readers of a store that another process writes -----------------------------------------
     def refresh(self) -> bool:

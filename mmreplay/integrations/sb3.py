@@ -20,6 +20,10 @@ Invariants:
   the model's ``replay_buffer_kwargs``, so ``model.save`` records it and ``DQN.load`` from any directory
   reopens the same store. A model that has trained (``num_timesteps > 0``) whose store is missing is an
   error naming the path, never a new empty buffer (unless ``create_if_missing=True``).
+- A model's ``num_timesteps`` counts the transitions its buffer was given (every row of every ``add``). A
+  checkpoint's model loaded onto a store that is ahead of it (the run went on, or crashed, after the
+  checkpoint) rolls the store back to ``num_timesteps`` with ``rollback_to_checkpoint=True``; by default
+  it only warns (loading an older checkpoint, say to evaluate it, must not delete what the store holds).
 - One open ``Store`` per directory in this process: every buffer made for the same ``path`` (``DQN.load``,
   ``load_replay_buffer``, a copy) adopts it instead of reopening it (a second writer would hit the store's
   writer lock). The store is committed when a buffer is saved (``save_replay_buffer``, pickling), when
@@ -35,6 +39,7 @@ import math
 import os
 import shutil
 import sys
+import warnings
 import weakref
 from dataclasses import fields
 from typing import Any
@@ -118,7 +123,10 @@ class MMReplayBuffer(ReplayBuffer):
     the stacked axis's length / ``k`` unless ambiguous; 3 for RGB), stacked on the first or last axis
     (``channels_order``, inferred unless both fit). ``create_if_missing``: None creates a missing store
     unless the buffer is made for a model that has already trained (``DQN.load``: the store must exist);
-    True always creates, False never. Other keyword arguments go to ``Store.create``
+    True always creates, False never. ``rollback_to_checkpoint``: when ``DQN.load`` makes this buffer for
+    a model of ``num_timesteps`` steps and the store holds more transitions (added after that checkpoint),
+    drop them (``Store.rollback``) so that the resumed run's store matches the checkpoint exactly; False
+    (the default) warns instead and keeps them. Other keyword arguments go to ``Store.create``
     (``reward_values``, ``frame_codec``, ``commit_every``, ...).
 
     What users must know: the buffer lives on disk and survives the process (pickling the buffer, as SB3's
@@ -131,7 +139,7 @@ class MMReplayBuffer(ReplayBuffer):
                  handle_timeout_termination: bool = True, *, path: str | os.PathLike, frame_stack: int = 1,
                  channels: int | None = None, channels_order: str | None = None, n_steps: int = 1,
                  gamma: float = 0.99, reward_values=None, cache_bytes: int | None = None,
-                 create_if_missing: bool | None = None, **store_kwargs: Any):
+                 create_if_missing: bool | None = None, rollback_to_checkpoint: bool = False, **store_kwargs: Any):
         her = sorted(set(store_kwargs) & set(HER_KWARGS))
         if her:
             raise NotImplementedError(
@@ -169,6 +177,8 @@ class MMReplayBuffer(ReplayBuffer):
         self._shared.buffers.add(self)
         self._sampler = None
         self._enough_for = 0  # the largest batch size the store is known to hold (it only grows)
+        if model is not None and model.num_timesteps > 0:  # DQN.load: the store may be ahead of the checkpoint
+            match_checkpoint(self, model.num_timesteps, bool(rollback_to_checkpoint))
 
     @property
     def store(self) -> Store:
@@ -454,9 +464,11 @@ def save_replay_buffer(model, path: str | os.PathLike) -> str:
     return path
 
 
-def load_replay_buffer(model, path: str | os.PathLike) -> MMReplayBuffer:
+def load_replay_buffer(model, path: str | os.PathLike, *, rollback_to_checkpoint: bool = False) -> MMReplayBuffer:
     """Like ``model.load_replay_buffer(path)`` for a file written by ``save_replay_buffer``: the model's
-    buffer becomes the store it names (adopted if this process has it open, else opened)."""
+    buffer becomes the store it names (adopted if this process has it open, else opened). A store ahead
+    of the model's ``num_timesteps`` is rolled back to it with ``rollback_to_checkpoint=True``, else a
+    warning says by how much."""
     path = os.fspath(path)
     if not os.path.exists(path) and os.path.exists(path + ".json"):
         path += ".json"
@@ -464,7 +476,51 @@ def load_replay_buffer(model, path: str | os.PathLike) -> MMReplayBuffer:
         buffer = _buffer_from_json(f.read())
     buffer.device = model.device
     model.replay_buffer = buffer
+    if model.num_timesteps > 0:
+        match_checkpoint(buffer, model.num_timesteps, rollback_to_checkpoint)
     return buffer
+
+
+def rollback_to_checkpoint(model) -> int:
+    """Roll the store of ``model.replay_buffer`` back to ``model.num_timesteps`` transitions (after
+    ``DQN.load`` of a checkpoint older than the store); returns how many were dropped."""
+    buffer = model.replay_buffer
+    if not isinstance(buffer, MMReplayBuffer):
+        raise TypeError(f"model.replay_buffer is a {type(buffer).__name__}, not an MMReplayBuffer")
+    return match_checkpoint(buffer, model.num_timesteps, True)
+
+
+def match_checkpoint(buffer: MMReplayBuffer, num_timesteps: int, roll_back: bool) -> int:
+    """Compare the store with a model of ``num_timesteps`` steps (each step added one transition per
+    sub-env): roll a store that is ahead back to it (``roll_back``) or warn; warn when it is behind (the
+    steps after its last commit were lost). Returns the transitions dropped."""
+    store, steps = buffer.store, int(num_timesteps)
+    held = store.num_added
+    if held > steps and roll_back:
+        for other in [buffer, *buffer._shared.buffers]:  # their samplers hold positions being dropped
+            if other._sampler is not None:
+                other._sampler.close()
+                other._sampler = None
+            other._enough_for = 0
+        try:
+            dropped = store.rollback(steps)
+        except ValueError as exc:
+            raise ValueError(f"store {buffer.path!r} cannot go back to the checkpoint's num_timesteps={steps}: "
+                             f"{exc}") from None
+        buffer._shared.tails.clear()  # every stream starts a new episode (Store.rollback)
+        return dropped
+    if held > steps:
+        warnings.warn(f"mmreplay: store {buffer.path!r} holds {held} transitions ever added, {held - steps} more "
+                      f"than the model's num_timesteps={steps} (added after this checkpoint); training on "
+                      "collects those steps again. To resume exactly from the checkpoint pass "
+                      "rollback_to_checkpoint=True in replay_buffer_kwargs (or to load_replay_buffer), or call "
+                      "mmreplay.integrations.sb3.rollback_to_checkpoint(model)", RuntimeWarning, stacklevel=3)
+    elif held < steps:
+        warnings.warn(f"mmreplay: store {buffer.path!r} holds {held} transitions ever added, {steps - held} fewer "
+                      f"than the model's num_timesteps={steps}: the steps after its last commit were lost "
+                      "(a crash before the checkpoint's replay buffer was saved?); training continues without them",
+                      RuntimeWarning, stacklevel=3)
+    return 0
 
 
 # -- helpers ---------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ The protocol: ``CommitLog`` (the writer) fsyncs every data file written since th
 replaces the record; before a shard file of the previous lap is overwritten it first commits a record
 that gives that shard up. ``CommitWatcher`` (a reader) bounds what it read by the ``oldest`` of every
 record seen after the read: the writer commits a larger ``oldest`` before it replaces the files below it.
+A rollback (``rollbacks``, the count of rollbacks ever committed, grows) lowers ``head``, and the rows past
+it are rewritten: a reader trusts nothing read before it saw a record of another count.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ MAX_APP_META_BYTES = 1 << 20  # the record is re-read after every reader batch: 
 SHARD_IDS_KEY = "shard_ids"
 MAX_SHARDS = 1 << 24
 
+NOTHING_VALID = 1 << 62  # a reader's floor after a rollback: no row read before it is trusted
 COMMIT_INT_FIELDS = ("sequence", "head", "oldest", "frame_head", "frame_oldest", "transition_rows", "frame_rows",
                      "max_prev_delta")
 
@@ -159,6 +162,9 @@ def parse_commit(raw: bytes, path: str) -> dict[str, Any]:
             isinstance(s, list) and len(s) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
             for s in streams):
         raise FormatError(f"{path}: 'streams' must be a list of [stream, last_transition, ended] integer triples")
+    rollbacks = record.get("rollbacks", 0)
+    if not isinstance(rollbacks, int) or isinstance(rollbacks, bool) or not 0 <= rollbacks < 1 << 62:
+        raise FormatError(f"{path}: field 'rollbacks' must be a non-negative integer, got {rollbacks!r}")
     if not isinstance(record.get("app", {}), dict):
         raise FormatError(f"{path}: 'app' (the application's metadata) must be a JSON object")
     if not valid_shard_ids(record.get(SHARD_IDS_KEY, {})):
@@ -311,6 +317,7 @@ class CommitWatcher:
         self.path = os.path.join(root, COMMIT_FILE)
         self.seen: bytes | None = None  # the commit file's bytes when last looked at
         self.floor = (0, 0)  # (oldest, frame_oldest) of the newest commit seen since the last ``newest``
+        self.rollbacks = 0  # the rollback count of the record ``newest`` read
         self._held: int | None = None  # fd of the file whose bytes are ``seen``
         self._held_id: tuple[int, int] | None = None  # its (device, inode)
 
@@ -320,6 +327,7 @@ class CommitWatcher:
         record = parse_commit(raw, self.path)
         self.seen = raw
         self.floor = (record["oldest"], record["frame_oldest"])
+        self.rollbacks = record.get("rollbacks", 0)
         return record
 
     def still_valid(self, min_transition: int, min_frame: int) -> bool:
@@ -332,6 +340,8 @@ class CommitWatcher:
                 record = parse_commit(raw, self.path)
                 self.seen = raw
                 self.floor = (max(self.floor[0], record["oldest"]), max(self.floor[1], record["frame_oldest"]))
+                if record.get("rollbacks", 0) != self.rollbacks:  # rows past its head are being rewritten
+                    self.floor = (NOTHING_VALID, NOTHING_VALID)
         return min_transition >= self.floor[0] and min_frame >= self.floor[1]
 
     def _unchanged(self) -> bool:
