@@ -303,6 +303,12 @@ def targets(out: dict) -> list[tuple[str, float | None, float, bool]]:
     return rows
 
 
+def mean_read(r: dict) -> float | None:
+    """Bytes per read syscall at batch 256 (device bytes / syscalls): the store reads whole chunks, not 4 KiB."""
+    b, n = r["b256_device_read_bytes_per_s"], r["b256_syscr_per_s"]
+    return b / n if b is not None and n else None
+
+
 def report(out: dict) -> str:
     if "summary" not in out:
         return f"larger-than-RAM {out.get('workload')} benchmark failed: {out.get('error')}"
@@ -327,7 +333,8 @@ def report(out: dict) -> str:
     dev = s["device"]
     how = "O_DIRECT" if dev["direct"] else "page cache dropped, fadvise DONTNEED"
     lines.append(f"device, random 4 KiB reads/s from the store's shards ({how}): depth 1 {f(dev['qd1_reads_per_s'])}, depth 32 "
-                 f"{f(dev['qd32_reads_per_s'])}; cgroup max usage {f(s['mmreplay']['cgroup_max_usage'], 1e6)} MB; "
+                 f"{f(dev['qd32_reads_per_s'])} ({f((dev['qd32_reads_per_s'] or 0) * 4096, 1e6)} MB/s); the forced child's "
+                 f"reads average {f(mean_read(s['disk']), 1024)} KiB; cgroup max usage {f(s['mmreplay']['cgroup_max_usage'], 1e6)} MB; "
                  f"warm hit rate {s['mmreplay']['warm_hit_rate'] or 0:.3f}; rows checked "
                  f"{s['mmreplay']['verified'] + s['disk']['verified']:,}, wrong {s['mmreplay']['wrong'] + s['disk']['wrong']}")
     lines += ["", "| target | measured | wanted | |", "|---|---|---|---|"]
