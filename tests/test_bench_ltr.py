@@ -54,6 +54,14 @@ def test_disk_counters_wherever_the_store_reports_them():
     assert ltr_big.disk_counters({"disk": {"reads_issued": 5, "bytes": 7}, "obs": {}}) == (5, 7)
 
 
+def test_effective_budget_is_the_larger_of_the_setting_and_the_tiers():
+    class S:
+        cache_bytes = 100
+    stats = {"obs": {"capacity_bytes": 90, "compressed": {"capacity_bytes": 50}}, "act": {"capacity_bytes": 5}}
+    assert ltr_big.effective_budget(S(), stats) == 145
+    assert ltr_big.effective_budget(S(), {"obs": {"capacity_bytes": 10}}) == 100
+
+
 def test_device_reads_count_reads_of_the_files(tmp_path, monkeypatch):
     monkeypatch.setattr(device_reads, "drop_caches", lambda: False)
     files = []

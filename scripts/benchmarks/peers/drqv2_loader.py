@@ -65,6 +65,9 @@ class DrQv2Episodes(IterableDataset):
 def make_loader(capacity: int = 50_000, batch_size: int = 256, num_workers: int = 4, nstep: int = 3,
                 gamma: float = 0.99, with_index: bool = False):
     """An endless iterator of DrQ-v2 batches (obs, action, reward, discount, next_obs[, index]) as tensors."""
+    if capacity // DMC_EPISODE < max(1, num_workers):
+        raise ValueError(f"capacity {capacity} holds fewer {DMC_EPISODE}-step episodes than the {num_workers} "
+                         "workers: every worker needs one at least")
     ds = DrQv2Episodes(capacity, num_workers, nstep, gamma, with_index)
     loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, pin_memory=torch.cuda.is_available(),
                         persistent_workers=num_workers > 0)
