@@ -19,6 +19,9 @@ Workloads
               at a time (mmreplay ``extend`` with 8 streams, peers ``n_envs=8``).
 ``cgroup``    (``--cgroup``) a 1M-transition Atari store on disk, sampled by a child in a memory cgroup
               smaller than the uncompressed buffer, against the same child unconstrained.
+``larger-than-ram`` (``--larger-than-ram [--workload atari1m|atari10m|dmc]``) 1M Atari in 2 GB vs SB3 100k in
+              RAM; 10M Atari in 2 GB vs SB3; 1M DMC RGB in 4 GB vs a DrQ-v2-style loader, each beside the
+              disk's own random-read limit (``modes/larger_than_ram.py``, ``modes/ltr_big.py``).
 
 Method
 ------

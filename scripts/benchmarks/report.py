@@ -45,7 +45,7 @@ def targets_text(targets, md=False) -> str:
     for x in targets:
         v = x["value"]
         vs = "-" if v is None else (f"{v:.2f}x" if x["unit"] == "x" else f"{v:,.0f} {x['unit']}")
-        th = f"{'<=' if 'RSS' in x['target'] else '>='} " + (f"{x['threshold']:.2f}x" if x["unit"] == "x"
+        th = f"{'<=' if x.get('le', 'RSS' in x['target']) else '>='} " + (f"{x['threshold']:.2f}x" if x["unit"] == "x"
                                                              else f"{x['threshold']:,.0f} {x['unit']}")
         rows.append([x["target"], vs, th, {True: "PASS", False: "FAIL", None: "n/a"}[x["pass"]]])
     return (md_table if md else table)(["target", "measured", "needed", "result"], rows)
@@ -58,7 +58,7 @@ def evaluate_targets(results: dict, args) -> list[dict]:
 
     def add(name, value, threshold, unit="x", le=False):
         ok = None if value is None else (value <= threshold if le else value >= threshold)
-        t.append({"target": name, "value": value, "threshold": threshold, "unit": unit, "pass": ok})
+        t.append({"target": name, "value": value, "threshold": threshold, "unit": unit, "pass": ok, "le": le})
 
     for mode in MODES:
         part = results.get(mode.key)

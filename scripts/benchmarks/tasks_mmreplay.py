@@ -42,7 +42,8 @@ def task_mm_fill(spec: dict) -> dict:
         chunks = atari_chunks(AtariSource(), n, E, stacks=False)
     rss0 = cur_rss_bytes()
     t0 = time.perf_counter()
-    s = mmreplay.Store.create(path, obs_space, act_space, capacity=n, frame_stack=stack, reward_values=rv)
+    codec = {"frame_codec": spec["frame_codec"]} if spec.get("frame_codec") else {}  # else the library's default
+    s = mmreplay.Store.create(path, obs_space, act_space, capacity=n, frame_stack=stack, reward_values=rv, **codec)
     t_add = time.perf_counter() - t0
     added = 0
     last_log = time.perf_counter()

@@ -1,7 +1,9 @@
 """Larger than RAM: a 1M-transition Atari store sampled inside a 2 GB memory cgroup, against SB3 holding
 100k transitions in RAM and a numpy memmap frame ring in the same cgroup, all in one run.
 
-    python scripts/bench.py --larger-than-ram [--ltr-n 1000000] [--ltr-limit 2e9] [--json out.json]
+    python scripts/bench.py --larger-than-ram [--ltr-n 1000000] [--ltr-limit 2e9] [--frame-codec C] [--json out.json]
+
+This is ``--workload atari1m`` (the default); ``--workload atari10m|dmc`` (issue #21) is ``ltr_big``.
 
 Invariant: every figure comes from a child process; the cgroup is removed whatever happens.
 
@@ -36,6 +38,7 @@ from ..child import child_setup
 from ..measure import dir_bytes, drop_caches, io_read_bytes, log, peak_rss_bytes, rate_windows
 from ..sources import AtariSource
 from ..tasks_peers import task_peer
+from . import ltr_big
 from .base import Mode
 
 STACK = 4
@@ -156,7 +159,8 @@ def task_mmreplay(spec: dict) -> dict:
         res[f"b{B}_per_s"] = float(np.median(rates))
         res[f"b{B}_windows"] = rates
         res[f"b{B}_decoded_frames_per_s"] = (decoded(s) - d0) / (time.perf_counter() - t0)
-    res["codec_frames_per_s_one_core"], res["codec_frames_per_s_all_cores"] = codec_rate(spec["path"])
+    if spec.get("frame_codec") in (None, "lz4", "lz4hc"):  # the codec-alone probe decodes blosc chunks only
+        res["codec_frames_per_s_one_core"], res["codec_frames_per_s_all_cores"] = codec_rate(spec["path"])
     res["cores"] = os.cpu_count()
     res["cache_stats"] = s.cache_stats()
     res.update(verify_batches(s, spec["verify_batches"]))
@@ -265,16 +269,20 @@ def write_memmap_ring(workdir: str, n: int) -> dict:
 # parent
 # ----------------------------------------------------------------------------------------------
 def run(runner, args) -> dict:
-    n, wd = args.ltr_n, runner.workdir
+    if args.ltr_workload != "atari1m":
+        return ltr_big.run(runner, args)
+    n, wd = args.ltr_n or 1_000_000, runner.workdir
+    codec = args.frame_codec
     base = {"windows": args.windows, "window_s": args.window_s, "warmup_s": max(args.warmup_s, 1.0),
             "cold_s": args.ltr_cold_s, "warm_max_s": 120.0, "verify_batches": args.ltr_verify_batches}
-    out = {"n": n, "limit_bytes": args.ltr_limit}
+    out = {"n": n, "limit_bytes": args.ltr_limit or 2_000_000_000, "frame_codec": codec}
     small = 10_000 if args.quick else 100_000  # SB3's in-RAM buffer and mmreplay's default-budget store
     stores = {}
     for size in (n, small):
-        path = os.path.join(wd, f"store_cgroup_atari_{size}")
+        path = os.path.join(wd, f"store_cgroup_atari_{size}" + (f"_{codec}" if codec and size == n else ""))
         if not (args.reuse_store and os.path.exists(os.path.join(path, "zarr.json"))):
-            fill = runner.child({"task": "mm_fill", "workload": "atari", "n": size, "n_envs": 1, "path": path},
+            fill = runner.child({"task": "mm_fill", "workload": "atari", "n": size, "n_envs": 1, "path": path,
+                                 "frame_codec": codec if size == n else None},
                                 label=f"ltr/mmreplay fill {size:,}", timeout=args.child_timeout)
             if "error" in fill:
                 return {"error": fill["error"]}
@@ -282,7 +290,7 @@ def run(runner, args) -> dict:
     ring = write_memmap_ring(wd, n)
     out["memmap_bytes"] = ring["bytes"]
     out["store_bytes"] = dir_bytes(stores[n])
-    cg = make_memory_cgroup(args.ltr_limit, f"mmreplay_ltr_{os.getpid()}")
+    cg = make_memory_cgroup(out["limit_bytes"], f"mmreplay_ltr_{os.getpid()}")
     runs = {"mmreplay": [], "memmap": [], "sb3": [], "sb3_default_malloc": [], "mm_100k": []}
     try:
         for rnd in range(args.ltr_repeats):
@@ -290,7 +298,8 @@ def run(runner, args) -> dict:
                 runs["sb3" if tune else "sb3_default_malloc"].append(runner.child(
                     {**base, "task": "ltr_sb3", "n": small, "tune_malloc": tune}, timeout=args.child_timeout,
                     label=f"ltr/sb3 {small:,} r{rnd} ({'tuned' if tune else 'default'} malloc)"))
-            runs["mmreplay"].append(runner.child({**base, "task": "ltr_mmreplay", "path": stores[n], "cold": True},
+            runs["mmreplay"].append(runner.child({**base, "task": "ltr_mmreplay", "path": stores[n], "cold": True,
+                                                  "frame_codec": codec},
                                                  cgroup=cg, label=f"ltr/mmreplay {n:,} in cgroup r{rnd}",
                                                  timeout=args.child_timeout))
             runs["mm_100k"].append(runner.child({**base, "task": "ltr_mm_100k", "path": stores[small]},
@@ -386,22 +395,35 @@ class LargerThanRamMode(Mode):
     key = "larger_than_ram"
     exclusive = True
     tasks = {"ltr_mmreplay": task_mmreplay, "ltr_memmap": task_memmap, "ltr_sb3": task_sb3,
-             "ltr_mm_100k": task_mm_100k}
+             "ltr_mm_100k": task_mm_100k, **ltr_big.TASKS}
 
     def add_arguments(self, p) -> None:
         p.add_argument("--larger-than-ram", action="store_true",
                        help="only the larger-than-RAM benchmark: a 1M Atari store in a 2 GB cgroup vs SB3 100k in "
                             "RAM and a numpy memmap frame ring in the same cgroup (issue #11)")
-        p.add_argument("--ltr-n", type=int, default=None, help="transitions of the big store (default 1000000)")
-        p.add_argument("--ltr-limit", type=lambda v: int(float(v)), default=2_000_000_000,
-                       help="the cgroup's memory limit, bytes (default 2e9)")
+        p.add_argument("--workload", dest="ltr_workload", choices=("atari1m", "atari10m", "dmc"), default="atari1m",
+                       help="--larger-than-ram: atari1m (issue #11; default), atari10m (10M Atari in 2 GB vs SB3 "
+                       "100k) or dmc (1M DMC RGB in 4 GB, batch 256 n-step 3, vs a DrQ-v2-style loader); issue #21")
+        p.add_argument("--frame-codec", default=None, help="--larger-than-ram: the big store's frame_codec (default: "
+                       "the library's for atari1m, delta-zstd for atari10m and dmc)")
+        p.add_argument("--ltr-n", type=int, default=None, help="transitions of the big store (default 1000000; "
+                       "atari10m 10000000)")
+        p.add_argument("--ltr-limit", type=lambda v: int(float(v)), default=None,
+                       help="the cgroup's memory limit, bytes (default 2e9; dmc 4e9)")
+        p.add_argument("--ltr-cache-mib", type=int, default=None, help="atari10m/dmc: cache_bytes (MiB) the cgroup "
+                       "child passes, as a user would (default: none passed, the library's default)")
+        p.add_argument("--ltr-disk-cache-mib", type=int, default=256, help="atari10m/dmc: cache_bytes (MiB) of the "
+                       "extra child whose frames are forced not to fit (below the compressed store; 0: no such child)")
+        p.add_argument("--ltr-device-s", type=float, default=5.0, help="seconds of random reads per queue depth")
+        p.add_argument("--ltr-drq-n", type=int, default=50_000, help="dmc: transitions the DrQ-v2 loader holds")
+        p.add_argument("--ltr-warm-max-s", type=float, default=120.0, help="atari10m/dmc: cap on the warm-up")
         p.add_argument("--ltr-cold-s", type=float, default=10.0, help="seconds after open counted as cold")
         p.add_argument("--ltr-repeats", type=int, default=None, help="rounds of the children (default 2; quick 1)")
         p.add_argument("--ltr-verify-batches", type=int, default=40, help="batches of 256 checked against the frames")
         p.add_argument("--ltr-memmap-once", action="store_true", help="run the (slow) memmap ring child once only")
 
     def finish_args(self, a, quick: bool, argv: list[str]) -> None:
-        if a.ltr_n is None:
+        if a.ltr_n is None and a.ltr_workload == "atari1m":
             a.ltr_n = 50_000 if quick else 1_000_000
         if a.ltr_repeats is None:
             a.ltr_repeats = 1 if quick else 2
@@ -413,11 +435,17 @@ class LargerThanRamMode(Mode):
         return run(runner, runner.args)
 
     def report(self, part: dict, results: dict, args) -> list[str]:
+        if part.get("workload") in ("atari10m", "dmc"):
+            return ["\n" + ltr_big.report(part)]
         from mmreplay.settings import DEFAULT_CACHE_BYTES
         return ["\n" + report(part, DEFAULT_CACHE_BYTES)]
 
     def targets(self, part: dict, args, add) -> None:
         if "summary" not in part:
+            return
+        if part.get("workload") in ("atari10m", "dmc"):
+            for name, value, threshold, le in ltr_big.targets(part):
+                add(name, value, threshold, unit="x" if " vs " in name or "smaller" in name else "", le=le)
             return
         from mmreplay.settings import DEFAULT_CACHE_BYTES
         for name, value, threshold, _ in targets(part["summary"], DEFAULT_CACHE_BYTES):

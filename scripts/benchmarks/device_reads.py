@@ -1,0 +1,96 @@
+"""The device's own limit: random 4 KiB reads per second from a store's own shard files, at queue depth 1 and
+32 (threads, each one ``preadv`` in flight), so the store's disk path can be judged against what the disk
+can do.
+
+Invariant: no read is served from the page cache: the files are opened ``O_DIRECT`` where the filesystem
+allows (aligned buffers and offsets), otherwise the page cache is dropped first and every file is
+``posix_fadvise(DONTNEED)``-ed before each depth (then ``"direct": False`` says that repeats may hit).
+"""
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import threading
+import time
+
+import numpy as np
+
+from .measure import drop_caches
+
+BLOCK = 4096
+
+
+def shard_files(store_path: str, column: str = "obs") -> list[str]:
+    files = [f for f in glob.glob(os.path.join(store_path, "frames", column, "c", "**"), recursive=True)
+             if os.path.isfile(f) and os.path.getsize(f) >= BLOCK]
+    if not files:
+        raise FileNotFoundError(f"no shard files of at least {BLOCK} bytes under {store_path!r}/frames/{column}/c")
+    return sorted(files)
+
+
+def _open_all(files: list[str]) -> tuple[list[int], bool]:
+    """File descriptors of ``files`` and whether they bypass the page cache (``O_DIRECT``)."""
+    direct = getattr(os, "O_DIRECT", 0)
+    fds: list[int] = []
+    if direct:
+        try:
+            fds = [os.open(f, os.O_RDONLY | direct) for f in files]
+            os.preadv(fds[0], [mmap.mmap(-1, BLOCK)], 0)  # open() may accept O_DIRECT that reads refuse
+            return fds, True
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+    return [os.open(f, os.O_RDONLY) for f in files], False
+
+
+def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0) -> dict:
+    """Reads/s of ``depth`` threads each reading random aligned 4 KiB blocks for ``seconds``."""
+    fds, direct = _open_all(files)
+    try:
+        if not direct:
+            drop_caches()
+            for fd in fds:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        blocks = np.array([os.fstat(fd).st_size // BLOCK for fd in fds], np.int64)
+        cum = np.cumsum(blocks)
+        counts = [0] * depth
+        stop = threading.Event()
+
+        def reader(k: int) -> None:
+            rng = np.random.default_rng(seed * 1000 + k)
+            buf = mmap.mmap(-1, BLOCK)  # page aligned, as O_DIRECT needs
+            picks = rng.integers(0, int(cum[-1]), 1 << 16)
+            j = 0
+            while not stop.is_set():
+                g = int(picks[j & 0xFFFF])
+                f = int(np.searchsorted(cum, g, side="right"))
+                blk = g - (int(cum[f - 1]) if f else 0)
+                os.preadv(fds[f], [buf], blk * BLOCK)
+                counts[k] += 1
+                j += 1
+
+        threads = [threading.Thread(target=reader, args=(k,), daemon=True) for k in range(depth)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        dt = time.perf_counter() - t0
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return {"depth": depth, "reads": sum(counts), "reads_per_s": sum(counts) / dt, "direct": direct}
+
+
+def task_device_reads(spec: dict) -> dict:
+    """Child task: depth 1 and 32 (``spec["depths"]``) on the store's frame shards, ``spec["seconds"]`` each."""
+    files = shard_files(spec["path"])
+    res = {"files": len(files), "bytes": int(sum(os.path.getsize(f) for f in files))}
+    for depth in spec.get("depths", (1, 32)):
+        r = random_reads(files, depth, spec["seconds"])
+        res[f"qd{depth}_reads_per_s"] = r["reads_per_s"]
+        res["direct"] = r["direct"]
+    return res

@@ -1,0 +1,371 @@
+"""Larger than RAM for real (issue #21): ``--larger-than-ram --workload atari10m|dmc``.
+
+    python scripts/bench.py --larger-than-ram --workload atari10m [--ltr-cache-mib 1335] [--json out.json]
+    python scripts/bench.py --larger-than-ram --workload dmc [--ltr-cache-mib M] [--json out.json]
+
+``atari10m``  10M real Atari transitions (the 100k pool tiled, one stream, frame stack 4; ``ltr_data``) in a
+              2 GB memory cgroup, against SB3 holding 100k of them in RAM (the faster of its two allocator
+              settings): cold batch-32 over the first ``--ltr-cold-s`` after open, warm batch 32 and 256.
+``dmc``       1M transitions of real DMC frames (3x84x84 RGB, frame stack 3, episodes of 500 steps) in a
+              4 GB cgroup, batch 256 with n-step 3 (gamma 0.99), against a DrQ-v2-style loader
+              (``peers/drqv2_loader``: 4 DataLoader workers holding 50k stacked transitions in RAM),
+              unconstrained.
+
+Both also run: the same mmreplay child with the frames forced not to fit (``--ltr-disk-cache-mib``, below the
+compressed store), whose reads issued per second are set against the device's own random 4 KiB reads/s at
+queue depth 1 and 32 from the store's shard files (``device_reads``, ``O_DIRECT``).
+
+Invariant: every figure comes from a fresh child; the page cache is dropped before each cgroup child; every
+row the verification draws (40 batches of 256 by default, from each mmreplay child, disk path included) is
+checked against the real frames, rebuilt from the pools (``ltr_data``); the cgroup is removed whatever
+happens. The stores are built once (``ltr_data.build``, or here when missing) and reused while they carry
+their build record.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ..cgroup import make_memory_cgroup, read_cgroup_stats, remove_cgroup
+from ..child import child_setup
+from ..device_reads import task_device_reads
+from ..ltr_data import DmcSource, build, built, store_path
+from ..measure import drop_caches, log, peak_rss_bytes, rate_windows
+from ..runner import MiB
+
+LIMITS = {"atari10m": 2_000_000_000, "dmc": 4_000_000_000}
+N_STEP = {"atari10m": 1, "dmc": 3}
+GAMMA = 0.99
+DMC_RAW_FRAME = 3 * 84 * 84
+
+
+# ----------------------------------------------------------------------------------------------
+# what a child reads of the store and the process
+# ----------------------------------------------------------------------------------------------
+def disk_counters(stats: dict) -> tuple[int | None, int | None]:
+    """(reads issued, bytes read) summed over every ``"disk"`` entry of ``store.cache_stats()``, wherever the
+    disk path puts it (top level or per column); (None, None) before the disk path reports them."""
+    reads, nbytes, found = 0, 0, False
+
+    def walk(d):
+        nonlocal reads, nbytes, found
+        for k, v in d.items():
+            if not isinstance(v, dict):
+                continue
+            if k == "disk":
+                found = True
+                reads += int(next((v[x] for x in ("reads", "reads_issued", "issued") if x in v), 0))
+                nbytes += int(next((v[x] for x in ("bytes_read", "read_bytes", "bytes") if x in v), 0))
+            else:
+                walk(v)
+    walk(stats)
+    return (reads, nbytes) if found else (None, None)
+
+
+def proc_io() -> dict:
+    """This process's read syscalls and block-device bytes (all threads), from ``/proc/self/io``."""
+    try:
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, v in (line.split(": ") for line in f)}
+    except (OSError, ValueError):
+        return {}
+
+
+class DiskMeter:
+    """Reads/s over an interval: the store's own count (``cache_stats()``'s disk entry) and the kernel's
+    (read syscalls, bytes from the device)."""
+
+    def __init__(self, store):
+        self.store, self.t0 = store, time.perf_counter()
+        self.st0, self.io0 = disk_counters(store.cache_stats()), proc_io()
+
+    def result(self) -> dict:
+        dt = time.perf_counter() - self.t0
+        st1, io1 = disk_counters(self.store.cache_stats()), proc_io()
+        per_s = lambda a, b: None if a is None or b is None else (b - a) / dt  # noqa: E731
+        return {"store_reads_per_s": per_s(self.st0[0], st1[0]), "store_read_bytes_per_s": per_s(self.st0[1], st1[1]),
+                "syscr_per_s": per_s(self.io0.get("syscr"), io1.get("syscr")),
+                "device_read_bytes_per_s": per_s(self.io0.get("read_bytes"), io1.get("read_bytes"))}
+
+
+def effective_budget(settings, stats: dict) -> int | None:
+    """The frame budget the store works to: ``Settings.cache_bytes``, or what its tiers were sized to when
+    that is more (a default that follows the cgroup's limit may be resolved when the store opens)."""
+    tiers = 0
+
+    def walk(d):
+        nonlocal tiers
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v)
+            elif k == "capacity_bytes" and isinstance(v, (int, float)):
+                tiers += int(v)
+    walk(stats)
+    given = getattr(settings, "cache_bytes", None)
+    return max(given or 0, tiers) or None
+
+
+def verify_dmc(store, n_batches: int, batch: int = 256) -> dict:
+    """n-step batches (obs and next-obs stacks, discounted reward sums, discounts) against the real frames."""
+    src, wrong, checked = DmcSource(), 0, 0
+    smp = store.sampler(batch, seed=777, name="verify", n_step=N_STEP["dmc"], gamma=GAMMA)
+    for _ in range(n_batches):
+        b = next(smp)
+        g = b.indices.numpy()
+        obs, nxt, ret, disc = src.nstep(g, N_STEP["dmc"], GAMMA)
+        ok = np.all((b.obs.numpy() == obs).reshape(len(g), -1), axis=1) & \
+            np.all((b.next_obs.numpy() == nxt).reshape(len(g), -1), axis=1) & \
+            np.isclose(b.reward.numpy(), ret, rtol=1e-5, atol=1e-5) & np.isclose(b.discount.numpy(), disc)
+        wrong += int((~ok).sum())
+        checked += len(g)
+    smp.close()
+    return {"verified": checked, "wrong": wrong}
+
+
+# ----------------------------------------------------------------------------------------------
+# children
+# ----------------------------------------------------------------------------------------------
+def task_mmreplay(spec: dict) -> dict:
+    """Open the store fresh (page cache dropped), cold rate per second, warm windows of batch 32 and 256 with
+    the workload's n-step, reads issued, every verified row checked."""
+    child_setup(tune=False)  # glibc's defaults, as users run
+    import mmreplay
+    from .larger_than_ram import per_second, verify_batches, warm_up  # (that module imports this one)
+    wl, n_step = spec["workload"], N_STEP[spec["workload"]]
+    res = {"page_cache_dropped": drop_caches()}
+    session = {"cache_bytes": spec["cache_bytes"]} if spec.get("cache_bytes") else {}
+    t0 = time.perf_counter()
+    s = mmreplay.Store.open(spec["path"], mode="r", **session)
+    res["open_s"] = time.perf_counter() - t0
+    res["stored"] = len(s)
+    opts = {"n_step": n_step, "gamma": GAMMA} if n_step > 1 else {}
+    smps = {B: s.sampler(B, seed=B, name=f"b{B}", **opts) for B in (32, 256)}
+    cold_b = 32 if wl == "atari10m" else 256
+    if spec.get("cold_s"):
+        meter = DiskMeter(s)
+        res[f"cold_b{cold_b}_per_second"] = per_second(smps[cold_b].__next__, spec["cold_s"])
+        res[f"cold_b{cold_b}_per_s"] = float(np.mean(res[f"cold_b{cold_b}_per_second"]))
+        res["cold_disk"] = meter.result()
+    t_end = time.perf_counter() + spec["warm_max_s"]
+    while s.cache_stats()["obs"].get("compressed", {}).get("loading") and time.perf_counter() < t_end:
+        next(smps[cold_b])
+    res["warm_hit_rate"] = warm_up(s, smps[cold_b], spec["window_s"], spec["warm_max_s"])
+    for B, smp in smps.items():
+        meter = DiskMeter(s)
+        rates = rate_windows(smp.__next__, spec["windows"], spec["window_s"], 0.5)
+        res[f"b{B}_per_s"], res[f"b{B}_windows"] = float(np.median(rates)), rates
+        res[f"b{B}_disk"] = meter.result()
+    for smp in smps.values():
+        smp.close()
+    res["cache_stats"] = s.cache_stats()
+    res["budget"] = effective_budget(s.settings, res["cache_stats"])
+    res.update(verify_batches(s, spec["verify_batches"]) if wl == "atari10m" else
+               verify_dmc(s, spec["verify_batches"]))
+    res["peak_rss"] = peak_rss_bytes()
+    if spec.get("cgroup_dir"):
+        res["cgroup"] = read_cgroup_stats(spec["cgroup_dir"])
+    s.close()
+    return res
+
+
+def task_drqv2(spec: dict) -> dict:
+    """The DrQ-v2-style loader (4 workers, 50k transitions in RAM): batch-256 n-step-3 windows."""
+    child_setup(tune=False)
+    from ..peers.drqv2_loader import make_loader
+    t0 = time.perf_counter()
+    it = make_loader(spec["n"], 256, spec["workers"], N_STEP["dmc"], GAMMA)
+    next(it)  # the workers have loaded their episodes
+    res = {"load_s": time.perf_counter() - t0}
+    rates = rate_windows(it.__next__, spec["windows"], spec["window_s"], max(spec["warmup_s"], 2.0))
+    res["b256_per_s"], res["b256_windows"] = float(np.median(rates)), rates
+    res["peak_rss"] = peak_rss_bytes()  # the parent's; the workers hold the episodes
+    res["workers_rss"] = children_rss()
+    return res
+
+
+def children_rss() -> int:
+    """Summed RSS of this process's children (the loader's workers)."""
+    total = 0
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            pids = f.read().split()
+    except OSError:
+        return 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            pass
+    return total
+
+
+# ----------------------------------------------------------------------------------------------
+# parent
+# ----------------------------------------------------------------------------------------------
+def ensure_store(runner, wl: str, codec: str, n: int) -> tuple[str, dict] | tuple[None, dict]:
+    path = store_path(runner.workdir, wl, codec, n)
+    rec = built(path)
+    if rec is None:
+        log(f"[ltr] building {path} (no build record there)")
+        rec = runner.child({"task": "ltrb_build", "workload": wl, "path": path, "n": n, "codec": codec},
+                           label=f"ltr/build {wl} {n:,}", timeout=4 * 3600)
+        if "error" in rec:
+            return None, rec
+    return path, rec
+
+
+def run(runner, args) -> dict:
+    wl = args.ltr_workload
+    n = args.ltr_n or {"atari10m": 10_000_000, "dmc": 1_000_000}[wl]
+    codec = args.frame_codec or "delta-zstd"
+    limit = args.ltr_limit or LIMITS[wl]
+    path, rec = ensure_store(runner, wl, codec, n)
+    if path is None:
+        return {"workload": wl, "error": rec["error"]}
+    out = {"workload": wl, "n": n, "limit_bytes": limit, "path": path, "store": rec,
+           "cache_bytes": args.ltr_cache_mib * MiB if args.ltr_cache_mib else None,
+           "disk_cache_bytes": args.ltr_disk_cache_mib * MiB if args.ltr_disk_cache_mib else None}
+    base = {"windows": args.windows, "window_s": args.window_s, "warmup_s": args.warmup_s, "workload": wl,
+            "warm_max_s": args.ltr_warm_max_s, "verify_batches": args.ltr_verify_batches, "path": path}
+    runs = {"mmreplay": [], "disk": [], "device": [], "peer": [], "peer_default_malloc": []}
+    sb3_n = 10_000 if args.quick else 100_000
+    cg = make_memory_cgroup(limit, f"mmreplay_ltr_{os.getpid()}")
+    try:
+        for rnd in range(args.ltr_repeats):
+            if wl == "atari10m":
+                for tune in (True, False):  # SB3's reference: the faster of the two allocator settings
+                    runs["peer" if tune else "peer_default_malloc"].append(runner.child(
+                        {**base, "task": "ltr_sb3", "n": sb3_n, "tune_malloc": tune}, timeout=args.child_timeout,
+                        label=f"ltr/sb3 {sb3_n:,} r{rnd} ({'tuned' if tune else 'default'} malloc)"))
+            else:
+                runs["peer"].append(runner.child({**base, "task": "ltrb_drqv2", "n": args.ltr_drq_n, "workers": 4},
+                                                 timeout=args.child_timeout, label=f"ltr/drqv2 loader r{rnd}"))
+            runs["mmreplay"].append(runner.child(
+                {**base, "task": "ltrb_mmreplay", "cold_s": args.ltr_cold_s, "cache_bytes": out["cache_bytes"]},
+                cgroup=cg, label=f"ltr/mmreplay {wl} in cgroup r{rnd}", timeout=args.child_timeout))
+            if out["disk_cache_bytes"]:
+                runs["disk"].append(runner.child(
+                    {**base, "task": "ltrb_mmreplay", "cold_s": 0, "cache_bytes": out["disk_cache_bytes"]},
+                    cgroup=cg, label=f"ltr/mmreplay {wl} forced to disk r{rnd}", timeout=args.child_timeout))
+            runs["device"].append(runner.child({"task": "ltrb_device", "path": path, "seconds": args.ltr_device_s},
+                                               label=f"ltr/device reads r{rnd}", timeout=args.child_timeout))
+    finally:
+        remove_cgroup(cg)
+    out["runs"] = runs
+    out["summary"] = summarize(runs, wl)
+    return out
+
+
+def _median(rs: list[dict], key: str, sub: str | None = None) -> float | None:
+    vals = [(r.get(key) or {}).get(sub) if sub else r.get(key) for r in rs if "error" not in r]
+    vals = [v for v in vals if isinstance(v, (int, float))]
+    return float(np.median(vals)) if vals else None
+
+
+def summarize(runs: dict, wl: str) -> dict:
+    keys = ("b32_per_s", "b256_per_s", "cold_b32_per_s", "cold_b256_per_s", "open_s", "budget", "warm_hit_rate",
+            "qd1_reads_per_s", "qd32_reads_per_s", "load_s", "workers_rss")
+    s = {name: {k: _median(rs, k) for k in keys} for name, rs in runs.items()}
+    for name, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        s[name]["errors"] = [r["error"].strip().splitlines()[-1] for r in rs if "error" in r]
+        s[name]["peak_rss"] = max((r.get("peak_rss", 0) for r in ok), default=None)
+        s[name]["wrong"] = sum(r.get("wrong", 0) for r in ok)
+        s[name]["verified"] = sum(r.get("verified", 0) for r in ok)
+        s[name]["cgroup_max_usage"] = max((r.get("cgroup", {}).get("max_usage", 0) for r in ok), default=None)
+        s[name]["direct"] = all(r.get("direct", False) for r in ok) if name == "device" else None
+        for B in (32, 256):
+            for k in ("store_reads_per_s", "syscr_per_s", "device_read_bytes_per_s"):
+                s[name][f"b{B}_{k}"] = _median(rs, f"b{B}_disk", k)
+    other = s.pop("peer_default_malloc")
+    for k in ("b32_per_s", "b256_per_s"):
+        vals = [v for v in (s["peer"][k], other[k]) if v is not None]
+        s["peer"][k] = max(vals) if vals else None
+    return s
+
+
+def reads_issued(disk: dict) -> float | None:
+    """The forced-to-disk child's reads/s at batch 256: the store's own count when it reports one, else the
+    kernel's count of its read syscalls."""
+    return disk["b256_store_reads_per_s"] if disk["b256_store_reads_per_s"] is not None else disk["b256_syscr_per_s"]
+
+
+def targets(out: dict) -> list[tuple[str, float | None, float, bool]]:
+    """(name, value, threshold, lower-is-better) per Done-when line of issue #21."""
+    s, wl, rec = out["summary"], out["workload"], out["store"]
+    mm, peer, disk, dev = s["mmreplay"], s["peer"], s["disk"], s["device"]
+    ratio = lambda a, b: a / b if a and b else None  # noqa: E731
+    rows = []
+    if wl == "atari10m":
+        rows.append(("atari10m bytes per transition on disk", rec.get("bytes_per_transition"), 150, True))
+        for B in (32, 256):
+            rows.append((f"atari10m in 2 GB, warm batch-{B} vs SB3 100k in RAM",
+                         ratio(mm[f"b{B}_per_s"], peer[f"b{B}_per_s"]), 0.5, False))
+        rows.append(("atari10m in 2 GB, first 10 s after open batch-32 vs SB3", ratio(mm["cold_b32_per_s"],
+                                                                                     peer["b32_per_s"]), 0.25, False))
+    else:
+        raw = DMC_RAW_FRAME * rec["n"] * (1 + 1 / 500)  # distinct frames: one more than steps an episode
+        rows.append(("dmc frames smaller than raw", ratio(raw, rec.get("frames_bytes")), 5.0, False))
+        rows.append(("dmc in 4 GB, batch-256 n-step-3 vs DrQ-v2 loader 50k in RAM",
+                     ratio(mm["b256_per_s"], peer["b256_per_s"]), 1.0, False))
+    budget = out["cache_bytes"] or mm["budget"]
+    rows.append((f"{wl} peak RSS - budget (MB)", (mm["peak_rss"] - budget) / 1e6 if mm["peak_rss"] and budget
+                 else None, 350, True))
+    rows.append((f"{wl} forced to disk: reads issued vs device depth-32 rate",
+                 ratio(reads_issued(disk), dev["qd32_reads_per_s"]), 0.5, False))
+    rows.append((f"{wl} wrong rows (of {mm['verified'] + disk['verified']:,} checked)", mm["wrong"] + disk["wrong"],
+                 0, True))
+    return rows
+
+
+def mean_read(r: dict) -> float | None:
+    """Bytes per read syscall at batch 256 (device bytes / syscalls): the store reads whole chunks, not 4 KiB."""
+    b, n = r["b256_device_read_bytes_per_s"], r["b256_syscr_per_s"]
+    return b / n if b is not None and n else None
+
+
+def report(out: dict) -> str:
+    if "summary" not in out:
+        return f"larger-than-RAM {out.get('workload')} benchmark failed: {out.get('error')}"
+    s, rec, wl = out["summary"], out["store"], out["workload"]
+    f = lambda v, k=1.0: "-" if v is None else f"{v / k:,.0f}" if v / k >= 100 else f"{v / k:,.1f}"  # noqa: E731
+    peer = "SB3 100k, RAM" if wl == "atari10m" else "DrQ-v2 loader 50k, RAM (4 workers)"
+    nstep = f", n-step {N_STEP[wl]}" if N_STEP[wl] > 1 else ""
+    lines = [f"== Larger than RAM: {wl}, {out['n']:,} transitions ({rec['codec']}, {rec['store_bytes'] / 1e6:,.0f} MB "
+             f"on disk, {rec['bytes_per_transition']:,.0f} B/transition, built in {rec['build_s'] / 60:.0f} min) in a "
+             f"{out['limit_bytes'] / 1e9:.1f} GB cgroup{nstep} ==",
+             "| system | budget MB | cold b32/s | cold b256/s | warm b32/s | warm b256/s | reads/s b256 (store / "
+             "syscalls) | device MB/s b256 | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, label in (("mmreplay", "mmreplay, cgroup"), ("disk", "mmreplay forced to disk, cgroup"),
+                        ("peer", peer)):
+        r = s[name]
+        budget = {"mmreplay": out["cache_bytes"] or r["budget"], "disk": out["disk_cache_bytes"]}.get(name)
+        rss = r["peak_rss"] if name != "peer" or wl == "atari10m" else (r["peak_rss"] or 0) + (r["workers_rss"] or 0)
+        lines.append(f"| {label} | {f(budget, 1e6)} | {f(r['cold_b32_per_s'])} | {f(r['cold_b256_per_s'])} | "
+                     f"{f(r['b32_per_s'])} | {f(r['b256_per_s'])} | {f(r['b256_store_reads_per_s'])} / "
+                     f"{f(r['b256_syscr_per_s'])} | {f(r['b256_device_read_bytes_per_s'], 1e6)} | {f(rss, 1e6)} |"
+                     + (f" errors: {r['errors']}" if r["errors"] else ""))
+    dev = s["device"]
+    how = "O_DIRECT" if dev["direct"] else "page cache dropped, fadvise DONTNEED"
+    lines.append(f"device, random 4 KiB reads/s from the store's shards ({how}): depth 1 {f(dev['qd1_reads_per_s'])}, depth 32 "
+                 f"{f(dev['qd32_reads_per_s'])} ({f((dev['qd32_reads_per_s'] or 0) * 4096, 1e6)} MB/s); the forced child's "
+                 f"reads average {f(mean_read(s['disk']), 1024)} KiB; cgroup max usage {f(s['mmreplay']['cgroup_max_usage'], 1e6)} MB; "
+                 f"warm hit rate {s['mmreplay']['warm_hit_rate'] or 0:.3f}; rows checked "
+                 f"{s['mmreplay']['verified'] + s['disk']['verified']:,}, wrong {s['mmreplay']['wrong'] + s['disk']['wrong']}")
+    lines += ["", "| target | measured | wanted | |", "|---|---|---|---|"]
+    for name, v, t, le in targets(out):
+        ok = None if v is None else (v <= t if le else v >= t)
+        lines.append(f"| {name} | {'-' if v is None else f'{v:,.2f}'} | {'<=' if le else '>='} {t} | "
+                     f"{'-' if ok is None else ('PASS' if ok else 'FAIL')} |")
+    return "\n".join(lines)
+
+
+def task_build(spec: dict) -> dict:
+    return build(spec["workload"], spec["path"], spec["n"], spec["codec"])
+
+
+TASKS = {"ltrb_mmreplay": task_mmreplay, "ltrb_drqv2": task_drqv2, "ltrb_device": task_device_reads,
+         "ltrb_build": task_build}

@@ -1,0 +1,105 @@
+"""The issue #21 larger-than-RAM benchmark's own parts (scripts/benchmarks: ltr_data, modes/ltr_big,
+peers/drqv2_loader, device_reads) on a tiny synthetic frame pool: the ground truth the benchmark checks rows
+against, the DrQ-v2-style loader's rows, the reads counters, and the report of a saved run. Nothing is timed."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(REPO, "scripts")]
+
+import dmc_frames  # noqa: E402
+from benchmarks import device_reads, ltr_data  # noqa: E402
+from benchmarks.modes import ltr_big  # noqa: E402
+
+
+@pytest.fixture
+def fake_pool(monkeypatch):
+    """4 tasks x 25 distinct 3x84x84 frames instead of the rendered DMC pool."""
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 256, (100, 3, 84, 84), dtype=np.uint8)
+    monkeypatch.setattr(dmc_frames, "load_dmc_pool", lambda *a, **k: pool)
+    return pool
+
+
+def test_dmc_store_rows_match_the_pool_and_a_wrong_reward_is_caught(tmp_path, fake_pool, monkeypatch):
+    import mmreplay
+    rec = ltr_data.build("dmc", str(tmp_path / "s"), 1500, "delta-zstd")  # 3 whole episodes: n-step ends inside
+    assert rec["stored"] == 1500 and ltr_data.built(str(tmp_path / "s")) == rec
+    with mmreplay.Store.open(str(tmp_path / "s"), mode="r") as s:
+        assert ltr_big.verify_dmc(s, 4) == {"verified": 1024, "wrong": 0}
+        monkeypatch.setattr(ltr_data.DmcSource, "reward", staticmethod(lambda i: np.zeros(np.shape(i), np.float32)))
+        assert ltr_big.verify_dmc(s, 1)["wrong"] > 0  # the check compares something
+
+
+def test_drqv2_loader_rows_are_the_datasets_nstep_transitions(fake_pool):
+    from benchmarks.peers.drqv2_loader import make_loader
+    it = make_loader(1000, 64, num_workers=0, with_index=True)
+    src = ltr_data.DmcSource()
+    for _ in range(3):
+        obs, action, reward, discount, next_obs, index = (x.numpy() for x in next(it))
+        assert (index % ltr_data.DMC_EPISODE <= ltr_data.DMC_EPISODE - 3).all()
+        exp_obs, exp_next, exp_ret, exp_disc = src.nstep(index, 3, 0.99)
+        assert (obs == exp_obs.reshape(64, 9, 84, 84)).all() and (next_obs == exp_next.reshape(64, 9, 84, 84)).all()
+        assert np.allclose(reward, exp_ret, atol=1e-5) and np.allclose(discount, exp_disc)
+        assert (action == src.action(index)).all()
+
+
+def test_disk_counters_wherever_the_store_reports_them():
+    assert ltr_big.disk_counters({"obs": {"hits": 1, "compressed": {"hits": 2}}}) == (None, None)
+    assert ltr_big.disk_counters({"obs": {"disk": {"reads": 3, "bytes_read": 40}}}) == (3, 40)
+    assert ltr_big.disk_counters({"disk": {"reads_issued": 5, "bytes": 7}, "obs": {}}) == (5, 7)
+
+
+def test_effective_budget_is_the_larger_of_the_setting_and_the_tiers():
+    class S:
+        cache_bytes = 100
+    stats = {"obs": {"capacity_bytes": 90, "compressed": {"capacity_bytes": 50}}, "act": {"capacity_bytes": 5}}
+    assert ltr_big.effective_budget(S(), stats) == 145
+    assert ltr_big.effective_budget(S(), {"obs": {"capacity_bytes": 10}}) == 100
+
+
+def test_device_reads_count_reads_of_the_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(device_reads, "drop_caches", lambda: False)
+    files = []
+    for k in range(2):
+        p = tmp_path / f"shard{k}"
+        p.write_bytes(os.urandom(16 * device_reads.BLOCK))
+        files.append(str(p))
+    r = device_reads.random_reads(files, 4, 0.1)
+    assert r["reads"] > 0 and r["depth"] == 4
+
+
+def _summary(**kw):
+    base = {"b32_per_s": None, "b256_per_s": None, "cold_b32_per_s": None, "cold_b256_per_s": None, "budget": None,
+            "warm_hit_rate": None, "qd1_reads_per_s": None, "qd32_reads_per_s": None, "workers_rss": None,
+            "errors": [], "peak_rss": None, "wrong": 0, "verified": 0, "cgroup_max_usage": None, "direct": None,
+            "b256_store_reads_per_s": None, "b256_syscr_per_s": None, "b256_device_read_bytes_per_s": None}
+    return {**base, **kw}
+
+
+def test_report_of_a_saved_dmc_run(tmp_path):
+    part = {"workload": "dmc", "n": 1_000_000, "limit_bytes": 4e9, "path": "/tmp/x", "cache_bytes": None,
+            "disk_cache_bytes": 256 << 20,
+            "store": {"codec": "delta-zstd", "n": 1_000_000, "store_bytes": 4.2e9, "frames_bytes": 4.1e9,
+                      "bytes_per_transition": 4200.0, "build_s": 600.0},
+            "summary": {"mmreplay": _summary(b256_per_s=30.0, cold_b256_per_s=10.0, budget=1 << 30,
+                                             peak_rss=1.5e9, verified=10240),
+                        "disk": _summary(b256_per_s=20.0, b256_store_reads_per_s=12_000.0, b256_syscr_per_s=9e3,
+                                         verified=10240, wrong=1),
+                        "peer": _summary(b256_per_s=20.0, peak_rss=3e8, workers_rss=3.2e9),
+                        "device": _summary(qd1_reads_per_s=4000.0, qd32_reads_per_s=20_000.0, direct=True)}}
+    from benchmarks.modes.larger_than_ram import LargerThanRamMode
+    from benchmarks.report import evaluate_targets, targets_text
+    out = "\n".join(LargerThanRamMode().report(part, {}, None))
+    assert "Larger than RAM: dmc, 1,000,000 transitions" in out
+    assert "| dmc in 4 GB, batch-256 n-step-3 vs DrQ-v2 loader 50k in RAM | 1.50 | >= 1.0 | PASS |" in out
+    assert "| dmc forced to disk: reads issued vs device depth-32 rate | 0.60 | >= 0.5 | PASS |" in out  # store's count
+    assert "| dmc wrong rows (of 20,480 checked) | 1.00 | <= 0 | FAIL |" in out
+    assert "| dmc frames smaller than raw | 5.17 | >= 5.0 | PASS |" in out
+    judged = evaluate_targets({"larger_than_ram": part}, None)
+    assert [t["pass"] for t in judged] == [True, True, False, True, False]  # RSS 1.5 GB: 426 MB over 1 GiB
+    assert "<= 0" in targets_text(judged)  # lower-is-better targets print as such
