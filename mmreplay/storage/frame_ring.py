@@ -495,7 +495,7 @@ class FrameRing:
         """{file shard: its rows} for the shards of ``name`` whose rows are read from RAM, not their file:
         the staging shard and the sealed one until its write finished."""
         shards = {} if name in self.staging_damage else {self.file_shard(self.staging_shard): self.columns[name].staging}
-        for entry in self._sealed:
+        for entry in tuple(self._sealed):  # a snapshot: the background loader asks without the store's lock
             shards[entry.file] = entry.buffers[name]
         return shards
 
