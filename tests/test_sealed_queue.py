@@ -81,9 +81,9 @@ def test_adds_do_not_wait_for_the_encoder_and_queued_shards_read_back(store_path
         frames = s._state.frames
         assert frames._encoder is not None and frames.shard_rows == 512
         add_steps(s, 0, n)
-        # four full shards sealed, none waited for: the child holds the first, the rest are queued
+        # four full shards sealed, none waited for: the child holds the oldest, the rest are queued
         assert held.early_waits == 0
-        assert len(frames._sealed) == 4 and held.jobs == 1
+        assert len(frames._sealed) == 4 and held.jobs == frame_ring.CHILD_JOBS
         check_rows(s, n)  # every queued shard (and the staging one) reads back from RAM
         held.release()
         s.flush()  # the commit waits for every sealed shard
@@ -126,3 +126,28 @@ def test_short_shared_memory_keeps_one_shard_sealed(store_path, with_encoder, mo
         check_rows(s, n)
     with mmreplay.Store.open(store_path, mode="r") as s:
         check_rows(s, n)
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_laps_of_the_ring_with_shards_queued(store_path, with_encoder, monkeypatch, held):
+    """Two and a half laps of the frame ring while shards queue (the child's answers withheld, or not):
+    the writer never enters a file whose previous lap is still queued, so every valid row reads back true,
+    in the writer and after reopening."""
+    encoder = HeldEncoder(monkeypatch)
+    if not held:
+        encoder.release()
+    with mmreplay.Store.create(store_path, spaces.Box(0, 255, SHAPE, np.uint8), spaces.Discrete(4), capacity=1000,
+                               reward_values=(-1, 0, 1)) as s:
+        frames = s._state.frames
+        n = int(frames.rows * 2.5)
+        add_steps(s, 0, n // 2)
+        assert len(frames._sealed) > 1  # shards did queue
+        add_steps(s, n // 2, n)
+        oldest, head = s.valid_range()
+        check_rows(s, head - oldest)
+        encoder.release()
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        oldest, head = s.valid_range()
+        assert head == n
+        check_rows(s, head - oldest)
+        assert s.verify() == []

@@ -7,8 +7,9 @@ Invariants:
   them are served from there. The shards before it may be *sealed*: full, being encoded and written in
   the background, oldest first, and read from their RAM copies until their writes finished. At most one
   is sealed when a thread encodes (small rows); with the encoder child (image rows) up to
-  ``max_sealed``: as many as ``SEALED_BUFFER_BYTES`` of shared buffers hold, fewer than the ring has
-  files, so no two of them (nor the staging shard) are one file. Adds wait only when that many are
+  ``max_sealed``: as many as ``SEALED_BUFFER_BYTES`` of shared buffers hold, all within the last lap of
+  the ring (the writer enters no shard whose previous lap is still sealed), so no two of them (nor the
+  staging shard) are one file. Adds wait only when that many are
   sealed; a commit waits for all of them (``flush``), so what it covers is on disk as before. A seal
   never depends on anything but this process: when the writer thread's pool refuses work (interpreter
   exit) the adding thread writes the shard itself, and when the encoder child fails its part is encoded
@@ -51,6 +52,7 @@ SHARE_STEP = 0.05
 #: child encodes them while adds go on, and adds wait only when this much is queued. A collector's batch
 #: of a few thousand Atari frames (~35 MB) then costs a copy, not the encoding (issue 24, TorchRL extend).
 SEALED_BUFFER_BYTES = 96 << 20
+CHILD_JOBS = 2  # sealed shards handed to the child at once: it starts the next as it answers one
 
 
 class FrameEvents:
@@ -120,7 +122,7 @@ class FrameRing:
         self._sealed: list[_Sealed] = []  # shards being written, oldest first
         self._child_share = INITIAL_CHILD_SHARE  # fraction of a sealed shard's chunks the child encodes
         self._spares: list[dict[str, np.ndarray]] = []  # staging buffers free to take the next shard's rows
-        self._outputs: dict[str, np.ndarray] = {}  # where the child encodes its job's head chunks (one job at a time)
+        self._free_outputs: list[dict[str, np.ndarray]] = []  # where the child encodes a job's head chunks
         self.max_sealed = 1  # see the module invariant; raised once the encoder child's buffers exist
         self._executor: ThreadPoolExecutor | None = None
         self._writable = writable
@@ -137,12 +139,12 @@ class FrameRing:
             for col in self.columns.values():
                 col.staging = self._new_buffer(col)
             self._spares.append(self._new_buffers())
-            self._outputs = self._new_outputs()
+            self._free_outputs = [self._new_outputs() for _ in range(CHILD_JOBS)]
             self._encoder.start()  # the child imports numpy & co. while the first shard fills
         except OSError as exc:
             self._encoder.close()
             self._encoder = None
-            self._spares, self._outputs = [], {}
+            self._spares, self._free_outputs = [], []
             for col in self.columns.values():
                 col.staging = np.zeros((self.shard_rows, *col.spec.shape), dtype=col.spec.np_dtype)
             warnings.warn(f"mmreplay: no room in shared memory for the shard encoder ({exc}); encoding shards in a "
@@ -215,20 +217,21 @@ class FrameRing:
         self._enter_shard(self.staging_shard)
         self._pump()
 
-    # -- sealed shards: the child takes the oldest, one at a time; this process the newest when it must wait --
+    # -- sealed shards: the child takes the oldest (CHILD_JOBS at a time); this process the newest when it must wait
     def _pump(self) -> None:
-        """Encoder child: if its job is done, finish that shard; if it is idle, hand it the oldest waiting one.
-        Never blocks."""
+        """Encoder child: finish the shards whose jobs it has done (oldest first), then hand it the oldest
+        waiting ones while it has fewer than ``CHILD_JOBS``. Never blocks."""
         if self._encoder is None:
             return
-        busy = next((e for e in self._sealed if e.future is not None), None)
-        if busy is not None:
-            if not _ready(busy.future):
-                return
-            self._finish(busy)
-        waiting = next((e for e in self._sealed if e.future is None), None)
-        if waiting is not None:
-            self._hand_to_child(waiting)
+        busy = [e for e in self._sealed if e.future is not None]
+        for entry in busy:
+            if not _ready(entry.future):
+                break
+            self._finish(entry)
+        for entry in [e for e in self._sealed if e.future is None]:
+            if not self._free_outputs:
+                break
+            self._hand_to_child(entry)
 
     def _hand_to_child(self, entry: "_Sealed") -> None:
         """The child encodes the first chunks of the shard; this process encodes the rest when it finishes
@@ -238,7 +241,7 @@ class FrameRing:
         jobs = [{"path": col.layout.shard_file(self.root, entry.file), "rows": self.shard_rows,
                  "chunk_rows": col.spec.chunk_rows, "codec": dict(col.spec.codec),
                  "head_chunks": entry.head_chunks[name]} for name, col in self.columns.items()]
-        entry.outputs = self._outputs
+        entry.outputs = self._free_outputs.pop()
         entry.future = self._submit_to_encoder(jobs, entry.buffers, entry.outputs)
 
     def _work_off_one(self) -> None:
@@ -272,13 +275,30 @@ class FrameRing:
         """``entry`` is written (or failed): its rows are read from the file from now on, its buffers reused."""
         self._sealed.remove(entry)
         self._spares.append(dict(entry.buffers))
+        if entry.outputs is not None:
+            self._free_outputs.append(entry.outputs)
 
     def _make_room(self) -> None:
         """Before sealing the staging shard: retire sealed shards until another may be sealed (fewer than
-        ``max_sealed``, fewer than the ring's files less the staging one, and a spare staging buffer)."""
-        while self._sealed and (len(self._sealed) >= min(self.max_sealed, self.rows // self.shard_rows - 1)
-                                or not self._spare_free()):
-            self._work_off_one()
+        ``max_sealed`` and a spare staging buffer), and the oldest first while it is a lap behind the shard
+        the writer enters next: that shard's file must hold it before its rows are given up and replaced."""
+        while self._sealed:
+            if self._sealed[0].shard <= self.staging_shard + 1 - self.rows // self.shard_rows:
+                self._retire_oldest()
+            elif len(self._sealed) >= self.max_sealed or not self._spare_free():
+                self._work_off_one()
+            else:
+                return
+
+    def _retire_oldest(self) -> None:
+        entry = self._sealed[0]
+        if entry.future is not None or self._encoder is None:
+            self._finish(entry)
+            return
+        try:
+            self.written.extend(self._write_buffers(entry.file, entry.buffers))
+        finally:
+            self._retire(entry)
 
     def _spare_free(self) -> bool:
         """A spare staging set is free or could be allocated now; shared memory that runs short caps
@@ -508,7 +528,7 @@ class FrameRing:
             if self._encoder is not None:
                 for col in self.columns.values():
                     col.staging = None  # the shared buffers go with the encoder
-                self._spares, self._outputs = [], {}
+                self._spares, self._free_outputs = [], []
                 self._encoder.close()
             for col in self.columns.values():
                 col.array.close()
