@@ -382,10 +382,13 @@ class Store:
             self._drain()
             return self._state.draw_windows(drawer, batch_size, rng)
 
-    def get(self, indices) -> Batch:
-        """The transitions with these global ids (must be valid), as a Batch of fresh tensors."""
+    def get(self, indices, *, out: BatchBuffers | None = None) -> Batch:
+        """The transitions with these global ids (must be valid), as a Batch of fresh tensors; with ``out``
+        (``BatchBuffers`` of exactly that many rows, e.g. ``numpy=True`` ones) read into those buffers."""
         g = as_transition_ids(indices)
-        buf = BatchBuffers(self.schema, g.size)
+        if out is not None and out.batch_size != g.size:
+            raise ValueError(f"get: out holds {out.batch_size} rows, expected {g.size} (one per index)")
+        buf = out if out is not None else BatchBuffers(self.schema, g.size)
         with self._lock:
             self._check_open()
             self._drain()

@@ -96,4 +96,5 @@ def test_encoder_process_failure_is_a_storage_error(store_path, fixture):
     os.makedirs(frame_shard_file(s, 0))  # the child cannot rename onto it
     with pytest.raises(mmreplay.StorageError, match="writing failed"):
         replay(fixture, s, ReferenceReplay(4, 2000))
+        s.flush()  # a sealed shard may still be queued for the encoder: its failed write shows by the commit
     s.close()

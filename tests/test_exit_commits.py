@@ -242,7 +242,7 @@ def test_a_shard_whose_encoder_process_died_is_encoded_here(store_path, monkeypa
     frames = s._state.frames
     child = frames._encoder._proc
     os.kill(child.pid, signal.SIGSTOP)  # it takes the job but never answers
-    g = add_until(s, IMAGE, 0, lambda: frames._sealed is not None)  # a shard sealed: its job in the pipe
+    g = add_until(s, IMAGE, 0, lambda: bool(frames._sealed))  # a shard sealed: its job in the pipe
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     g = add_until(s, IMAGE, g, lambda: s._writer.block.n == 5)

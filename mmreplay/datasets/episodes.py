@@ -12,7 +12,7 @@ Invariants:
   at the head, or abandoned) are skipped unless asked for; a cut episode then starts at its first
   transition whose frame stack is still kept (the first ``frame_stack - 1`` kept steps are not readable).
 - Frames are read in blocks of at most ``block_rows`` transitions: memory is bounded by the block, not
-  by the store.
+  by the store. They are read into numpy buffers: exporting never imports torch.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from mmreplay.sampling.batch import BatchBuffers
 
 ProgressFn = Callable[[int, int], None]
 
@@ -163,11 +165,11 @@ def iter_pieces(store, episodes: Sequence[EpisodeSpan], block_rows: int = 4096,
 
     def flush():
         ids = np.concatenate([episodes[e].ids[lo:hi] for e, lo, hi in queue])
-        batch = store.get(ids)
+        batch = store.get(ids, out=BatchBuffers(store.schema, ids.size, numpy=True))  # numpy: no torch import
         obs, next_obs = _frames(batch.obs, store), _frames(batch.next_obs, store)
-        action = batch.action.numpy().astype(action_dtype, copy=False)
-        reward = batch.reward.numpy()
-        term, trunc = batch.terminated.numpy(), batch.truncated.numpy()
+        action = batch.action.astype(action_dtype, copy=False)
+        reward = batch.reward
+        term, trunc = batch.terminated, batch.truncated
         at = 0
         for e, lo, hi in queue:
             part = slice(at, at + hi - lo)
@@ -197,10 +199,10 @@ def iter_pieces(store, episodes: Sequence[EpisodeSpan], block_rows: int = 4096,
 
 
 def _frames(x, store) -> dict[str, np.ndarray]:
-    """Newest frame of each stack (the stored observation), as numpy, per observation key."""
-    tensors = x if isinstance(x, dict) else {"obs": x}
+    """Newest frame of each stack (the stored observation), per observation key."""
+    arrays = x if isinstance(x, dict) else {"obs": x}
     k = store.frame_stack
-    return {name: (t[:, -1] if k > 1 else t).numpy() for name, t in tensors.items()}
+    return {name: (a[:, -1] if k > 1 else a) for name, a in arrays.items()}
 
 
 def as_space_value(obs: dict[str, np.ndarray], dict_obs: bool):

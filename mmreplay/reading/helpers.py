@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 
 import numba
@@ -292,8 +293,10 @@ def helper_count() -> int:
 
 
 def _in_dataloader_worker() -> bool:
-    import torch.utils.data
-    return torch.utils.data.get_worker_info() is not None
+    # A DataLoader worker runs inside torch.utils.data, so it is loaded there; where it is not, this is no
+    # worker, and torch is not imported for the answer (``mmreplay export`` reads frames without torch).
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
 
 
 _HELPERS: CodecHelpers | None = None

@@ -117,12 +117,11 @@ def check_host_memory(batch_size: int, row_nbytes: int) -> None:
 
 class BatchBuffers:
     """Preallocated host tensors for one batch of a store with ``schema`` (pinned when asked), with numpy
-    views onto them. ``batch()`` wraps them as a ``Batch`` without copying."""
+    views onto them. ``batch()`` wraps them as a ``Batch`` without copying. ``numpy=True``: numpy arrays
+    instead of tensors (the batch's fields are then arrays), and torch is not imported (``mmreplay export``)."""
 
     def __init__(self, schema: Schema, batch_size: int, pin_memory: bool = False, *, weights: bool = False,
-                 nstep: bool = False):
-        import torch
-
+                 nstep: bool = False, numpy: bool = False):
         schema = getattr(schema, "schema", schema)  # a Store (the old spelling) stands for its schema
         k = schema.frame_stack
         self.schema = schema
@@ -131,15 +130,20 @@ class BatchBuffers:
                                        + sum(8 * max(1, s.row_nbytes) for s in schema.transition_columns) + 32))
 
         def alloc(shape, dtype):
-            t = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+            if numpy:
+                a = np.empty(shape, dtype=dtype)
+                return a, a
+            import torch
+
+            t = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=pin_memory)
             return t, t.numpy()
 
         self.obs, self.next_obs = {}, {}
         self.stack_words = {}  # name -> (obs, next_obs) as (n * k, words) views for the compiled gather
         for spec in schema.observations:
             shape = (batch_size, k, *spec.shape) if k > 1 else (batch_size, *spec.shape)
-            self.obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
-            self.next_obs[spec.name] = alloc(shape, _torch_dtype(spec.np_dtype))
+            self.obs[spec.name] = alloc(shape, spec.np_dtype)
+            self.next_obs[spec.name] = alloc(shape, spec.np_dtype)
             self.stack_words[spec.name] = (FrameReader.stack_words(self.obs[spec.name][1], spec.row_nbytes),
                                            FrameReader.stack_words(self.next_obs[spec.name][1], spec.row_nbytes))
         self.columns = {}
@@ -150,14 +154,14 @@ class BatchBuffers:
                 dtype = np.dtype(np.int64)  # discrete actions index Q-values: torch wants int64
             if spec.name == "reward" and nstep and dtype.kind != "f":
                 dtype = np.dtype(np.float32)  # a discounted sum of integer rewards is not an integer
-            self.columns[spec.name] = alloc((batch_size, *spec.shape), _torch_dtype(dtype))
+            self.columns[spec.name] = alloc((batch_size, *spec.shape), dtype)
             if spec.kind == "packed":
                 self.decode_tables[spec.name] = np.asarray(spec.values).astype(dtype)
-        self.terminated = alloc((batch_size,), torch.bool)
-        self.truncated = alloc((batch_size,), torch.bool)
-        self.indices = alloc((batch_size,), torch.int64)
-        self.weights = alloc((batch_size,), torch.float32) if weights else None
-        self.discount = alloc((batch_size,), torch.float32) if nstep else None
+        self.terminated = alloc((batch_size,), np.bool_)
+        self.truncated = alloc((batch_size,), np.bool_)
+        self.indices = alloc((batch_size,), np.int64)
+        self.weights = alloc((batch_size,), np.float32) if weights else None
+        self.discount = alloc((batch_size,), np.float32) if nstep else None
         self._fields: dict | None = None  # what batch() wraps, made at its first call
 
     def rows(self, lo: int, hi: int) -> "BatchBuffers":
@@ -210,17 +214,17 @@ def assemble(ring: TransitionRing, frames: FrameReader, g: np.ndarray, obs_ids: 
     ``next_ids`` (n, k); with ``nstep``, reward, flags and discount come from the n-step windows
     (``next_ids`` are then the stacks after each window's last transition)."""
     zero_pad = buf.schema.stack_padding == "zeros" and buf.schema.frame_stack > 1
-    for name, (obs_t, _) in buf.obs.items():
-        next_t = buf.next_obs[name][0]
+    for name, (_, obs_a) in buf.obs.items():
+        next_a = buf.next_obs[name][1]
         frames.gather_stacks(name, obs_ids, next_ids, *buf.stack_words[name], shifted=nstep is None)
         if zero_pad:
             # Within an episode every position of a stack has its own frame; a frame id equal to the next
             # position's is padding before the episode's first frame.
-            for out, ids in ((obs_t, obs_ids), (next_t, next_ids)):
+            for out, ids in ((obs_a, obs_ids), (next_a, next_ids)):
                 pad = np.zeros(ids.shape, dtype=bool)
                 pad[:, :-1] = ids[:, :-1] == ids[:, 1:]
                 if pad.any():
-                    out.numpy()[pad] = 0
+                    out[pad] = 0
     slots = ring.slot(g)
     for name, (_, out) in buf.columns.items():
         ring.read_into(name, slots, out, buf.decode_tables.get(name))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import subprocess
 import sys
 from typing import Any
@@ -124,9 +125,14 @@ class PendingShard:
         self._proc = proc
         self.paths = paths
 
+    def ready(self) -> bool:
+        """Whether ``result()`` would return at once: the child answered (or died). One job of the child's is
+        waited for at a time (``FrameRing``), so nothing of a later answer sits in the pipe's buffer."""
+        return bool(select.select([self._proc.stdout.raw], [], [], 0)[0])
+
     def result(self) -> list:
         """The written paths, or (jobs with an output buffer) the encoded chunk sizes per job."""
-        line = self._proc.stdout.readline()
+        line = self._proc.stdout.raw.readline()
         if not line:
             raise OSError(errno.EIO, "the shard encoder process died")
         reply = json.loads(line)
