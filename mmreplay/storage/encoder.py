@@ -120,6 +120,13 @@ class ShardEncoder:
 
 
 class PendingShard:
+    """One submitted encoding job of the encoder child: ``result()`` waits for its reply.
+
+    Invariant: replies come back in submission order on the child's stdout, so each ``PendingShard``'s
+    ``result()`` must be called, once, in the order the jobs were submitted; until it returned, the staging
+    buffers handed to ``submit`` belong to the child and must not be written.
+    """
+
     def __init__(self, proc: subprocess.Popen, paths: list[str]):
         self._proc = proc
         self.paths = paths
