@@ -161,3 +161,14 @@ def test_every_data_path_class_has_a_docstring():
                 if isinstance(node, ast.ClassDef) and not (ast.get_docstring(node) or "").strip():
                     missing.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert not missing, "classes without a docstring (say what it is and its invariant):\n" + "\n".join(missing)
+
+
+def test_clock_ids_come_from_the_time_module():
+    """A compiled kernel's ``clock_gettime`` clock id is ``time.CLOCK_*``, never a literal (ids differ by OS)."""
+    literals = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id.startswith("CLOCK_")]
+                literals += [f"{path.relative_to(ROOT)}:{node.lineno} {name}" for name in names]
+    assert not literals, f"clock ids given as literals: {literals}"

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mmreplay import settings
 from mmreplay.storage.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write
 from mmreplay.storage.shardfile import build_shard, encode_chunk
@@ -49,8 +50,9 @@ class ShardEncoder:
 
     @classmethod
     def for_rows(cls, row_nbytes: int) -> "ShardEncoder | None":
-        """An encoder for image-sized rows, or None (small rows, or ``MMREPLAY_ENCODER=thread``)."""
-        if row_nbytes < MIN_ROW_BYTES or os.environ.get("MMREPLAY_ENCODER") == "thread":
+        """An encoder for image-sized rows, or None (small rows, or ``Settings.encoder == "thread"``, which
+        ``MMREPLAY_ENCODER`` overrides)."""
+        if row_nbytes < MIN_ROW_BYTES or settings.current().encoder == "thread":
             return None
         return cls()
 
