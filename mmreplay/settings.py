@@ -3,6 +3,15 @@
 Invariant: a ``Settings`` is validated when made, is never stored on disk, and the same value may be
 passed to ``Store.create`` and ``Store.open``; the schema and ring geometry (what the store is) live in
 the store's metadata instead.
+
+Thread and process knobs (``codec_threads``, ``encoder``) have environment variables as overrides, for
+changing a deployed script without editing it. Precedence, highest first: the environment variable when it
+is set, then the field (given to ``Settings`` or as a keyword to ``Store.create``/``open``), then the
+automatic default. ``Settings.resolve`` (what ``Store.create``/``open`` call) applies the environment, so
+``store.settings`` shows the values in effect, and records the result as this process's current session
+settings: the mechanisms that are one per process or made deep in the write path read ``current()`` when
+they are made (the codec helper threads at the first batch decoded; a writable store's shard encoder when
+it opens) instead of having the settings threaded through every layer.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +27,9 @@ MIB = 1 << 20
 DEFAULT_CACHE_BYTES = 1024 * MIB
 DEFAULT_COMMIT_EVERY = 25_000
 DEFAULT_COMMIT_SECONDS = 30.0
+CODEC_THREADS_ENV = "MMREPLAY_CODEC_THREADS"
+ENCODER_ENV = "MMREPLAY_ENCODER"
+ENCODERS = ("process", "thread")
 
 
 @dataclass(frozen=True)
@@ -30,12 +43,23 @@ class Settings:
       ``flush()`` to commit now; ``close()`` always commits).
     - ``durable``: fsync data and commit record on every commit. ``False`` is faster and still atomic
       against a process crash, but a power loss may lose or tear recent commits.
+    - ``codec_threads``: helper threads that share a batch's frame decodes and copies with the sampling
+      thread, one set per process (``reading/helpers.py``); ``None`` (default): one fewer than the cores the
+      process may use, none in a DataLoader worker; ``0`` turns them off. Overridden by
+      ``MMREPLAY_CODEC_THREADS``. Per process: the first batch decoded makes them, with the value in effect then.
+    - ``encoder``: where a writer compresses its image shards: ``"process"`` (default: a child process, so
+      compression runs beside the adds) or ``"thread"`` (the store's writer thread; e.g. when /dev/shm is too
+      small for the shared buffers). Overridden by ``MMREPLAY_ENCODER``.
+
+    An environment variable, when set, wins over the field (see the module docstring).
     """
 
     cache_bytes: int = DEFAULT_CACHE_BYTES
     commit_every: int = DEFAULT_COMMIT_EVERY
     commit_seconds: float = DEFAULT_COMMIT_SECONDS
     durable: bool = True
+    codec_threads: int | None = None
+    encoder: str = "process"
 
     def __post_init__(self) -> None:
         for name in ("cache_bytes", "commit_every"):
@@ -50,11 +74,40 @@ class Settings:
         if self.durable not in (True, False):
             raise ValueError(f"durable must be True or False, got {self.durable!r}")
         object.__setattr__(self, "durable", bool(self.durable))
+        threads = self.codec_threads
+        if threads is not None:
+            if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 0:
+                raise ValueError(f"codec_threads must be None (automatic) or a number of threads >= 0, got {threads!r}")
+            object.__setattr__(self, "codec_threads", int(threads))
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
+
+    def with_environment(self) -> "Settings":
+        """These settings with the environment's overrides applied (``MMREPLAY_CODEC_THREADS``,
+        ``MMREPLAY_ENCODER``); a value there that is not valid is a ``ValueError`` naming the variable."""
+        overrides: dict[str, Any] = {}
+        threads = os.environ.get(CODEC_THREADS_ENV)
+        if threads is not None:
+            try:
+                overrides["codec_threads"] = int(threads)
+            except ValueError:
+                raise ValueError(f"{CODEC_THREADS_ENV} must be a number of threads (0 turns the helpers off), "
+                                 f"got {threads!r}") from None
+            if overrides["codec_threads"] < 0:
+                raise ValueError(f"{CODEC_THREADS_ENV} must be >= 0, got {overrides['codec_threads']}")
+        encoder = os.environ.get(ENCODER_ENV)
+        if encoder is not None:
+            if encoder not in ENCODERS:
+                raise ValueError(f"{ENCODER_ENV} must be one of {ENCODERS}, got {encoder!r}")
+            overrides["encoder"] = encoder
+        return dataclasses.replace(self, **overrides) if overrides else self
 
     @classmethod
     def resolve(cls, settings: "Settings | None", overrides: dict[str, Any]) -> "Settings":
         """``settings`` (default: the defaults) with the keyword arguments ``overrides`` (the old spelling,
-        ``Store.open(path, cache_bytes=...)``) applied; an unknown keyword is a ``TypeError``."""
+        ``Store.open(path, cache_bytes=...)``) and then the environment's overrides applied; an unknown
+        keyword is a ``TypeError``. The result becomes this process's ``current()`` settings (a session is
+        being opened with them)."""
         base = settings if settings is not None else cls()
         if not isinstance(base, cls):
             raise TypeError(f"settings must be an mmreplay.Settings, got {type(base).__name__}")
@@ -62,4 +115,17 @@ class Settings:
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {unknown}; session settings are {sorted(known)}")
-        return dataclasses.replace(base, **overrides) if overrides else base
+        resolved = (dataclasses.replace(base, **overrides) if overrides else base).with_environment()
+        global _current
+        _current = resolved
+        return resolved
+
+
+_current: Settings | None = None  # the settings of the store session opened last in this process
+
+
+def current() -> Settings:
+    """The settings that per-process mechanisms read when they are made (the codec helper threads; a
+    writable store's shard encoder): those of the store session opened last in this process
+    (``Settings.resolve``), else the defaults, with the environment's overrides as they are now."""
+    return (_current or Settings()).with_environment()

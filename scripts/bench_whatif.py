@@ -7,8 +7,11 @@ Works on a store that ``scripts/bench.py --keep-stores`` left behind (e.g.
 
     python scripts/bench_whatif.py profile  --store S [--cache-mib 512] [--batch 256]   # py-spy, warm loop only
     python scripts/bench_whatif.py variants --store S [--cache-mib 512 1024] [--rounds 2]
-    python scripts/bench_whatif.py decode   --store S                                   # cost of one cache miss
     python scripts/bench_whatif.py gather                                               # np.take vs index_select
+
+The ``decode`` subcommand (cost of one cache miss: ``read_chunk`` inline against a thread pool) was removed
+when the codec helpers had replaced the pool it measured: it read the store's private arrays. Its figures
+in docs/performance.md came from this script as of commit 0e26cf5 (``git archive 0e26cf5 scripts``).
 
 Add ``--mmreplay-rev SHA`` to use the same git snapshot as bench.py (it reuses bench.py's snapshot folder).
 Measurement helpers come from ``scripts/benchmarks/`` (``measure``, ``tasks_mmreplay.warm_up``, ``runner``).
@@ -56,25 +59,6 @@ def _tuning_modules():
         except ImportError:
             pass
     return mods
-
-
-_POOL = None
-
-
-def _decode_pool():
-    """A thread pool as the read path used before the codec helpers (its own, when the tree has none)."""
-    global _POOL
-    try:
-        from mmreplay.reading.pool import decode_pool
-        return decode_pool()
-    except ImportError:  # the codec helpers replaced it (or a snapshot from before reading/)
-        try:
-            from mmreplay.storage.frame_ring import decode_pool
-            return decode_pool()
-        except ImportError:
-            from concurrent.futures import ThreadPoolExecutor
-            _POOL = _POOL or ThreadPoolExecutor(max(2, os.cpu_count() or 2))
-            return _POOL
 
 
 def _patch(variant: str) -> None:
@@ -245,80 +229,6 @@ def cmd_profile(a) -> None:
         print(f"(raw stacks: {raw}; summary: {raw[:-4]}.txt)\n")
 
 
-def cmd_decode(a) -> None:
-    """Cost of one cache miss: each stage alone, then the three ways of running many of them."""
-    from benchmarks.measure import tune_malloc
-    tune_malloc()
-    import torch  # noqa: F401
-
-    import mmreplay
-    s = mmreplay.Store.open(a.store, mode="r", cache_bytes=64 << 20)
-    col = next(iter(s._state.frames.columns.values()))
-    read = col.array.read_chunk
-    n_chunks = s._state.frames.rows // col.spec.chunk_rows
-    rng = np.random.default_rng(0)
-    n = a.n
-    out = np.empty((n, col.spec.chunk_rows, *col.spec.shape), col.spec.np_dtype)
-    frame_ids = rng.integers(s._state.frames.oldest, s._state.frames.head, 30 * n)
-    chunks = (frame_ids % s._state.frames.rows) // col.spec.chunk_rows
-    for c in np.unique(chunks).tolist():   # page cache and open fds warm: measure the CPU cost
-        read(c, out[0])
-
-    def per_chunk(f, reps=15):
-        ts = []
-        for r in range(reps):
-            cs = chunks[r * n:(r + 1) * n].tolist()
-            t0 = time.perf_counter()
-            f(cs)
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts)) / n * 1e6
-
-    def serial(cs):
-        for i, c in enumerate(cs):
-            read(c, out[i])
-
-    def pool_per_chunk(cs):
-        list(_decode_pool().map(lambda ic: read(ic[1], out[ic[0]]), enumerate(cs)))
-
-    def pool_groups(cs):
-        w = _decode_pool()._max_workers
-        idx = list(range(len(cs)))
-
-        def run(part):
-            for i in part:
-                read(cs[i], out[i])
-        list(_decode_pool().map(run, [idx[j::w] for j in range(w)]))
-    print(f"store {a.store}: {n_chunks} chunks of {col.spec.chunk_rows} row(s) {col.spec.shape} "
-          f"{col.spec.np_dtype}; {n} misses per round")
-    print(f"  read_chunk inline (pread + crc32c + decode)   {per_chunk(serial):6.1f} us per miss")
-    print(f"  thread pool, one task per chunk                {per_chunk(pool_per_chunk):6.1f} us per miss")
-    print(f"  thread pool, one task per worker ({_decode_pool()._max_workers} workers)    "
-          f"{per_chunk(pool_groups):6.1f} us per miss")
-    # stages
-    shard, inner = divmod(int(chunks[0]), col.layout.chunks_per_shard)
-    try:
-        fd, index = col.array._open(shard)
-    except TypeError:  # older layout of the private helper
-        fd, index = col.array._open(shard, "x")
-    if isinstance(index, tuple):
-        off, nb = int(index[0][inner]), int(index[1][inner])
-    else:
-        off, nb = int(index[inner, 0]), int(index[inner, 1])
-    raw = os.pread(fd, nb, off)
-    t0 = time.perf_counter()
-    for _ in range(2000):
-        os.pread(fd, nb, off)
-    t_pread = (time.perf_counter() - t0) / 2000 * 1e6
-    from mmreplay.storage import shardfile
-    t0 = time.perf_counter()
-    for _ in range(2000):
-        shardfile.decode_chunk(col.array.compressor, raw, out[0], "x")
-    t_dec = (time.perf_counter() - t0) / 2000 * 1e6
-    print(f"  stages: os.pread {nb} B {t_pread:.1f} us; decode_chunk (crc32c + decode) {t_dec:.1f} us; the rest "
-          f"of read_chunk (locking, index lookup, Python) is the difference")
-    s.close()
-
-
 def cmd_gather(a) -> None:
     """Slab -> batch copy: torch.index_select (OpenMP, default threads) vs np.take, quiet and with one busy
     process competing for the 2 cores (each in a fresh child)."""
@@ -366,7 +276,7 @@ def main(argv=None):
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("command", choices=("variants", "profile", "decode", "gather"))
+    p.add_argument("command", choices=("variants", "profile", "gather"))
     p.add_argument("--store", default="/tmp/mmreplay_bench/store_atari_100000")
     p.add_argument("--cache-mib", type=int, nargs="+", default=[512])
     p.add_argument("--batch", type=int, nargs="+", default=[256, 32])
@@ -377,7 +287,6 @@ def main(argv=None):
     p.add_argument("--window-s", type=float, default=1.0)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples/s")
     p.add_argument("--top", type=int, default=40)
-    p.add_argument("--n", type=int, default=512, help="decode: misses per timed round")
     p.add_argument("--out-dir", default="/tmp/mmreplay_bench/profiles")
     p.add_argument("--mmreplay-rev", default=None)
     p.add_argument("--json", default=None)
@@ -388,7 +297,7 @@ def main(argv=None):
         os.environ["MMREPLAY_BENCH_SRC"] = src
         sys.path.insert(0, src)
     print(f"[whatif] mmreplay from {os.environ.get('MMREPLAY_BENCH_SRC') or 'the working tree'}", flush=True)
-    {"variants": cmd_variants, "profile": cmd_profile, "decode": cmd_decode, "gather": cmd_gather}[a.command](a)
+    {"variants": cmd_variants, "profile": cmd_profile, "gather": cmd_gather}[a.command](a)
     return 0
 
 

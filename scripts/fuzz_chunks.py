@@ -273,9 +273,16 @@ def store_batch(path: str, seed: int, n: int, store: str) -> dict:
     from mmreplay.storage.shardfile import CRC_BYTES, crc32c, index_nbytes, tag_nbytes
 
     rng = np.random.default_rng([seed, 3 if path == "file" else 4])
-    s = mmreplay.Store.open(store, mode="r")
-    col = s._state.frames.columns["obs"]
-    array, layout = col.array, col.array.layout
+    from mmreplay.storage.commit import read_commit
+    from mmreplay.storage.layout import frame_layout
+    from mmreplay.storage.sharded import ShardedArray, expect_identities
+
+    with mmreplay.Store.open(store, mode="r") as s:  # the store's own geometry and schema
+        geometry, spec = s.geometry, s.schema.observations[0]
+    # the frame array as the store opens it: its layout, and the identities its commit record expects
+    layout = frame_layout(spec, geometry.frames.rows, geometry.frames.shard_rows)
+    array = ShardedArray(store, layout)
+    expect_identities([array], read_commit(store))
     per = layout.chunks_per_shard
     files = {}
     for shard in range(2):  # sealed shards
@@ -365,7 +372,6 @@ def store_batch(path: str, seed: int, n: int, store: str) -> dict:
     for shard, raw in files.items():
         with open(layout.shard_file(store, shard), "wb") as f:
             f.write(raw)
-    s.close()
     return {"counts": counts, "kinds": kinds, "failures": failures[:20]}
 
 

@@ -1,6 +1,7 @@
 """The package's layers are a fact the build checks: import-linter's contracts in pyproject.toml hold
 (function-local imports included), and ``Store`` is composed, not mixed together."""
 
+import ast
 import pathlib
 import subprocess
 import sys
@@ -32,3 +33,142 @@ def test_public_names_resolve_and_are_documented():
         value = getattr(mmreplay, name)
         if isinstance(value, type):
             assert value.__doc__ and value.__doc__.strip(), f"mmreplay.{name} has no docstring"
+
+
+# -- import cycles: module-level and function-level imports alike ---------------------------------------
+
+PACKAGE = ROOT / "mmreplay"
+
+
+def _module_files(package_dir: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Dotted module name -> file, for every module of the package (a package is its ``__init__``)."""
+    modules = {}
+    for path in package_dir.rglob("*.py"):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imported_names(path: pathlib.Path, package: str) -> set[str]:
+    """Every name an ``import`` anywhere in the file brings in (inside functions too), fully qualified:
+    ``from a.b import c`` gives ``a.b.c`` (a module or a name of ``a.b``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's package upwards
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph(package_dir: pathlib.Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (a name imported from a module counts as that module)."""
+    modules = _module_files(package_dir)
+    graph = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets = set()
+        for name in _imported_names(path, package):
+            while name and name not in modules:  # a.b.c where c is a class of a.b: the module a.b
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative):
+    each is a set of modules that import each other, directly or not."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_cycle_finder_sees_function_level_and_indirect_cycles(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub.b import thing\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..c import other\n")  # function-level, relative
+    (pkg / "c.py").write_text("import pkg.a\n")
+    (pkg / "d.py").write_text("from pkg import a\n")  # imports into the cycle, is not part of it
+    graph = import_graph(pkg)
+    assert graph["pkg.sub.b"] == {"pkg.c"} and graph["pkg.d"] == {"pkg.a"}
+    assert import_cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+
+
+def test_no_import_cycles_in_the_package():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 50 and "mmreplay.store" in graph["mmreplay.integrations.torchrl"]  # it parsed the package
+    cycles = import_cycles(graph)
+    assert not cycles, "modules that import each other (module- or function-level imports): " + "; ".join(
+        " <-> ".join(cycle) for cycle in cycles)
+
+
+# -- docstrings: every class of the data path says what it is ------------------------------------------
+
+DATA_PATH = ("reading", "storage", "sampling", "index", "columns")
+
+
+def test_every_data_path_class_has_a_docstring():
+    missing = []
+    for layer in DATA_PATH:
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef) and not (ast.get_docstring(node) or "").strip():
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not missing, "classes without a docstring (say what it is and its invariant):\n" + "\n".join(missing)
+
+
+def test_clock_ids_come_from_the_time_module():
+    """A compiled kernel's ``clock_gettime`` clock id is ``time.CLOCK_*``, never a literal (ids differ by OS)."""
+    literals = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id.startswith("CLOCK_")]
+                literals += [f"{path.relative_to(ROOT)}:{node.lineno} {name}" for name in names]
+    assert not literals, f"clock ids given as literals: {literals}"

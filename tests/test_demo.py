@@ -15,10 +15,11 @@ DEMO = os.path.join(REPO, "examples", "demo.py")
 
 
 def test_demo_trains_stops_resumes_and_reports(tmp_path):
-    out = subprocess.run([sys.executable, DEMO, "--out", str(tmp_path / "demo"), "--steps", "1500",
-                          "--resume-steps", "1500"], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
-    assert "reopened" in out and "resuming at step 1,500" in out
-    assert "3,000 transitions valid" in out and "bytes per transition" in out
+    # phase 1 trains from step 1,000 (LEARNING_STARTS), so both phases sample, and phase 2 resumes the RNG
+    out = subprocess.run([sys.executable, DEMO, "--out", str(tmp_path / "demo"), "--steps", "1200",
+                          "--resume-steps", "600"], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    assert "reopened" in out and "resuming at step 1,200" in out
+    assert "1,800 transitions valid" in out and "bytes per transition" in out
     assert (tmp_path / "demo" / "q_weights.npz").exists()
 
 

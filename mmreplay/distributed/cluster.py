@@ -9,33 +9,12 @@ number of shards (an env actor, a restarted learner, another driver) can ``conne
 from __future__ import annotations
 
 import os
-import time
+
+from mmreplay.distributed.actors import call_all, ray_module
+from mmreplay.distributed.client import ShardClient
+from mmreplay.distributed.sampler import DistributedSampler
 
 DEFAULT_PREFIX = "mmreplay-shard"
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover (ray is in the 'ray' extra)
-        raise ImportError("mmreplay.distributed needs Ray: pip install 'mmreplay[ray]'") from exc
-    if not ray.is_initialized():
-        raise RuntimeError("Ray is not initialised: call ray.init() (or ray.init(address=...)) first")
-    return ray
-
-
-def call_all(handles: list, method: str, *args, timeout: float = 60.0) -> list:
-    """``method(*args)`` on every shard, asking again (until ``timeout``) those that are restarting."""
-    ray = _ray()
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return ray.get([getattr(h, method).remote(*args) for h in handles],
-                           timeout=max(0.1, deadline - time.monotonic()))
-        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 class ReplayShards:
@@ -60,7 +39,7 @@ class ReplayShards:
         ``actor_options`` (one dict, or one per shard) go to Ray: ``num_cpus``, ``resources``,
         ``scheduling_strategy`` place shards on nodes. ``detached=True`` lets the shards outlive the driver
         that started them (a learner can then restart and ``connect``)."""
-        ray = _ray()
+        ray = ray_module()
         from mmreplay.distributed.shard import ReplayShard
 
         if not isinstance(num_shards, int) or num_shards < 1:
@@ -95,7 +74,7 @@ class ReplayShards:
     def connect(cls, num_shards: int, *, prefix: str = DEFAULT_PREFIX, namespace: str | None = None
                 ) -> "ReplayShards":
         """The running shards ``{prefix}-0 .. {prefix}-{num_shards-1}`` (a restarted learner, an env actor)."""
-        ray = _ray()
+        ray = ray_module()
         names = [f"{prefix}-{i}" for i in range(num_shards)]
         handles = []
         for name in names:
@@ -109,14 +88,10 @@ class ReplayShards:
     # -- using them -------------------------------------------------------------------------------
     def client(self, client_id: int, **kwargs):
         """A ``ShardClient`` for an env actor (see its arguments)."""
-        from mmreplay.distributed.client import ShardClient
-
         return ShardClient(client_id, self.handles, **kwargs)
 
     def sampler(self, batch_size: int, **kwargs):
         """A learner-side ``DistributedSampler`` over all shards (see its arguments)."""
-        from mmreplay.distributed.sampler import DistributedSampler
-
         return DistributedSampler(self.handles, batch_size, **kwargs)
 
     def info(self, timeout: float = 60.0) -> list[dict]:
@@ -125,12 +100,12 @@ class ReplayShards:
 
     def commit(self, timeout: float = 60.0) -> list[dict]:
         """Commit every shard now."""
-        ray = _ray()
+        ray = ray_module()
         return ray.get([h.commit.remote() for h in self.handles], timeout=timeout)
 
     def close(self, timeout: float = 60.0) -> None:
         """Commit and close every store, then end the actors (for good: no restart)."""
-        ray = _ray()
+        ray = ray_module()
         try:
             ray.get([h.close.remote() for h in self.handles], timeout=timeout)
         finally:

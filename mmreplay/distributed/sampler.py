@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from mmreplay.columns.spec import Schema
-from mmreplay.distributed.cluster import call_all
+from mmreplay.distributed.actors import call_all
 from mmreplay.sampling.batch import Batch, BatchBuffers
 
 

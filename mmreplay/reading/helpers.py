@@ -20,6 +20,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 
 import numba
 import numpy as np
@@ -29,7 +30,7 @@ from mmreplay.intrinsics import address, atomic_add, atomic_cas, atomic_load, at
 from mmreplay.reading.gather import gather_stacks
 from mmreplay.reading.native import decode_chunks
 from mmreplay.storage import forking
-from mmreplay import intrinsics, kernel_cache
+from mmreplay import intrinsics, kernel_cache, settings
 from mmreplay.reading import cache, gather, native
 from mmreplay.storage import temporal
 
@@ -54,7 +55,7 @@ ENV = "MMREPLAY_CODEC_THREADS"
 
 sched_yield = types.ExternalFunction("sched_yield", types.intc())
 clock_gettime = types.ExternalFunction("clock_gettime", types.intc(types.intc, types.voidptr))
-CLOCK_MONOTONIC = 1
+CLOCK_MONOTONIC = time.CLOCK_MONOTONIC
 
 
 @numba.njit(cache=True, nogil=True)
@@ -272,17 +273,12 @@ def _post_gather(ctrl, slab, index, k, shifted, out_obs, out_next, n_helpers):  
 
 
 def helper_count() -> int:
-    """Helper threads for this process: ``MMREPLAY_CODEC_THREADS`` if set, else none in a DataLoader worker
-    and one fewer than the cores this process may run on (the caller is the other one) elsewhere."""
-    configured = os.environ.get(ENV)
+    """Helper threads for this process: ``Settings.codec_threads`` (``MMREPLAY_CODEC_THREADS`` overrides it)
+    if set, else none in a DataLoader worker and one fewer than the cores this process may run on (the
+    caller is the other one) elsewhere."""
+    configured = settings.current().codec_threads
     if configured is not None:
-        try:
-            n = int(configured)
-        except ValueError:
-            raise ValueError(f"{ENV} must be a number of threads (0 turns the helpers off), got {configured!r}")
-        if n < 0:
-            raise ValueError(f"{ENV} must be >= 0, got {n}")
-        return min(n, MAX_HELPERS)
+        return min(configured, MAX_HELPERS)
     if _in_dataloader_worker():
         return 0  # one of several worker processes that share the cores already
     try:

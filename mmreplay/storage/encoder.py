@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from mmreplay import settings
 from mmreplay.storage.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write
 from mmreplay.storage.shardfile import build_shard, encode_chunk
@@ -50,8 +51,9 @@ class ShardEncoder:
 
     @classmethod
     def for_rows(cls, row_nbytes: int) -> "ShardEncoder | None":
-        """An encoder for image-sized rows, or None (small rows, or ``MMREPLAY_ENCODER=thread``)."""
-        if row_nbytes < MIN_ROW_BYTES or os.environ.get("MMREPLAY_ENCODER") == "thread":
+        """An encoder for image-sized rows, or None (small rows, or ``Settings.encoder == "thread"``, which
+        ``MMREPLAY_ENCODER`` overrides)."""
+        if row_nbytes < MIN_ROW_BYTES or settings.current().encoder == "thread":
             return None
         return cls()
 
@@ -121,6 +123,13 @@ class ShardEncoder:
 
 
 class PendingShard:
+    """One submitted encoding job of the encoder child: ``result()`` waits for its reply.
+
+    Invariant: replies come back in submission order on the child's stdout, so each ``PendingShard``'s
+    ``result()`` must be called, once, in the order the jobs were submitted; until it returned, the staging
+    buffers handed to ``submit`` belong to the child and must not be written.
+    """
+
     def __init__(self, proc: subprocess.Popen, paths: list[str]):
         self._proc = proc
         self.paths = paths

@@ -100,6 +100,14 @@ class FrameColumn:
 
 
 class FrameRing:
+    """The ring of distinct observation frames of one store (one ``FrameColumn`` per observation key).
+
+    Invariant (the module's, in short): frames ``[oldest, head)`` are readable, ``head - oldest <= rows``;
+    the shard holding ``head`` lives in RAM (``staging``), at most one full shard before it is being sealed
+    (encoded and written in the background, read from RAM until written), and every other shard is read
+    from its file. A file is replaced only after ``before_overwrite`` returned.
+    """
+
     def __init__(self, root: str, specs: Sequence[ColumnSpec], rows: int, shard_rows: int, *, unbounded: bool,
                  head: int = 0, oldest: int = 0, writable: bool = True):
         if rows % shard_rows:

@@ -45,6 +45,14 @@ MAX_OPEN_FILES = 128
 
 
 class ShardedArray:
+    """One sharded zarr array on disk, written a whole shard at a time and read a chunk at a time.
+
+    Invariant: each shard's cached index (and chunk crcs) equals the one in that shard's file as last
+    written here or checked against the commit record's expectation (``expect``); a shard whose expected
+    file changed is read again from disk. Open file descriptors stay at most ``MAX_OPEN_FILES`` (LRU), and
+    every method may be called from several threads (one lock guards indexes and descriptors).
+    """
+
     def __init__(self, root: str, layout: ArrayLayout, *, missing_ok: bool = False):
         self.root = root
         self.layout = layout
