@@ -123,7 +123,6 @@ class BatchBuffers:
                  nstep: bool = False):
         import torch
 
-        schema = getattr(schema, "schema", schema)  # a Store (the old spelling) stands for its schema
         k = schema.frame_stack
         self.schema = schema
         self.batch_size = batch_size
