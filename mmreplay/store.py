@@ -15,7 +15,6 @@ loses at most what was added since the last commit. Reopening restores exactly t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
@@ -138,7 +137,8 @@ class Store:
         if mode == "a":
             forking.close_at_exit(self)
         self._rng = np.random.default_rng()
-        self._view = StoreView(self._state, self.schema, self._open_and_drained)
+        self._guard = _Guard(self)
+        self._view = StoreView(self._state, self.schema, self._guard)
         self._inspector = StoreInspector(self._view, self.frame_stack)
         st = self._state
         self._writer = Writer(path, self.schema, st.ring, st.frames, st.reader, st.streams, self._lock,
@@ -220,7 +220,7 @@ class Store:
         draw = check_strategy(draw)
         rng = self._rng if seed is None else np.random.default_rng(seed)
         if isinstance(draw, Transitions):
-            with self._open_and_drained():  # check before allocating the batch (10**6 Atari stacks: 28 GB)
+            with self._guard:  # check before allocating the batch (10**6 Atari stacks: 28 GB)
                 check_batch_size(self._state.ring, self.frame_stack, self._state.frames.head, batch_size)
         draw.validate(self.schema)
         buf = draw.new_buffers(self.schema, batch_size)
@@ -233,15 +233,6 @@ class Store:
         ``draw``, ``read_column``, ``episode_links``, ``valid_range``, ``stream_tail``, ``priorities``,
         ``cache_stats`` (see ``StoreInspector``)."""
         return self._inspector
-
-    @contextlib.contextmanager
-    def _open_and_drained(self):
-        """Under the lock, on an open store, with nothing pending; yields the drain (reads drain again per
-        attempt)."""
-        with self._lock:
-            self._check_open()
-            self._drain()
-            yield self._drain
 
     @property
     def app_meta(self) -> dict:
@@ -293,7 +284,7 @@ class Store:
 
     def _locked(self, read):
         """``read()`` under the lock, on an open store, with nothing pending."""
-        with self._open_and_drained():
+        with self._guard:
             return read()
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -366,37 +357,62 @@ class Store:
 
 
 
+class _Guard:
+    """``with guard as drain:`` holds the store's lock on an open store with nothing pending (what every
+    read takes); ``drain`` is for reads that drain again per attempt. A plain class, not a generator-based
+    context manager: it is entered once per batch."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store):
+        self._store = store
+
+    def __enter__(self) -> Callable[[], None]:
+        store = self._store
+        store._lock.acquire()
+        try:
+            store._check_open()
+            store._drain()
+        except BaseException:
+            store._lock.release()
+            raise
+        return store._drain
+
+    def __exit__(self, *exc) -> None:
+        self._store._lock.release()
+
+
 class StoreView:
     """The narrow view of a store that its samplers hold (``sampling.sampler.SamplerSource``): the one
     race-checked read, the priority sets and the sampler registry, each under the store's guard (its
     lock, open, nothing pending). It gives no way to write, commit or close the store."""
 
-    def __init__(self, state: StoreState, schema: Schema, guard: Callable[[], Any]):
+    def __init__(self, state: StoreState, schema: Schema, guard: _Guard):
         self._state, self.schema, self._guard = state, schema, guard
 
     def read(self, draw: DrawStrategy, size: int, rng: np.random.Generator | None, buffers: Any = None) -> Picked:
         """``StoreState.read`` under the guard."""
-        with self._guard() as drain:
+        with self._guard as drain:
             return self._state.read(draw, size, rng, drain, buffers)
 
     def priorities(self, prioritized: Prioritized) -> Priorities:
-        with self._guard():
+        with self._guard:
             return self._state.priorities.get(prioritized.set_name, prioritized.alpha, prioritized.eps)
 
     def update_priorities(self, prioritized: Prioritized, indices, values) -> int:
-        with self._guard():
+        with self._guard:
             return self._state.priorities.get(prioritized.set_name).update(indices, values)
 
     def saved_state(self, name: str) -> dict | None:
         return self._state.samplers.saved_state(name)
 
     def register(self, sampler: Sampler) -> None:
-        with self._guard():
+        with self._guard:
             self._state.samplers.register(sampler)
 
     def locked(self, read: Callable[[StoreState], Any]) -> Any:
         """``read(state)`` under the guard (for ``StoreInspector``)."""
-        with self._guard():
+        with self._guard:
             return read(self._state)
 
 

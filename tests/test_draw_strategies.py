@@ -146,6 +146,9 @@ def test_a_sampler_binds_its_own_copy_of_the_strategy(store500):
     batch = next(b)
     assert b.update_priorities(batch.indices, torch.ones(8)) == 8
     assert float(store500.inspect.priorities("b").of(batch.indices[:1])[0]) == 1.0
+    one = store500.sample(8, Prioritized(), seed=0)  # outside a sampler: the set "default"
+    assert one.weights is not None and syn.wrong_rows(one) == []
+    assert store500.inspect.draw(Prioritized(), 8, np.random.default_rng(0))[0].tolist() == one.indices.tolist()
 
 
 def nstep_wrong(batch, n: int, gamma: float) -> list[int]:

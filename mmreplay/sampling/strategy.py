@@ -179,8 +179,9 @@ class Uniform(Transitions):
 class Prioritized(Transitions):
     """Proportional prioritized replay: transition ``i`` drawn with probability ``(p_i + eps) ** alpha``
     over the total, with importance weights ``(P / min P) ** -beta`` in ``batch.weights``. ``alpha``/``eps``
-    left out: the committed set's, else 0.6 and 1e-6. The set is ``name``'s (default: the sampler's name),
-    committed with the store; report priorities with ``sampler.update_priorities(batch.indices, td.abs())``."""
+    left out: the committed set's, else 0.6 and 1e-6. The set is ``name``'s (default: the sampler's name;
+    outside a sampler, ``"default"``), committed with the store; report priorities with
+    ``sampler.update_priorities(batch.indices, td.abs())``."""
 
     def __init__(self, alpha: float | None = None, beta: float = 0.4, eps: float | None = None, *,
                  name: str | None = None):
@@ -188,7 +189,7 @@ class Prioritized(Transitions):
         self.eps = None if eps is None else check_exponent(eps, "eps")
         self.beta = check_exponent(beta, "beta")
         self.name = None if name is None else check_name(name)
-        self.set_name = self.name  # filled by bind when left out
+        self.set_name = DEFAULT_NAME if name is None else self.name  # a sampler binds it to its own name
 
     @property
     def prioritized(self) -> "Prioritized":
