@@ -58,6 +58,7 @@ class StoreState:
                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable)
         self.reader = FrameReader(self.frames, settings.cache_bytes, preload=False)  # frames are read here
         self.priorities = None
+        self._view: DrawView | None = None  # what strategies read, made by view()
         self.watcher: CommitWatcher | None = None  # readers: made by _load
         try:
             self._load(record, writable=writable, durable=settings.durable)
@@ -218,8 +219,11 @@ class StoreState:
 
     # -- reading, safe against a writer in another process ---------------------------------------
     def view(self) -> DrawView:
-        """What a draw strategy reads now (a reader's refresh replaces the ring: take a new view after one)."""
-        return DrawView(self.ring, self.reader, self.schema, self.priorities, self._decode_reward)
+        """What a draw strategy reads now: made again when a reader's refresh replaced the ring."""
+        view = self._view
+        if view is None or view.ring is not self.ring:
+            view = self._view = DrawView(self.ring, self.reader, self.schema, self.priorities, self._decode_reward)
+        return view
 
     def read(self, draw: DrawStrategy, size: int, rng: np.random.Generator | None, drain: Callable[[], None],
              buffers: Any = None) -> Picked:
