@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+from mmreplay.sampling.strategy import Prioritized
 
 GAMMA = 0.99
 
@@ -143,7 +144,7 @@ def phase(args, number: int) -> dict:
             if sum(i["size"] for i in shards.info()) < 1000:
                 time.sleep(0.5)
                 continue
-            sampler = shards.sampler(64, prioritized=True, local=False, prefetch=2, name="apex")
+            sampler = shards.sampler(64, draw=Prioritized(), local=False, prefetch=2, name="apex")
             if sampler_state is not None:
                 sampler.load_state_dict(sampler_state)
         b = sampler.sample()

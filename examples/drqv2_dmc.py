@@ -15,7 +15,7 @@ What it is (Yarats et al. 2021, "Mastering Visual Continuous Control", reduced t
   and rebuilds stacks at sample time as ``(B, 3, 3, 84, 84)``; ``flatten(1, 2)`` is DrQ-v2's ``(B, 9, 84,
   84)`` (a view, no copy). Episode starts repeat the first frame, as DrQ-v2's frame stack does.
 - replay: ``Store.create(capacity=1_000_000, frame_codec="delta-zstd")``; batches of 256 of 3-step returns
-  (``store.sampler(256, n_step=3, gamma=0.99)``: ``reward`` is the discounted 3-step sum, ``discount`` is
+  (``store.sampler(256, NStep(3, 0.99))``: ``reward`` is the discounted 3-step sum, ``discount`` is
   ``gamma ** m``, ``next_obs`` the stack 3 steps on; DMC's time limit is a truncation, so it bootstraps).
 - agent: random-shift augmentation (pad 4, bilinear shift, DrQ-v2's ``RandomShiftsAug``) of both
   stacks, a CNN encoder shared by actor and twin critics and trained by the critic loss only, a
@@ -277,7 +277,7 @@ def run(args) -> dict:
             frame, episode_return = env.reset(), 0.0
             stack = [frame] * FRAME_STACK
         if step >= args.seed_steps and step % args.update_every == 0 and len(store) >= args.batch:
-            sampler = sampler or store.sampler(args.batch, n_step=N_STEP, gamma=GAMMA, device=device,
+            sampler = sampler or store.sampler(args.batch, mmreplay.NStep(N_STEP, GAMMA), device=device,
                                               seed=args.seed + step)
             losses = agent.update(next(sampler), std)
         if step % 500 == 0:
@@ -289,10 +289,10 @@ def run(args) -> dict:
     torch.save({"agent": agent.state_dict(), "step": step, "num_added": store.num_added}, ckpt_path)
     disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(os.path.join(store.path, "frames"))
                for f in files)
-    result = {"step": step, "num_added": store.num_added, "len": len(store), "num_frames": store.num_frames,
-              "disk_per_frame": disk / max(1, store.num_frames), "returns": returns, "losses": losses,
+    result = {"step": step, "num_added": store.num_added, "len": len(store), "num_frames": store.inspect.num_frames,
+              "disk_per_frame": disk / max(1, store.inspect.num_frames), "returns": returns, "losses": losses,
               "seconds": time.monotonic() - t0}
-    print(f"done: {step} steps, store {store.num_added} transitions, {store.num_frames} frames, disk per frame "
+    print(f"done: {step} steps, store {store.num_added} transitions, {store.inspect.num_frames} frames, disk per frame "
           f"{result['disk_per_frame'] / 1024:.1f} KB, {result['seconds']:.0f} s")
     store.close()
     return result

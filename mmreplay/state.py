@@ -16,6 +16,8 @@ Invariants (all under the store's lock):
   are never reused (``frame_head`` stays), so no cached frame ever changes. Rows past the new head will
   be rewritten: the record's ``rollbacks`` count grows, and a reader that sees a count other than the one
   it loaded trusts nothing it read (``CommitWatcher``) and loads again (``refresh``).
+- Every sampled read (any draw strategy, fixed ids included) goes through ``read``: the one place that
+  reloads a broken-off refresh, drains pending adds, checks what was read and retries.
 """
 
 from __future__ import annotations
@@ -29,11 +31,9 @@ from mmreplay.columns.spec import Schema
 from mmreplay.errors import FormatError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
-from mmreplay.sampling.batch import BatchBuffers, assemble
-from mmreplay.sampling.draw import check_batch_size, draw_into, draw_uniform, lowest_read
-from mmreplay.sampling.priorities import Priorities
+from mmreplay.sampling.draw import lowest_read
 from mmreplay.sampling.registry import PrioritySets, SamplerStates
-from mmreplay.sampling.sequences import SequenceBuffers, StartDrawer, assemble_sequences
+from mmreplay.sampling.strategy import DrawStrategy, DrawView, Picked
 from mmreplay.settings import Settings
 from mmreplay.storage.commit import FORMAT_VERSION, CommitLog, CommitWatcher, read_commit
 from mmreplay.reading.frames import FrameReader
@@ -62,6 +62,7 @@ class StoreState:
                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable)
         self.reader = FrameReader(self.frames, settings.cache_bytes, preload=False)  # frames are read here
         self.priorities = None
+        self._view: DrawView | None = None  # what strategies read, made by view()
         self.watcher: CommitWatcher | None = None  # readers: made by _load
         try:
             self._load(record, writable=writable, durable=settings.durable)
@@ -257,41 +258,43 @@ class StoreState:
         return self.watcher is None or self.watcher.still_valid(*lowest_read(g, obs_ids, next_ids))
 
     # -- reading, safe against a writer in another process ---------------------------------------
-    def draw(self, buf: BatchBuffers, rng: np.random.Generator, drain: Callable[[], None], **draw: Any) -> None:
-        """Draw a batch into ``buf`` (``sampling.draw.draw_into`` with ``draw``'s options), after ``drain()``
-        (pending adds); a reader draws again if the writer overwrote what it read."""
-        self._read_checked(drain, lambda: draw_into(self.ring, self.reader, self.schema.frame_stack, buf, rng,
-                                                    decode_reward=self._decode_reward, **draw), buf.batch_size)
+    def view(self) -> DrawView:
+        """What a draw strategy reads now: made again when a reader's refresh replaced the ring."""
+        view = self._view
+        if view is None or view.ring is not self.ring:
+            view = self._view = DrawView(self.ring, self.reader, self.schema, self.priorities, self._decode_reward)
+        return view
 
-    def draw_sequences(self, buf: SequenceBuffers, drawer: StartDrawer, rng: np.random.Generator,
-                       drain: Callable[[], None], *, priorities: Priorities | None = None, beta: float = 0.0) -> None:
-        """Draw windows with ``drawer`` into ``buf`` (``sampling.sequences.assemble_sequences``), after
-        ``drain()``; a reader draws again if the writer overwrote what it read."""
-        def read():
-            ids, weights = drawer.draw(self.ring, self.reader.head, buf.batch_size, rng, priorities, beta)
-            return assemble_sequences(self.ring, self.reader, self.schema, ids, buf, weights)
-        self._read_checked(drain, read, buf.batch_size)
-
-    def _read_checked(self, drain: Callable[[], None], read: Callable[[], tuple], batch_size: int) -> None:
-        """``read()`` (returning the transition ids, obs and next-obs frame ids it read) after ``drain()``,
-        again after a refresh while a reader finds that the writer overwrote what it read.
-
-        Each retry also gives up a growing margin of the oldest transitions, the ones the writer reaches
-        first: a reader slower than the writer (a loaded machine, a tiny cache) then draws from rows that
-        outlive its read instead of failing on the same race again and again."""
+    def read(self, draw: DrawStrategy, size: int, rng: np.random.Generator | None, drain: Callable[[], None],
+             buffers: Any = None) -> Picked:
+        """The one read of sampled rows: ``draw.pick`` ``size`` rows after ``drain()`` (pending adds) and,
+        with ``buffers``, ``draw.assemble`` them there. A reader whose writer overwrote what it read
+        refreshes and reads again (see ``_retry``); without ``buffers`` only the index in RAM is read, so
+        nothing can be overwritten under it. Returns what was picked (arrays a strategy may reuse)."""
         if self.needs_reload:
             self.refresh()
         for attempt in range(MAX_READ_ATTEMPTS):
             drain()
             oldest_before = self.ring.oldest
-            if self.still_valid(*read()):
-                return
-            self.refresh()
-            overtaken = max(self.ring.oldest - oldest_before, self.ring.shard_rows)
-            self._give_up_oldest(overtaken << attempt, batch_size)
+            view = self.view()
+            picked = draw.pick(view, size, rng)
+            if buffers is None or self.still_valid(*draw.assemble(view, picked, buffers)):
+                return picked
+            self._retry(attempt, oldest_before, size, redraws=getattr(draw, "redraws", True))
         raise RuntimeError(f"store {self.path!r}: the writer kept overwriting what this reader sampled "
                            f"({MAX_READ_ATTEMPTS} tries, the last from the newest "
                            f"{self.ring.head - self.ring.oldest} transitions only)")
+
+    def _retry(self, attempt: int, oldest_before: int, size: int, *, redraws: bool) -> None:
+        """After a read the writer overtook: load its newer commit (ids read again are re-checked against
+        it). A strategy that draws again also gives up a growing margin of the oldest transitions, the ones
+        the writer reaches first: a reader slower than the writer (a loaded machine, a tiny cache) then
+        draws from rows that outlive its read instead of failing on the same race again and again. Fixed
+        ids (``Ids``) give up nothing: they are read again or found gone."""
+        self.refresh()
+        if redraws:
+            overtaken = max(self.ring.oldest - oldest_before, self.ring.shard_rows)
+            self._give_up_oldest(overtaken << attempt, size)
 
     def _give_up_oldest(self, margin: int, batch_size: int) -> None:
         """Readers: leave the oldest ``margin`` transitions of this view out of the draws until the next
@@ -305,40 +308,6 @@ class StoreState:
         ring.oldest = oldest
         if ring.count_valid(k, self.frames.head) < batch_size:
             ring.oldest = before
-
-    def draw_indices(self, size: int, rng: np.random.Generator, *, priorities: Priorities | None = None,
-                     beta: float = 0.0) -> tuple[np.ndarray, np.ndarray | None]:
-        """``size`` valid transition ids (uniform, or by ``priorities`` with importance weights for ``beta``),
-        no frame read; fresh arrays ``(ids, weights or None)``. The caller drained pending adds."""
-        if self.needs_reload:
-            self.refresh()
-        check_batch_size(self.ring, self.schema.frame_stack, self.reader.head, size)
-        if priorities is None:
-            return draw_uniform(self.ring, self.schema.frame_stack, self.reader.head, size, rng)[0], None
-        g, _, _, weights = priorities.draw(size, rng, beta)  # the set's buffers are reused: copy
-        return g.copy(), weights.astype(np.float32)
-
-    def draw_windows(self, drawer: StartDrawer, size: int, rng: np.random.Generator) -> np.ndarray:
-        """``size`` windows drawn by ``drawer`` (``(size, burn_in + seq_len)`` ids, ``-1`` padding), no
-        frame read. The caller drained pending adds."""
-        if self.needs_reload:
-            self.refresh()
-        return drawer.draw(self.ring, self.reader.head, size, rng)[0]
-
-    def gather(self, g: np.ndarray, buf: BatchBuffers) -> None:
-        """Transitions ``g`` (which must be valid) into ``buf``; a reader re-checks them against a newer commit
-        if the writer overwrote what it read."""
-        if self.needs_reload:
-            self.refresh()
-        for _ in range(2):
-            obs_ids, next_ids, valid = self.ring.stack_frames(g, self.schema.frame_stack, self.frames.head)
-            if not valid.all():
-                raise IndexError(f"transition ids {g[~valid][:8].tolist()} are not valid (valid ids lie in "
-                                 f"[{self.ring.oldest}, {self.ring.head}) and need their frame stack)")
-            assemble(self.ring, self.reader, g, obs_ids, next_ids, buf)
-            if self.still_valid(g, obs_ids, next_ids):
-                return
-            self.refresh()  # then re-check validity against the newer commit
 
     def close(self) -> None:
         if self.watcher is not None:

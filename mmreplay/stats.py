@@ -1,10 +1,10 @@
 """What a store holds, episode by episode, for ``mmreplay info`` and ``mmreplay plot``.
 
 Invariants:
-- Read-only, built on the public ``Store`` API (``valid_range``, ``episode_links``) plus plain zarr reads
-  of the documented on-disk format (``docs/format.md``) for small columns (rewards, actions) and committed
-  priorities: ``Store.get`` would decode every frame stack just to read a reward (~1,500 transitions/s
-  on an image store), a packed column read is a few MB for a million transitions.
+- Read-only, built on the public ``Store`` API (``inspect.valid_range``, ``inspect.episode_links``) plus plain
+  zarr reads of the documented on-disk format (``docs/format.md``) for small columns (rewards, actions) and
+  committed priorities: ``inspect.get`` would decode every frame stack just to read a reward (~1,500
+  transitions/s on an image store), a packed column read is a few MB for a million transitions.
 - Memory is bounded by the chunk (``CHUNK`` transitions) plus a few numbers per episode, never by the
   store: episodes are followed across chunks by carrying the open ones (at most one per stream).
 - An episode counts as *complete* when its first step is still kept and it has ended (terminated or
@@ -126,7 +126,7 @@ class EpisodeStats:
 
 def episode_stats(store, chunk: int = CHUNK) -> EpisodeStats:
     """Returns and lengths of the store's episodes (see the module invariants)."""
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     rewards = ColumnReader(store.path, "reward")
     # open episodes, keyed by the global id of their latest step: [return, length, cut]
     open_eps: dict[int, list] = {}
@@ -134,7 +134,7 @@ def episode_stats(store, chunk: int = CHUNK) -> EpisodeStats:
     cut_ended = 0
     for lo in range(oldest, head, chunk):
         hi = min(head, lo + chunk)
-        prev, term, trunc = store.episode_links(lo, hi)
+        prev, term, trunc = store.inspect.episode_links(lo, hi)
         reward = rewards.read(lo, hi).astype(np.float64)
         n = hi - lo
         local = prev - lo

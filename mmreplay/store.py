@@ -19,21 +19,21 @@ import json
 import os
 import threading
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from mmreplay.columns.encode import ColumnEncoder
 from mmreplay.columns.spec import ColumnSpec, Schema, schema_from_spaces
 from mmreplay.errors import FormatError, ReadOnlyError, StoreClosedError
-from mmreplay.index.ring import TransitionRing, as_transition_ids
+from mmreplay.index.ring import TransitionRing
 from mmreplay.inspection import committed_work, store_info, verify
 from mmreplay.sampling.batch import Batch, BatchBuffers
-from mmreplay.sampling.draw import check_batch_size, draw_uniform
+from mmreplay.sampling.draw import check_batch_size
 from mmreplay.sampling.priorities import Priorities
-from mmreplay.sampling.sampler import Sampler, check_sampler_args
-from mmreplay.sampling.sequence_sampler import DEFAULT_SEQUENCE_NAME, SequenceSampler, check_sequence_args
-from mmreplay.sampling.sequences import DEFAULT_ETA, SequenceBuffers, StartDrawer
+from mmreplay.sampling.sampler import Sampler, check_batch_size_arg
+from mmreplay.sampling.strategy import (DEFAULT_NAME, DrawStrategy, Ids, Picked, Prioritized, Transitions,
+                                        check_strategy)
 from mmreplay.settings import Settings
 from mmreplay.state import StoreState
 from mmreplay.storage import forking
@@ -49,11 +49,12 @@ class Store:
     """A replay store on disk: ``Store.create`` makes one, ``Store.open`` reopens it exactly as last committed.
 
     Add transitions with ``add`` (one env step) or ``extend`` (a vector env's steps); draw training
-    batches with ``sampler(...)`` (reused buffers, optional prefetch, prioritized and n-step variants) or
-    ``sample``/``get`` (fresh tensors). One process may hold a store open for writing (``mode="a"``); any
-    number may read it (``mode="r"``, then ``refresh()`` to follow the writer). Everything added is
-    durable after ``flush()``/``close()`` and the automatic commits (see ``Settings``); close the store
-    (or use ``with``) when done. ``help(mmreplay.Settings)`` lists the per-session settings.
+    batches with ``sampler(batch_size, draw=...)`` (reused buffers, optional prefetch; ``draw`` is a
+    strategy: ``Uniform()``, ``Prioritized(...)``, ``NStep(...)``, ``Sequences(...)``) or ``sample``
+    (fresh tensors); ``inspect`` holds the reads for tools (``inspect.get(ids)``, ...). One process may
+    hold a store open for writing (``mode="a"``); any number may read it (``mode="r"``, then ``refresh()``
+    to follow the writer). Everything added is durable after ``flush()``/``close()`` and the automatic
+    commits (see ``Settings``); close the store (or use ``with``) when done. ``help(mmreplay.Settings)`` lists the per-session settings.
     """
 
     # -- construction -----------------------------------------------------------------------------
@@ -136,6 +137,9 @@ class Store:
         if mode == "a":
             forking.close_at_exit(self)
         self._rng = np.random.default_rng()
+        self._guard = _Guard(self)
+        self._view = StoreView(self._state, self.schema, self._guard)
+        self._inspector = StoreInspector(self._view, self.frame_stack)
         self._writer = self._new_writer() if mode == "a" else None
 
     def _new_writer(self) -> Writer:
@@ -223,6 +227,7 @@ class Store:
             self._closed = True
             self._writer.closed = True
             raise
+        self._view.rebind(self._state)  # the inspector (and anything holding the view) reads the new state
         self._writer = self._new_writer()
 
     # -- readers of a store that another process writes -----------------------------------------
@@ -235,192 +240,52 @@ class Store:
             return self.mode == "r" and self._state.refresh()
 
     # -- sampling ---------------------------------------------------------------------------------
-    def sampler(self, batch_size: int, *, device=None, prefetch: int | None = None, seed: int | None = None,
-                name: str | None = None, pin_memory: bool | None = None, prioritized: bool = False,
-                alpha: float | None = None, beta: float = 0.4, eps: float | None = None, n_step: int = 1,
-                gamma: float | None = None, priority_eps: float | None = None, seq_len: int | None = None,
-                burn_in: int | None = None, strict: bool | None = None, sample_from: str | None = None,
-                eta: float | None = None) -> Sampler:
-        """An iterator of batches in reused buffers (see ``Sampler``): valid until the next batch on CPU.
+    def sampler(self, batch_size: int, draw: DrawStrategy | None = None, *, device=None, prefetch: int | None = None,
+                seed: int | None = None, name: str | None = None, pin_memory: bool | None = None) -> Sampler:
+        """An iterator of batches drawn by ``draw`` in reused buffers (see ``Sampler``): valid until the next
+        batch on CPU.
 
-        ``device``: batches are copied there (from pinned buffers, ``non_blocking``, for CUDA).
-        ``prefetch`` batches are assembled ahead by a background thread (default: 2 for an accelerator
-        device, 0 on CPU, where the thread would compete with training). ``seed=None`` continues the
-        committed RNG state of sampler ``name`` (default ``"default"``; one open sampler per name).
-        ``pin_memory`` defaults to True for CUDA.
+        ``draw`` (``mmreplay.sampling.strategy``): ``Uniform()`` (the default), ``Prioritized(alpha, beta,
+        eps)`` (``batch.weights``; ``sampler.update_priorities(batch.indices, td.abs())``),
+        ``NStep(n, gamma, over=Uniform() | Prioritized(...))`` (n-step returns, ``batch.discount``) or
+        ``Sequences(seq_len, burn_in, strict, sample_from, eta, over=...)`` (``SequenceBatch``es of slices
+        of episodes), or a strategy of your own (docs/guide.md). ``device``: batches are copied there (from
+        pinned buffers, ``non_blocking``, for CUDA). ``prefetch`` batches are assembled ahead by a background
+        thread (default: 2 for an accelerator device, 0 on CPU, where the thread would compete with
+        training). ``seed=None`` continues the committed RNG state of sampler ``name`` (default
+        ``"default"``, sequences ``"sequence"``; one open sampler per name; a prioritized draw uses the
+        priority set of that name, committed with the store). ``pin_memory`` defaults to True for CUDA."""
+        return Sampler(self._view, batch_size, draw, device=device, prefetch=prefetch, seed=seed, name=name,
+                       pin_memory=pin_memory)
 
-        Prioritized replay (``prioritized=True``): draws proportionally to ``(priority + eps) ** alpha``
-        (``alpha``/``eps`` left out: the committed set's, else 0.6 and 1e-6) and sets ``batch.weights``,
-        importance weights ``(P / min P) ** -beta``; report priorities with
-        ``sampler.update_priorities(batch.indices, td_errors.abs())``. Committed with the store.
-        n-step returns (``n_step=n``, ``gamma``, default 0.99): ``reward`` becomes the discounted sum over
-        the episode's next ``m <= n`` steps, ``next_obs`` the observation after them, and ``batch.discount``
-        is ``gamma ** m``. ``priority_eps`` is the deprecated spelling of ``eps``.
-
-        Sequences (``seq_len=L``): the same as ``sequence_sampler(batch_size, L, ...)``, a
-        ``SequenceSampler`` of slices of episodes (default ``name`` ``"sequence"``); ``burn_in``,
-        ``strict``, ``sample_from`` and ``eta`` are its options, refused without ``seq_len``, and
-        ``n_step``/``gamma`` are refused with it (a slice holds every step's own reward)."""
-        if priority_eps is not None:
-            warnings.warn("Store.sampler(priority_eps=...) is deprecated; use eps=...", DeprecationWarning,
-                          stacklevel=2)
-            eps = priority_eps if eps is None else eps
-        options = {"burn_in": burn_in, "strict": strict, "sample_from": sample_from, "eta": eta}
-        common = dict(device=device, prefetch=prefetch, seed=seed, pin_memory=pin_memory, prioritized=prioritized,
-                      alpha=alpha, beta=beta, eps=eps)
-        if seq_len is not None:
-            if n_step != 1 or gamma is not None:
-                raise ValueError(f"n_step={n_step!r}, gamma={gamma!r} are for transition samplers; a sequence "
-                                 f"sampler (seq_len={seq_len!r}) returns every step's own reward: leave them out")
-            given = {k: v for k, v in options.items() if v is not None}
-            return self.sequence_sampler(batch_size, seq_len, name=DEFAULT_SEQUENCE_NAME if name is None else name,
-                                         **common, **given)
-        given = sorted(k for k, v in options.items() if v is not None)
-        if given:
-            what = "is a sequence option" if len(given) == 1 else "are sequence options"
-            raise TypeError(f"{', '.join(given)} {what} of Store.sampler: give seq_len= too (slices of episodes), "
-                            f"or leave {'it' if len(given) == 1 else 'them'} out")
-        name = "default" if name is None else name
-        gamma = 0.99 if gamma is None else gamma
-        check_sampler_args(self.schema, batch_size, name, beta, n_step, gamma)  # before a priority set is made
-        prio = self.priorities(name, alpha=alpha, eps=eps) if prioritized else None
-        smp = Sampler(self.schema, self._fill_batch, batch_size, device=device, prefetch=prefetch, seed=seed,
-                      name=name, pin_memory=pin_memory, priorities=prio, update=self._update_priorities, beta=beta,
-                      n_step=n_step, gamma=gamma, saved_state=self._state.samplers.saved_state(name))
-        return self._register(smp)
-
-    def sequence_sampler(self, batch_size: int, seq_len: int, *, burn_in: int = 0, strict: bool = True,
-                         sample_from: str = "steps", device=None, prefetch: int | None = None,
-                         seed: int | None = None, name: str = DEFAULT_SEQUENCE_NAME, pin_memory: bool | None = None,
-                         prioritized: bool = False, alpha: float | None = None, beta: float = 0.4,
-                         eps: float | None = None, eta: float = DEFAULT_ETA) -> SequenceSampler:
-        """Batches of ``seq_len`` consecutive steps of one episode and stream (``SequenceBatch``): ``obs
-        (B, T, ...)``, ``action``, ``reward``, ``terminated``, ``truncated``, ``mask``, ``indices`` ``(B, T)``
-        with ``T = burn_in + seq_len``, and ``next_obs`` of each window's last real step.
-
-        ``strict=True`` draws only slices of ``seq_len`` real steps; ``strict=False`` pads past an episode
-        end (``mask`` False, zeros). ``burn_in=b`` prepends the ``b`` steps before each slice (left-padded
-        near an episode start). ``sample_from="steps"`` draws starts uniformly over steps, ``"episodes"``
-        over episodes then steps. ``prioritized=True``: one priority per slice start (``alpha``, ``beta``,
-        ``eps`` as for ``sampler``); ``sampler.update_priorities(batch, td_errors)`` mixes max and mean
-        with ``eta`` (R2D2: 0.9). ``device``, ``prefetch``, ``seed``, ``pin_memory`` as for ``sampler``; the
-        default ``name`` is ``"sequence"`` (one open sampler per name)."""
-        # before a priority set is made
-        check_sequence_args(self.schema, batch_size, name, beta, seq_len, burn_in, strict, sample_from, prioritized,
-                            eta)
-        prio = self.priorities(name, alpha=alpha, eps=eps) if prioritized else None
-        smp = SequenceSampler(self.schema, self._fill_sequences, batch_size, seq_len, burn_in=burn_in, strict=strict,
-                              sample_from=sample_from, device=device, prefetch=prefetch, seed=seed, name=name,
-                              pin_memory=pin_memory, priorities=prio, update=self._update_priorities, beta=beta,
-                              eta=eta, saved_state=self._state.samplers.saved_state(name))
-        return self._register(smp)
-
-    def _register(self, smp: Sampler) -> Sampler:
-        """``smp`` is now the open sampler of its name (an error, and ``smp`` closed, if one is open)."""
-        with self._lock:
-            try:
-                self._state.samplers.register(smp)
-            except ValueError:
-                smp.close()
-                raise
-        return smp
-
-    def sample(self, batch_size: int, seed: int | None = None, rng: np.random.Generator | None = None, *,
-               out: BatchBuffers | None = None) -> Batch:
-        """One uniform batch of fresh torch tensors (for training loops use ``sampler``); with ``out`` (a
-        ``BatchBuffers(store.schema, batch_size)``) the batch is drawn into those reused buffers."""
-        validate_capacity(batch_size, "batch_size")
-        if out is not None and out.batch_size != batch_size:
-            raise ValueError(f"out holds batches of {out.batch_size}, not batch_size {batch_size}")
-        rng = rng if rng is not None else self._rng if seed is None else np.random.default_rng(seed)
-        with self._lock:
-            self._check_open()
-            self._drain()  # check before allocating the batch (10**6 Atari stacks: 28 GB)
-            check_batch_size(self._state.ring, self.frame_stack, self._state.frames.head, batch_size)
-        buf = out if out is not None else BatchBuffers(self.schema, batch_size)
-        self._fill_batch(buf, rng)
+    def sample(self, batch_size: int, draw: DrawStrategy | None = None, *,
+               seed: int | np.random.Generator | None = None) -> Batch:
+        """One batch drawn by ``draw`` (default ``Uniform()``) into fresh tensors (for training loops use
+        ``sampler``); ``seed`` is an int, a ``numpy.random.Generator`` to draw with, or None (the store's
+        own RNG)."""
+        batch_size = check_batch_size_arg(batch_size)
+        draw = check_strategy(draw)
+        rng = self._rng if seed is None else np.random.default_rng(seed)
+        if isinstance(draw, Transitions):
+            with self._guard:  # check before allocating the batch (10**6 Atari stacks: 28 GB)
+                check_batch_size(self._state.ring, self.frame_stack, self._state.frames.head, batch_size)
+        draw.validate(self.schema)
+        buf = draw.new_buffers(self.schema, batch_size)
+        self._view.read(draw, batch_size, rng, buf)
         return buf.batch()
 
-    def _fill_batch(self, buf: BatchBuffers, rng: np.random.Generator, *, priorities: Priorities | None = None,
-                    beta: float = 0.0, n_step: int = 1, gamma: float = 1.0) -> None:
-        """Draw a batch into ``buf`` (see ``sampling.draw.draw_into``); in a reader, draw again if the
-        writer overwrote what it read."""
-        with self._lock:
-            self._check_open()
-            self._state.draw(buf, rng, self._drain, priorities=priorities, beta=beta, n_step=n_step, gamma=gamma)
-
-    def _fill_sequences(self, buf: SequenceBuffers, drawer: StartDrawer, rng: np.random.Generator, *,
-                        priorities: Priorities | None = None, beta: float = 0.0) -> None:
-        """Draw windows with ``drawer`` into ``buf`` (see ``StoreState.draw_sequences``)."""
-        with self._lock:
-            self._check_open()
-            self._state.draw_sequences(buf, drawer, rng, self._drain, priorities=priorities, beta=beta)
-
-    def draw_indices(self, batch_size: int, rng: np.random.Generator | None = None, *,
-                     priorities: Priorities | None = None, beta: float = 0.4) -> tuple[np.ndarray, np.ndarray | None]:
-        """Transition ids drawn as a sampler draws them, without reading any frame (for samplers of other
-        libraries that fetch the data later, with ``get``): ``batch_size`` valid ids uniformly, or
-        proportionally to ``priorities`` (a set from ``priorities(name)``) with importance weights for
-        ``beta``. Returns ``(ids, weights)`` (weights None when uniform); ``rng`` defaults to the store's."""
-        validate_capacity(batch_size, "batch_size")
-        rng = self._rng if rng is None else rng
-        with self._lock:
-            self._check_open()
-            self._drain()
-            return self._state.draw_indices(batch_size, rng, priorities=priorities, beta=beta)
-
-    def draw_windows(self, drawer: StartDrawer, batch_size: int,
-                     rng: np.random.Generator | None = None) -> np.ndarray:
-        """Episode slices drawn as a sequence sampler draws them, without reading any frame: ``(batch_size,
-        burn_in + seq_len)`` transition ids, ``-1`` where a window is padded. ``drawer`` is a
-        ``mmreplay.sampling.sequences.StartDrawer`` (it keeps its episode table between calls); ``rng``
-        defaults to the store's."""
-        validate_capacity(batch_size, "batch_size")
-        rng = self._rng if rng is None else rng
-        with self._lock:
-            self._check_open()
-            self._drain()
-            return self._state.draw_windows(drawer, batch_size, rng)
-
-    def get(self, indices, *, out: BatchBuffers | None = None) -> Batch:
-        """The transitions with these global ids (must be valid), as a Batch of fresh tensors; with ``out``
-        (``BatchBuffers`` of exactly that many rows, e.g. ``numpy=True`` ones) read into those buffers."""
-        g = as_transition_ids(indices)
-        if out is not None and out.batch_size != g.size:
-            raise ValueError(f"get: out holds {out.batch_size} rows, expected {g.size} (one per index)")
-        buf = out if out is not None else BatchBuffers(self.schema, g.size)
-        with self._lock:
-            self._check_open()
-            self._drain()
-            self._state.gather(g, buf)
-        return buf.batch()
-
-    # -- priorities -------------------------------------------------------------------------------
-    def priorities(self, name: str = "default", *, alpha: float | None = None, eps: float | None = None) -> Priorities:
-        """The priority set ``name`` (loaded from the last commit, or new with every transition at the
-        maximum priority), for reading: ``.of(indices)``, ``.total``. A sampler with ``prioritized=True``
-        uses the one of its own name. ``alpha`` and ``eps`` change a set's exponents; left out, a committed
-        set keeps its own and a new one gets 0.6 and 1e-6."""
-        with self._lock:
-            self._check_open()
-            self._drain()
-            return self._state.priorities.get(name, alpha, eps)
-
-    def _update_priorities(self, prio: Priorities, indices, values) -> int:
-        with self._lock:
-            self._check_open()
-            self._drain()
-            return prio.update(indices, values)
+    @property
+    def inspect(self) -> "StoreInspector":
+        """Reads for tools, tests and other libraries' samplers, not training loops: ``get(ids)``, index-only
+        ``draw``, ``read_column``, ``episode_links``, ``valid_range``, ``stream_tail``, ``priorities``,
+        ``cache_stats`` (see ``StoreInspector``)."""
+        return self._inspector
 
     @property
     def app_meta(self) -> dict:
         """The application's metadata of the last commit (``flush(app_meta=...)``); ``{}`` if none."""
         with self._lock:
             return json.loads(json.dumps(self._state.log.record.get("app", {})))
-
-    def has_sampler_state(self, name: str) -> bool:
-        """Was an RNG state of sampler ``name`` committed (a sampler made with ``seed=None`` continues it)?"""
-        return self._state.samplers.saved_state(name) is not None
 
     # -- what is stored ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -434,40 +299,6 @@ class Store:
     def num_added(self) -> int:
         """Transitions ever added (including those since overwritten)."""
         return self._locked(lambda: self._state.ring.head)
-
-    @property
-    def num_frames(self) -> int:
-        """Distinct observations ever stored (each frame once, however many stacks it belongs to)."""
-        return self._locked(lambda: self._state.frames.head)
-
-    def valid_range(self) -> tuple[int, int]:
-        """``(oldest, head)``: valid global ids lie in this range (a few near ``oldest`` may not be)."""
-        return self._locked(lambda: (self._state.ring.oldest, self._state.ring.head))
-
-    def stream_tail(self, stream: int) -> tuple[int, bool] | None:
-        """``(id, ended)``: the global id of stream ``stream``'s newest transition still held and whether it
-        ended its episode, or None. The stream's next add continues that episode iff it did not end and the
-        observation equals that transition's next observation (``get([id]).next_obs``)."""
-        def read():
-            streams, sid = self._state.streams, int(stream)
-            last = streams.last.get(sid, -1)
-            return None if last < self._state.ring.oldest else (last, streams.ended.get(sid, True))
-        return self._locked(read)
-
-    def read_column(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """The stored values of transition column ``name`` (``action``, ``reward``, an extra, or
-        ``terminated``/``truncated`` as bools) for transitions ``lo <= g < hi`` (within ``valid_range()``)."""
-        specs = {c.name: c for c in self.schema.transition_columns}
-        if name not in specs and name not in TransitionRing.FLAG_COLUMNS:
-            raise KeyError(f"no transition column {name!r}; columns: {[*specs, *TransitionRing.FLAG_COLUMNS]}")
-        codes = self._locked(lambda: self._state.ring.read_range(name, lo, hi, "read_column"))
-        return codes.astype(bool) if name not in specs else ColumnEncoder(specs[name]).decode(codes).copy()
-
-    def episode_links(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For transitions ``lo <= g < hi`` (within ``valid_range()``): ``(prev, terminated, truncated)``,
-        where ``prev`` is the global id of the previous step of ``g``'s episode (-1 at an episode start;
-        it may lie below ``oldest`` where the ring overwrote it) and the flags are bools."""
-        return self._locked(lambda: self._state.ring.episode_links(lo, hi))
 
     def verify(self, progress=None) -> list[str]:
         """Read back every committed shard: each index and chunk checksum, each decoded size. Returns the
@@ -498,39 +329,10 @@ class Store:
     def action_space(self):
         return self.schema.spaces()[1]
 
-    def cache_stats(self) -> dict[str, dict]:
-        """Per observation key: hits, misses, evictions and bytes of the decoded-frame cache, and under
-        ``"compressed"`` the compressed shards held in RAM below it (see docs/guide.md, "Cache budget")."""
-        self._check_open()
-        return self._state.reader.stats()
-
     def _locked(self, read):
         """``read()`` under the lock, on an open store, with nothing pending."""
-        with self._lock:
-            self._check_open()
-            self._drain()
+        with self._guard:
             return read()
-
-    # -- deprecated spellings, kept for one release -----------------------------------------------
-    def fill_batch(self, buf: BatchBuffers, rng: np.random.Generator, **draw: Any) -> None:
-        """Deprecated: use ``sample(batch_size, rng=rng, out=buffers)`` or ``Sampler.sample_into``."""
-        _deprecated("Store.fill_batch(...)", "Store.sample(batch_size, rng=rng, out=buffers)")
-        self._fill_batch(buf, rng, **draw)
-
-    def sample_indices(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Deprecated: transition ids and frame stacks of a uniform draw (use ``sample(...).indices``)."""
-        _deprecated("Store.sample_indices(...)", "Store.sample(...).indices")
-        st = self._state
-        return self._locked(lambda: draw_uniform(st.ring, self.frame_stack, st.frames.head, batch_size, rng))
-
-    def update_priorities(self, indices, priorities, name: str = "default") -> int:
-        """Deprecated: use ``sampler.update_priorities(batch.indices, priorities)``, the one way."""
-        _deprecated("Store.update_priorities(...)", "Sampler.update_priorities(batch.indices, priorities)")
-        prio = self._state.priorities.loaded.get(name)
-        if prio is None:
-            raise KeyError(f"no prioritized sampler named {name!r} on this store; make one with "
-                           f"store.sampler(batch_size, prioritized=True, name={name!r}) first")
-        return self._update_priorities(prio, indices, priorities)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -601,6 +403,151 @@ class Store:
         self._closed = True
 
 
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}", DeprecationWarning,
-                  stacklevel=3)
+
+class _Guard:
+    """``with guard as drain:`` holds the store's lock on an open store with nothing pending (what every
+    read takes); ``drain`` is for reads that drain again per attempt. A plain class, not a generator-based
+    context manager: it is entered once per batch."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store):
+        self._store = store
+
+    def __enter__(self) -> Callable[[], None]:
+        store = self._store
+        store._lock.acquire()
+        try:
+            store._check_open()
+            store._drain()
+        except BaseException:
+            store._lock.release()
+            raise
+        return store._drain
+
+    def __exit__(self, *exc) -> None:
+        self._store._lock.release()
+
+
+class StoreView:
+    """The narrow view of a store that its samplers hold (``sampling.sampler.SamplerSource``): the one
+    race-checked read, the priority sets and the sampler registry, each under the store's guard (its
+    lock, open, nothing pending). It gives no way to write, commit or close the store."""
+
+    def __init__(self, state: StoreState, schema: Schema, guard: _Guard):
+        self._state, self.schema, self._guard = state, schema, guard
+
+    def rebind(self, state: StoreState) -> None:
+        """Read ``state`` from now on (``Store.rollback`` rebuilds the state from its commit)."""
+        self._state = state
+
+    def read(self, draw: DrawStrategy, size: int, rng: np.random.Generator | None, buffers: Any = None) -> Picked:
+        """``StoreState.read`` under the guard."""
+        with self._guard as drain:
+            return self._state.read(draw, size, rng, drain, buffers)
+
+    def priorities(self, prioritized: Prioritized) -> Priorities:
+        with self._guard:
+            return self._state.priorities.get(prioritized.set_name, prioritized.alpha, prioritized.eps)
+
+    def update_priorities(self, prioritized: Prioritized, indices, values) -> int:
+        with self._guard:
+            return self._state.priorities.get(prioritized.set_name).update(indices, values)
+
+    def saved_state(self, name: str) -> dict | None:
+        return self._state.samplers.saved_state(name)
+
+    def register(self, sampler: Sampler) -> None:
+        with self._guard:
+            self._state.samplers.register(sampler)
+
+    def locked(self, read: Callable[[StoreState], Any]) -> Any:
+        """``read(state)`` under the guard (for ``StoreInspector``)."""
+        with self._guard:
+            return read(self._state)
+
+
+class StoreInspector:
+    """``store.inspect``: reads for tools, tests and other libraries' samplers (which fetch rows later),
+    not for training loops. Every read takes the store's lock on an open store with nothing pending."""
+
+    def __init__(self, view: StoreView, frame_stack: int):
+        self._view, self._k = view, frame_stack
+
+    def get(self, indices, *, out: BatchBuffers | None = None) -> Batch:
+        """The transitions with these global ids (must be valid), as a Batch of fresh tensors; with ``out``
+        (``BatchBuffers`` of exactly that many rows, e.g. ``numpy=True`` ones) read into those buffers."""
+        ids = Ids(indices)
+        if out is not None and out.batch_size != ids.ids.size:
+            raise ValueError(f"get: out holds {out.batch_size} rows, expected {ids.ids.size} (one per index)")
+        buf = out if out is not None else ids.new_buffers(self._view.schema, ids.ids.size)
+        self._view.read(ids, ids.ids.size, None, buf)
+        return buf.batch()
+
+    def draw(self, draw: DrawStrategy, size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+        """Ids drawn as a sampler with ``draw`` draws them, without reading any frame: ``(ids, weights)``
+        as fresh arrays, ``ids`` ``(size,)`` transition ids (``(size, burn_in + seq_len)`` windows with
+        ``-1`` padding for ``Sequences``), ``weights`` None unless prioritized. A ``Prioritized`` without a
+        ``name`` draws by the set ``"default"``; a strategy object keeps its state (a ``Sequences``' episode
+        table) between calls."""
+        draw = check_strategy(draw)
+        size = check_batch_size_arg(size)
+
+        def pick(state: StoreState) -> tuple[np.ndarray, np.ndarray | None]:
+            if isinstance(draw, Transitions):
+                check_batch_size(state.ring, self._k, state.frames.head, size)
+            picked = state.read(draw, size, rng, lambda: None)
+            weights = None if picked.weights is None else picked.weights.astype(np.float32)
+            return picked.ids.copy(), weights  # a priority set's draw buffers are reused
+        return self._view.locked(pick)
+
+    def valid_range(self) -> tuple[int, int]:
+        """``(oldest, head)``: valid global ids lie in this range (a few near ``oldest`` may not be)."""
+        return self._view.locked(lambda st: (st.ring.oldest, st.ring.head))
+
+    @property
+    def num_frames(self) -> int:
+        """Distinct observations ever stored (each frame once, however many stacks it belongs to)."""
+        return self._view.locked(lambda st: st.frames.head)
+
+    def read_column(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """The stored values of transition column ``name`` (``action``, ``reward``, an extra, or
+        ``terminated``/``truncated`` as bools) for transitions ``lo <= g < hi`` (within ``valid_range()``)."""
+        specs = {c.name: c for c in self._view.schema.transition_columns}
+        if name not in specs and name not in TransitionRing.FLAG_COLUMNS:
+            raise KeyError(f"no transition column {name!r}; columns: {[*specs, *TransitionRing.FLAG_COLUMNS]}")
+        codes = self._view.locked(lambda st: st.ring.read_range(name, lo, hi, "read_column"))
+        return codes.astype(bool) if name not in specs else ColumnEncoder(specs[name]).decode(codes).copy()
+
+    def episode_links(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For transitions ``lo <= g < hi`` (within ``valid_range()``): ``(prev, terminated, truncated)``,
+        where ``prev`` is the global id of the previous step of ``g``'s episode (-1 at an episode start;
+        it may lie below ``oldest`` where the ring overwrote it) and the flags are bools."""
+        return self._view.locked(lambda st: st.ring.episode_links(lo, hi))
+
+    def stream_tail(self, stream: int) -> tuple[int, bool] | None:
+        """``(id, ended)``: the global id of stream ``stream``'s newest transition still held and whether it
+        ended its episode, or None. The stream's next add continues that episode iff it did not end and the
+        observation equals that transition's next observation (``get([id]).next_obs``)."""
+        def read(st: StoreState):
+            sid = int(stream)
+            last = st.streams.last.get(sid, -1)
+            return None if last < st.ring.oldest else (last, st.streams.ended.get(sid, True))
+        return self._view.locked(read)
+
+    def priorities(self, name: str = DEFAULT_NAME, *, alpha: float | None = None,
+                   eps: float | None = None) -> Priorities:
+        """The priority set ``name`` (loaded from the last commit, or new with every transition at the
+        maximum priority), for reading: ``.of(indices)``, ``.total``. A sampler with ``Prioritized`` uses
+        the one of its own name. ``alpha`` and ``eps`` change a set's exponents; left out, a committed set
+        keeps its own and a new one gets 0.6 and 1e-6."""
+        return self._view.locked(lambda st: st.priorities.get(name, alpha, eps))
+
+    def has_sampler_state(self, name: str) -> bool:
+        """Was an RNG state of sampler ``name`` committed (a sampler made with ``seed=None`` continues it)?"""
+        return self._view.saved_state(name) is not None
+
+    def cache_stats(self) -> dict[str, dict]:
+        """Per observation key: hits, misses, evictions and bytes of the decoded-frame cache, and under
+        ``"compressed"`` the compressed shards held in RAM below it (see docs/guide.md, "Cache budget")."""
+        return self._view.locked(lambda st: st.reader.stats())

@@ -111,7 +111,7 @@ def child_sample(path: str, windows: int, window_s: float, check_ids: list[int])
                 k += 1
             rates.append(k / (time.perf_counter() - w0))
         out[f"b{batch_size}"] = statistics.median(rates)
-    batch = store.get(check_ids)
+    batch = store.inspect.get(check_ids)
     digest = [int(np.frombuffer(t.numpy().tobytes(), np.uint8).astype(np.uint64).sum())
               for t in (batch.obs, batch.next_obs)]
     out["digest"] = digest

@@ -1,4 +1,4 @@
-"""Sequence batches: mmreplay's ``store.sampler(B, seq_len=L)`` against TorchRL's ``SliceSampler`` over
+"""Sequence batches: mmreplay's ``store.sampler(B, Sequences(L))`` against TorchRL's ``SliceSampler`` over
 ``LazyTensorStorage`` (RAM) and ``LazyMemmapStorage`` (disk), same data, same run.
 
 Workloads (issue 15):
@@ -40,6 +40,7 @@ from benchmarks.measure import CpuMeter, cur_rss_bytes, rate_windows  # noqa: E4
 from gymnasium import spaces  # noqa: E402
 
 import mmreplay  # noqa: E402
+from mmreplay.sampling.strategy import Sequences
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "mmreplay", "data", "atari_fixture.npz")
 
@@ -128,11 +129,11 @@ def torchrl_buffer(kind_storage: str, d: dict, k: int, B: int, L: int, workdir: 
 def warm_cache(store, B: int, L: int, least_s: float, most_s: float = 60.0) -> float:
     """Sample until a window of ``least_s`` seconds adds no cache miss (every frame decoded once), as
     TorchRL's storages hold decoded data from the start. Returns the seconds it took."""
-    smp = store.sampler(B, seq_len=L, seed=1)
+    smp = store.sampler(B, Sequences(L), seed=1)
     t0 = time.perf_counter()
     misses = -1
     while time.perf_counter() - t0 < most_s:
-        now = sum(c["misses"] for c in store.cache_stats().values())
+        now = sum(c["misses"] for c in store.inspect.cache_stats().values())
         if now == misses:
             break
         misses = now
@@ -161,7 +162,7 @@ def run(kind: str, n: int, B: int, L: int, k: int, args, workdir: str) -> dict:
     meter = CpuMeter()
     rss0 = cur_rss_bytes()
     for mode in ("episodes", "steps"):
-        smp = store.sampler(B, seq_len=L, sample_from=mode, seed=0)
+        smp = store.sampler(B, Sequences(L, sample_from=mode), seed=0)
         rates = rate_windows(smp.sample, args.windows, args.window, args.warmup)
         out[f"mmreplay_{mode}"] = statistics.median(rates)
         smp.close()

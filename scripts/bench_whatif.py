@@ -117,9 +117,9 @@ def child(spec: dict) -> dict:
             smp = s.sampler(B, prefetch=0, seed=1)
             for _ in range(20):
                 next(smp)
-        st0 = s.cache_stats()
+        st0 = s.inspect.cache_stats()
         rates = _measured_phase(smp, spec["windows"], spec["window_s"])
-        st1 = s.cache_stats()
+        st1 = s.inspect.cache_stats()
         h = sum(st1[c]["hits"] - st0[c]["hits"] for c in st1)
         m = sum(st1[c]["misses"] - st0[c]["misses"] for c in st1)
         out[f"b{B}"] = float(np.median(rates))

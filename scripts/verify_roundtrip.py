@@ -132,7 +132,7 @@ def check(kind: str, path: str, n: int, frame_stack: int) -> dict:
         info = store.info()
         for lo in range(0, n, 4096):
             g = np.arange(lo, min(n, lo + 4096))
-            b = store.get(g)
+            b = store.inspect.get(g)
             obs_ids, next_ids, t = expected_stacks(src, g, frame_stack, per)
             if frame_stack == 1:
                 obs_ids, next_ids = obs_ids[:, 0], next_ids[:, 0]

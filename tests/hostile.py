@@ -17,8 +17,10 @@ import sys
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's mmreplay
 
 import mmreplay  # noqa: E402
+from mmreplay.sampling.strategy import NStep, Prioritized  # noqa: E402
 from mmreplay.storage.commit import CHECKSUM_KEY, COMMIT_KEY, record_checksum  # noqa: E402
 
 NUMBERS = [-1, 0, 7, 2**31, 2**40, 2**64, 1.5, "12", None, True, {}]
@@ -86,14 +88,14 @@ def use(store: str) -> None:
     """What a user does with a store: every entry point that reads what the metadata says."""
     with mmreplay.Store.open(store, mode="r") as s:
         n = len(s)
-        oldest, head = s.valid_range()
+        oldest, head = s.inspect.valid_range()
         s.info()
         s.verify()
         if n >= 8:
             s.sample(8, seed=0)
-            s.get([head - 1])
-            next(s.sampler(8, n_step=3, seed=0))
-            next(s.sampler(8, prioritized=True, seed=0))
+            s.inspect.get([head - 1])
+            next(s.sampler(8, NStep(3), seed=0))
+            next(s.sampler(8, Prioritized(), seed=0))
     with mmreplay.Store.open(store) as s:
         s.flush()
 

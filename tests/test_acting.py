@@ -56,7 +56,7 @@ def test_acting_stacks_equal_the_stored_stacks(store_path, mode, padding):
             acted.append(before[i])
             after.append(None if mode == gym.vector.AutoresetMode.SAME_STEP and done[i] else obs[i].copy())
         starting = done
-    batch = store.get(np.arange(len(acted)))
+    batch = store.inspect.get(np.arange(len(acted)))
     assert len(store) == len(acted)
     for g, (a, n) in enumerate(zip(acted, after)):
         np.testing.assert_array_equal(batch.obs[g].numpy(), a, err_msg=f"obs stack of transition {g}")

@@ -27,7 +27,7 @@ def make(tmp_path, action_space, name="s", **kw):
 
 
 def stored_actions(store):
-    return store.read_column("action", *store.valid_range()).tolist()
+    return store.inspect.read_column("action", *store.inspect.valid_range()).tolist()
 
 
 # -- the values of the issue: all were stored (as something else) by add ----------------------------
@@ -124,7 +124,7 @@ def test_float_values_that_would_overflow_the_dtype_are_refused(tmp_path):
         with pytest.raises(ValueError, match=r"column 'reward': value .* is out of range for dtype float32"):
             s.add(O1, 0.5, reward, O2, False, False)
     s.add(O1, 0.5, float("inf"), O2, False, False)  # inf and nan are values of their own, kept as given
-    assert s.read_column("reward", *s.valid_range()).tolist() == [np.float32(1e38), math.inf]
+    assert s.inspect.read_column("reward", *s.inspect.valid_range()).tolist() == [np.float32(1e38), math.inf]
     s.close()
 
 
@@ -221,8 +221,8 @@ def test_fast_and_checked_paths_agree(store_pairs, config, value):
         assert f"column '{varies}'" in fast_error
         assert (fast_store.num_added, checked_store.num_added) == heads  # nothing stored
         return
-    got_fast = fast_store.read_column(varies, heads[0], heads[0] + 1)
-    got_checked = checked_store.read_column(varies, heads[1], heads[1] + 1)
+    got_fast = fast_store.inspect.read_column(varies, heads[0], heads[0] + 1)
+    got_checked = checked_store.inspect.read_column(varies, heads[1], heads[1] + 1)
     assert got_fast.dtype == got_checked.dtype and got_fast.tobytes() == got_checked.tobytes(), (value, got_fast,
                                                                                                  got_checked)
     if encoder.spec.kind == "numeric" and encoder.dtype.kind in "iu":  # integers: exactly the value given

@@ -1,5 +1,5 @@
-"""The public API of issue #13: session settings, explicit sampler parameters, one way to update
-priorities (old spellings warn), one open sampler per name, read accessors, reused-buffer draws."""
+"""The public API of issues #13 and #22: session settings, a sampler's draw strategy, one way to update
+priorities, one open sampler per name, read accessors (``store.inspect``), reused-buffer draws."""
 
 import warnings
 
@@ -10,6 +10,7 @@ from gymnasium import spaces
 import mmreplay
 from conftest import IMG, frame
 from mmreplay.sampling.batch import BatchBuffers
+from mmreplay.sampling.strategy import Prioritized
 
 
 def filled(make_store, n=60, **kw):
@@ -54,44 +55,42 @@ def test_a_second_open_sampler_of_one_name_is_an_error(make_store):
     assert not again.closed and not other.closed
 
 
-def test_priority_eps_is_the_old_spelling_of_eps(make_store):
+def test_eps_given_to_prioritized_is_the_sets_eps(make_store):
     s = filled(make_store)
-    with pytest.warns(DeprecationWarning, match="priority_eps"):
-        smp = s.sampler(8, prioritized=True, alpha=1.0, priority_eps=0.5)
+    smp = s.sampler(8, Prioritized(alpha=1.0, eps=0.5))
     assert smp.priorities.eps == 0.5
     smp.close()
-    smp = s.sampler(8, prioritized=True, alpha=1.0, eps=0.25)
-    assert s.priorities().eps == 0.25
+    smp = s.sampler(8, Prioritized(alpha=1.0, eps=0.25))
+    assert s.inspect.priorities().eps == 0.25
 
 
 def test_priorities_are_updated_through_the_sampler_and_read_through_the_set(make_store):
     s = filled(make_store)
-    smp = s.sampler(8, prioritized=True, alpha=1.0, eps=0.0, seed=0)
-    lo, hi = s.valid_range()
+    smp = s.sampler(8, Prioritized(alpha=1.0, eps=0.0), seed=0)
+    lo, hi = s.inspect.valid_range()
     ids = np.arange(lo, hi)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the one way warns about nothing
         assert smp.update_priorities(ids, np.full(ids.size, 2.0)) == ids.size
     assert smp.update_priorities([lo + 3], [6.0]) == 1
-    prio = s.priorities()
+    prio = s.inspect.priorities()
     np.testing.assert_array_equal(prio.of([lo, lo + 3]), [2.0, 6.0])
     drawable = s.geometry.transitions.slot(ids)
     assert prio.total == pytest.approx(prio.tree.leaves[drawable].sum())
     with pytest.raises(IndexError, match="valid range"):
         prio.of([hi])
-    with pytest.warns(DeprecationWarning, match="Sampler.update_priorities"):
-        assert s.update_priorities([lo], [1.0]) == 1
+    assert smp.update_priorities([lo], [1.0]) == 1
     assert prio.of([lo])[0] == 1.0
 
 
-def test_internal_draws_warn_under_their_old_public_names(make_store):
+def test_the_old_spellings_are_gone(make_store):
     s = filled(make_store)
-    buf = BatchBuffers(s.schema, 4)
-    with pytest.warns(DeprecationWarning, match="fill_batch"):
-        s.fill_batch(buf, np.random.default_rng(0))
-    with pytest.warns(DeprecationWarning, match="sample_indices"):
-        g, obs_ids, next_ids = s.sample_indices(4, np.random.default_rng(0))
-    np.testing.assert_array_equal(g, buf.indices[0].numpy())  # same rng seed: the same draw
+    for old in ("fill_batch", "sample_indices", "update_priorities", "sequence_sampler", "draw_indices", "get"):
+        assert not hasattr(s, old), old
+    with pytest.raises(TypeError, match="unexpected keyword argument 'prioritized'"):
+        s.sampler(4, prioritized=True)
+    with pytest.raises(TypeError, match="draw must be a draw strategy"):
+        s.sampler(4, Prioritized)  # the class, not a strategy
 
 
 def test_sample_into_reused_buffers_follows_the_samplers_sequence(make_store):
@@ -103,34 +102,31 @@ def test_sample_into_reused_buffers_follows_the_samplers_sequence(make_store):
         got = [b.sample_into(buf).indices.clone() for _ in range(2)]
         assert b.sample_into(buf).obs.data_ptr() == buf.obs["obs"][0].data_ptr()  # no copy: the same buffer
     assert all(bool((x == y).all()) for x, y in zip(expected, got))
-    out = s.sample(6, seed=1, out=buf)
-    assert out.obs.data_ptr() == buf.obs["obs"][0].data_ptr()
-    np.testing.assert_array_equal(out.indices.numpy(), s.sample(6, seed=1).indices.numpy())
-    with pytest.raises(ValueError, match="out holds batches of 6"):
-        s.sample(5, out=buf)
+    np.testing.assert_array_equal(s.sample(6, seed=np.random.default_rng(1)).indices.numpy(),
+                                  s.sample(6, seed=1).indices.numpy())  # a Generator or its seed: one stream
 
 
 def test_read_column_returns_stored_values(make_store):
     s = filled(make_store)
-    lo, hi = s.valid_range()
+    lo, hi = s.inspect.valid_range()
     g = np.arange(lo, hi)
-    np.testing.assert_array_equal(s.read_column("action", lo, hi), g % 3)
-    np.testing.assert_array_equal(s.read_column("reward", lo, hi), np.array([-1, 0, 1])[g % 3])
-    np.testing.assert_array_equal(s.read_column("terminated", lo, hi), g % 20 == 19)
+    np.testing.assert_array_equal(s.inspect.read_column("action", lo, hi), g % 3)
+    np.testing.assert_array_equal(s.inspect.read_column("reward", lo, hi), np.array([-1, 0, 1])[g % 3])
+    np.testing.assert_array_equal(s.inspect.read_column("terminated", lo, hi), g % 20 == 19)
     with pytest.raises(KeyError, match="no transition column 'lives'"):
-        s.read_column("lives", lo, hi)
+        s.inspect.read_column("lives", lo, hi)
     with pytest.raises(IndexError, match="valid range"):
-        s.read_column("action", lo, hi + 1)
+        s.inspect.read_column("action", lo, hi + 1)
 
 
 def test_has_sampler_state_says_whether_a_seedless_sampler_continues(make_store, store_path):
     s = filled(make_store)
-    assert not s.has_sampler_state("default")
+    assert not s.inspect.has_sampler_state("default")
     with s.sampler(4, seed=0) as smp:
         next(smp)
     s.close()
     with mmreplay.Store.open(store_path, mode="r") as again:
-        assert again.has_sampler_state("default") and not again.has_sampler_state("other")
+        assert again.inspect.has_sampler_state("default") and not again.inspect.has_sampler_state("other")
 
 
 def test_public_classes_are_exported():

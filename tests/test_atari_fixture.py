@@ -36,11 +36,11 @@ def test_real_frames_round_trip_with_stacks(store_path, fixture, codec):
     with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=10_000, frame_stack=4,
                                reward_values=(-1, 0, 1), frame_codec=codec) as s:
         replay(fixture, s, ref)
-        assert s.num_frames == len(fixture["frames"])  # every distinct frame stored exactly once
+        assert s.inspect.num_frames == len(fixture["frames"])  # every distinct frame stored exactly once
     with mmreplay.Store.open(store_path, mode="r") as s:
         ids = ref.valid_ids()
         assert len(s) == len(ids) == len(fixture["action"])
-        assert_batch_matches(s.get(ids), ref, ids)
+        assert_batch_matches(s.inspect.get(ids), ref, ids)
         frame_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in
                           os.walk(os.path.join(store_path, "frames")) for f in fs)
     assert frame_bytes / len(ids) < 7056 / 8  # compressed at least 8x
@@ -64,9 +64,9 @@ def test_shards_sealed_in_the_background_read_back_identical(store_path, fixture
         assert bool(set(encoder_children()) - before) == (encoder == "process")
         replay(fixture, s, ref)
         ids = ref.valid_ids()
-        assert_batch_matches(s.get(ids), ref, ids)  # sealed shards are read from RAM or the new file
+        assert_batch_matches(s.inspect.get(ids), ref, ids)  # sealed shards are read from RAM or the new file
     with mmreplay.Store.open(store_path, mode="r") as s:
-        assert_batch_matches(s.get(ids), ref, ids)
+        assert_batch_matches(s.inspect.get(ids), ref, ids)
         assert s.verify() == []
 
 
@@ -85,7 +85,7 @@ def test_shards_split_between_child_and_adding_process_read_back_identical(store
         replay(fixture, s, ref)
     with mmreplay.Store.open(store_path, mode="r") as s:
         ids = ref.valid_ids()
-        assert_batch_matches(s.get(ids), ref, ids)
+        assert_batch_matches(s.inspect.get(ids), ref, ids)
         assert s.verify() == []
 
 

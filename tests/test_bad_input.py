@@ -17,9 +17,9 @@ def filled(make_store):
 
 
 def snapshot(s):
-    ids = list(range(*s.valid_range()))
-    b = s.get(ids[1:])
-    return s.valid_range(), len(s), s.num_frames, b.obs.clone(), b.action.clone(), b.reward.clone()
+    ids = list(range(*s.inspect.valid_range()))
+    b = s.inspect.get(ids[1:])
+    return s.inspect.valid_range(), len(s), s.inspect.num_frames, b.obs.clone(), b.action.clone(), b.reward.clone()
 
 
 def assert_unchanged(s, before):
@@ -97,7 +97,7 @@ def test_bad_sampling_requests(make_store):
         with pytest.raises(ValueError, match="batch_size must be a positive integer"):
             s.sample(size)
     with pytest.raises(IndexError, match=r"transition ids \[5\] are not valid"):
-        s.get([5])
+        s.inspect.get([5])
 
 
 def test_closed_and_read_only_stores(make_store, store_path):

@@ -9,6 +9,7 @@ from gymnasium import spaces
 
 import mmreplay
 from mmreplay.columns.spec import ColumnSpec
+from mmreplay.sampling.strategy import NStep, Prioritized, Sequences
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "indices", "extras", "weights",
           "discount")
@@ -64,7 +65,7 @@ def test_copies_keep_their_values_after_the_next_batch(store):
     first = next(smp)
     copied = first.numpy()
     assert tuple(copied) == FIELDS
-    truth = store.get(first.indices.numpy().copy())  # fresh tensors of the same transitions
+    truth = store.inspect.get(first.indices.numpy().copy())  # fresh tensors of the same transitions
     for name in FIELDS:
         _assert_same(copied[name], getattr(truth, name), name)
     kept = _snapshot(copied)
@@ -85,7 +86,7 @@ def test_views_are_the_batch_buffers_and_change_at_the_next_batch(store):
     assert np.shares_memory(views["extras"]["step"], first.extras["step"].numpy())
     second = next(smp)
     # valid until the next batch: the views now hold the second batch, row for row
-    truth = store.get(second.indices.numpy().copy())
+    truth = store.inspect.get(second.indices.numpy().copy())
     for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated", "indices", "extras"):
         _assert_same(views[name], getattr(truth, name), name)
 
@@ -98,7 +99,7 @@ def test_a_copy_owns_its_memory(store):
 
 
 def test_weights_and_discount_where_the_sampler_makes_them(store):
-    batch = next(store.sampler(16, seed=3, prioritized=True, n_step=3, gamma=0.9))
+    batch = next(store.sampler(16, NStep(3, 0.9, over=Prioritized()), seed=3))
     arrays = batch.numpy()
     _assert_same(arrays["weights"], batch.weights, "weights")
     _assert_same(arrays["discount"], batch.discount, "discount")
@@ -115,14 +116,14 @@ def test_dict_observations(store_path):
         batch = next(s.sampler(8, seed=0))
         arrays = batch.numpy()
         assert set(arrays["obs"]) == {"img", "vec"}
-        truth = s.get(batch.indices.numpy().copy())
+        truth = s.inspect.get(batch.indices.numpy().copy())
         _assert_same(arrays["obs"], truth.obs, "obs")
         _assert_same(arrays["next_obs"], truth.next_obs, "next_obs")
         np.testing.assert_array_equal(arrays["obs"]["img"][:, 0, 0], arrays["indices"])  # frame value = step
 
 
 def test_sequence_batch_numpy(store):
-    smp = store.sequence_sampler(4, 5, seed=0)
+    smp = store.sampler(4, Sequences(5), seed=0)
     first = next(smp)
     copied, views = first.numpy(), first.numpy(copy=False)
     assert copied["burn_in"] == 0 and copied["mask"].shape == (4, 5)
@@ -136,6 +137,6 @@ def test_sequence_batch_numpy(store):
 
 
 def test_views_of_a_batch_off_the_cpu_are_refused(store):
-    batch = store.get([5, 6]).to("meta")  # a device tensor without memory on the host (no GPU needed)
+    batch = store.inspect.get([5, 6]).to("meta")  # a device tensor without memory on the host (no GPU needed)
     with pytest.raises(ValueError, match="copy=False.*meta"):
         batch.numpy(copy=False)

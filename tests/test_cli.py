@@ -14,6 +14,7 @@ from gymnasium import spaces
 import mmreplay
 from conftest import frame_shard_file
 from mmreplay.cli import main
+from mmreplay.sampling.strategy import Prioritized
 
 
 def test_info_json(small_store, capsys):
@@ -104,7 +105,7 @@ def test_episode_stats_match_the_generated_episodes(store_path, capacity, reward
     store, episodes = drive_streams(store_path, 1200, capacity, seed=3, reward_values=reward_values)
     with store:
         store.flush()
-        oldest, head = store.valid_range()
+        oldest, head = store.inspect.valid_range()
         stats = episode_stats(store, chunk=chunk)
     complete = sorted((e for e in episodes if e[4] and e[0] >= oldest), key=lambda e: e[1])
     assert stats.complete == len(complete) > 5
@@ -125,9 +126,9 @@ def test_column_reader_matches_store_get_across_the_ring(store_path):
     store, _ = drive_streams(store_path, 1000, 300, seed=4)
     with store:
         store.flush()
-        oldest, head = store.valid_range()
+        oldest, head = store.inspect.valid_range()
         ids = np.arange(oldest + 2, head)
-        batch = store.get(ids)
+        batch = store.inspect.get(ids)
         for name, want in (("reward", batch.reward.numpy()), ("action", batch.action.numpy())):
             got = ColumnReader(store.path, name).read(oldest + 2, head)
             np.testing.assert_array_equal(got.astype(want.dtype), want, err_msg=name)
@@ -138,13 +139,13 @@ def test_committed_priorities_are_read_with_plain_zarr(store_path):
 
     store, _ = drive_streams(store_path, 700, 300, seed=5)
     with store:
-        sampler = store.sampler(16, prioritized=True, seed=0)
+        sampler = store.sampler(16, Prioritized(), seed=0)
         batch = next(sampler)
         ids = np.unique(batch.indices.numpy())
         values = np.arange(1, ids.size + 1, dtype=np.float32) / 4
         sampler.update_priorities(ids, values)
         sampler.close()
-        oldest, head = store.valid_range()
+        oldest, head = store.inspect.valid_range()
     p = committed_priorities(store_path)["default"]
     assert p.size == head - oldest
     np.testing.assert_allclose(p[ids - oldest], values, rtol=1e-6)
@@ -208,7 +209,7 @@ def test_plot_panels_for_an_image_store_with_priorities(tmp_path):
     with mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6), capacity=1000,
                                frame_stack=4, reward_values=(-1, 0, 1), durable=False) as s:
         fill(s, atari_fixture(), 1500)
-        sampler = s.sampler(32, prioritized=True, seed=0)
+        sampler = s.sampler(32, Prioritized(), seed=0)
         batch = next(sampler)
         sampler.update_priorities(batch.indices, np.linspace(0.01, 5, 32))
         sampler.close()

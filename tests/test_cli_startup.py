@@ -58,18 +58,18 @@ def test_info_verify_and_export_together_do_not_import_torch(small_store, tmp_pa
 
 @pytest.mark.parametrize("padding", ["first", "zeros"])
 def test_numpy_buffers_read_what_tensor_buffers_read(tmp_path, padding):
-    """``Store.get(ids, out=BatchBuffers(..., numpy=True))`` gives, field by field, what ``Store.get`` gives
+    """``store.inspect.get(ids, out=BatchBuffers(..., numpy=True))`` gives, field by field, what ``inspect.get`` gives
     as tensors: frame stacks (zero padding before an episode's first frame included), actions, rewards, flags."""
     with mmreplay.Store.create(str(tmp_path / "s"), spaces.Box(0, 255, (4, 3), np.uint8), spaces.Discrete(5),
                                capacity=400, frame_stack=3, stack_padding=padding) as s:
         for i in range(250):
             s.add(np.full((4, 3), i % 256, np.uint8), i % 5, float(i), np.full((4, 3), (i + 1) % 256, np.uint8),
                   i % 40 == 39, i % 90 == 89)
-        ids = np.arange(*s.valid_range())
-        want = s.get(ids)
-        got = s.get(ids, out=BatchBuffers(s.schema, ids.size, numpy=True))
+        ids = np.arange(*s.inspect.valid_range())
+        want = s.inspect.get(ids)
+        got = s.inspect.get(ids, out=BatchBuffers(s.schema, ids.size, numpy=True))
         with pytest.raises(ValueError, match="out holds 3 rows, expected"):
-            s.get(ids, out=BatchBuffers(s.schema, 3, numpy=True))
+            s.inspect.get(ids, out=BatchBuffers(s.schema, 3, numpy=True))
     for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated", "indices"):
         value = getattr(got, name)
         assert isinstance(value, np.ndarray), name

@@ -86,7 +86,7 @@ def test_real_full_disk(tiny_tmpfs):
     s.close()
     assert committed > 0
     with mmreplay.Store.open(path, mode="r") as again:
-        assert again.valid_range() == (0, committed)
-        b = again.get(np.arange(committed))
+        assert again.inspect.valid_range() == (0, committed)
+        b = again.inspect.get(np.arange(committed))
         np.testing.assert_array_equal(b.next_obs[:, -1].numpy(), frames[1:committed + 1])
         assert again.verify() == []

@@ -116,7 +116,7 @@ def store_episodes(store):
     out = []
     k = store.frame_stack
     for span in list_episodes(store).episodes:
-        b = store.get(span.ids)
+        b = store.inspect.get(span.ids)
 
         def last(x):
             if isinstance(x, dict):
@@ -182,7 +182,7 @@ def test_ring_cut_and_unfinished_episodes_are_skipped_or_exported_on_request(tmp
         extra["obs"] = np.concatenate([extra["obs"], extra["obs"]])  # enough frames
         store.extend(extra["obs"][:n - 1], np.zeros((n - 1, 2), np.float32), np.zeros(n - 1, np.float32),
                      extra["obs"][1:n], np.zeros(n - 1, bool), np.zeros(n - 1, bool), streams=[9] * (n - 1))
-        oldest, _head = store.valid_range()
+        oldest, _head = store.inspect.valid_range()
         assert oldest > 0
         listing = list_episodes(store)
         assert listing.skipped_cut >= 1 and listing.skipped_unfinished == 1
@@ -678,7 +678,7 @@ def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path):
             store.extend(frames[:-1], np.zeros(2000, np.int64), np.zeros(2000, np.float32), frames[1:],
                          np.zeros(2000, bool), trunc[lo:lo + 2000], streams=np.zeros(2000, np.int64))
         data_bytes = 2 * n * 1024  # observations + next observations
-        store.get(np.arange(4))  # numba's one-time imports (~16 MB of Python objects) come before the measure
+        store.inspect.get(np.arange(4))  # numba's one-time imports (~16 MB of Python objects) come before the measure
         full = _traced_peak(lambda: export_dataset(store, tmp_path / "all.hdf5", "d4rl", block_rows=512))
         third = _traced_peak(lambda: export_dataset(store, tmp_path / "third.hdf5", "d4rl", block_rows=512,
                                                     episodes=slice(0, n // episode // 3)))

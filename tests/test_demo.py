@@ -49,10 +49,3 @@ def test_cli_demo_without_a_clone_says_how_to_run_it(tmp_path, monkeypatch, caps
     assert main(["demo"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "python examples/demo.py" in err and "nowhere" in err
-
-
-def test_old_spelling_still_runs_the_demo_with_a_deprecation_warning(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mmreplay.demo", "--help"], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
-    assert proc.returncode == 0 and "python examples/demo.py" in proc.stdout and "--resume-steps" in proc.stdout
-    assert "DeprecationWarning" in proc.stderr and "python examples/demo.py" in proc.stderr

@@ -19,6 +19,7 @@ from gymnasium import spaces
 ray = pytest.importorskip("ray")
 
 from mmreplay.columns.spec import ColumnSpec  # noqa: E402
+from mmreplay.sampling.strategy import Prioritized
 
 OBS = spaces.Box(0, 255, (8,), np.uint8)
 EXTRAS = [ColumnSpec.numeric("uid", (), "int64"), ColumnSpec.numeric("ep_t", (), "int32")]
@@ -189,13 +190,13 @@ def test_priorities_are_routed_persisted_and_a_restarted_learner_continues(deplo
     from mmreplay.distributed import ReplayShards
 
     shards = deployment["shards"]
-    smp = shards.sampler(32, prioritized=True, local=False, prefetch=0, seed=5, name="L")
+    smp = shards.sampler(32, draw=Prioritized(), local=False, prefetch=0, seed=5, name="L")
     b = smp.sample()
     assert b.weights is not None and float(b.weights.max()) <= 1.0
     new = np.arange(1, 33, dtype=np.float32) * 10
     smp.update_priorities(b, new)
     smp.close()  # waits for the updates
-    smp = shards.sampler(16, prioritized=True, local=False, prefetch=0, seed=7, name="L")
+    smp = shards.sampler(16, draw=Prioritized(), local=False, prefetch=0, seed=7, name="L")
     smp.sample()
     saved = smp.state_dict()  # what a learner checkpoints with its model
     shards.commit()  # the shards commit priorities and their side of the sampler state
@@ -212,7 +213,7 @@ def test_priorities_are_routed_persisted_and_a_restarted_learner_continues(deplo
             want = {int(g): p for g, p in zip(idx[rows], new[rows])}
             got = ray.get(shards.handles[i].priorities.remote(np.array(list(want)), "L"))
             assert np.allclose(got, list(want.values()))
-    learner = shards.sampler(16, prioritized=True, local=False, prefetch=0, name="L")
+    learner = shards.sampler(16, draw=Prioritized(), local=False, prefetch=0, name="L")
     learner.load_state_dict(saved)
     got = learner.sample()
     assert got.shard.tolist() == expected.shard.tolist()  # the same split (learner state) ...
@@ -226,7 +227,7 @@ def test_priorities_are_routed_persisted_and_a_restarted_learner_continues(deplo
     hot = {k for k, p in final.items() if p >= 200}
     expected_share = sum(leaf[k] for k in hot) / (sum(leaf.values()) + (total_rows - len(final)) * 1.0)
     assert expected_share > 10 * len(hot) / total_rows
-    learner = shards.sampler(512, prioritized=True, local=False, prefetch=0, seed=6, name="L")
+    learner = shards.sampler(512, draw=Prioritized(), local=False, prefetch=0, seed=6, name="L")
     drawn = learner.sample()
     share = np.mean([(int(s_), int(g)) in hot for s_, g in zip(drawn.shard, drawn.indices)])
     assert abs(share - expected_share) < 0.07, (share, expected_share)

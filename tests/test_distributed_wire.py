@@ -347,7 +347,7 @@ def test_a_shard_stores_nothing_of_a_malformed_batch(tmp_path):
         want = {k: np.concatenate([r[k] for r in truth]) for k in ("obs", "next_obs", "action", "reward")}
         store = shard.store
         assert store.num_added == want["action"].size
-        got = store.get(np.arange(*store.valid_range()))
+        got = store.inspect.get(np.arange(*store.inspect.valid_range()))
         for k in want:
             assert np.array_equal(getattr(got, k).numpy(), want[k]), k
 

@@ -48,5 +48,5 @@ def test_drqv2_example_trains_saves_and_resumes_past_a_crash(tmp_path):
     assert again["step"] == again["num_added"] == 90  # rolled back to 60, then 30 more
     with mmreplay.Store.open(path, mode="r") as store:
         assert len(store) == 90
-        assert store.read_column("action", 60, 67).any(axis=1).all()  # the env's steps, not the left-overs
-        assert bool(store.get(np.arange(60, 67)).obs.any())
+        assert store.inspect.read_column("action", 60, 67).any(axis=1).all()  # the env's steps, not the left-overs
+        assert bool(store.inspect.get(np.arange(60, 67)).obs.any())

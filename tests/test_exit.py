@@ -34,13 +34,13 @@ def test_a_script_that_never_closes_loses_nothing(store_path):
     stderr = run(store_path, 2000, "pass  # no close(), no flush()")
     assert "leaked shared_memory" not in stderr and "Warning" not in stderr, stderr
     with mmreplay.Store.open(store_path, mode="r") as s:
-        assert s.valid_range() == (0, 2000)
+        assert s.inspect.valid_range() == (0, 2000)
         ids = [g for g in range(2000)]
         for lo in range(0, 2000, 500):
-            assert syn.wrong_rows(s.get(ids[lo:lo + 500])) == []
+            assert syn.wrong_rows(s.inspect.get(ids[lo:lo + 500])) == []
 
 
 def test_a_dropped_store_commits_when_collected(store_path):
     run(store_path, 700, "del s; import gc; gc.collect(); import os; os._exit(0)  # no atexit either")
     with mmreplay.Store.open(store_path, mode="r") as s:
-        assert s.valid_range() == (0, 700)
+        assert s.inspect.valid_range() == (0, 700)

@@ -63,7 +63,7 @@ CHILD = textwrap.dedent("""
             for g in range({updated}):
                 s.add(*truth.transition(shape, g))
             s.flush()
-            sampler = s.sampler(8, prioritized=True, name="per")
+            sampler = s.sampler(8, mmreplay.Prioritized(), name="per")
             ids = np.arange({updated})
             assert sampler.update_priorities(ids, [truth.priority(i) for i in ids]) == {updated}
             g = {updated}
@@ -138,16 +138,16 @@ def wrong(path, shape, added, prioritized) -> list[str]:
     """What differs from the ground truth in the store at ``path``: transitions [0, added) and, prioritized,
     their priorities (the first ``UPDATED`` as set, the later ones at the largest priority given before)."""
     with mmreplay.Store.open(path, mode="r") as s:
-        if s.valid_range() != (0, added):
-            return [f"valid range {s.valid_range()}, expected (0, {added})"]
+        if s.inspect.valid_range() != (0, added):
+            return [f"valid range {s.inspect.valid_range()}, expected (0, {added})"]
         ids = list(range(added))
         bad = [f"transition {g}" for lo in range(0, added, 256)
-               for g in truth.wrong_rows(shape, s.get(ids[lo:lo + 256]))]
+               for g in truth.wrong_rows(shape, s.inspect.get(ids[lo:lo + 256]))]
         if prioritized:
             given = np.array([truth.priority(g) for g in range(UPDATED)], dtype=np.float32)
             later = np.float32(max(1.0, float(given.max())))
             want = np.concatenate([given, np.full(added - UPDATED, later, dtype=np.float32)])
-            got = s.priorities("per").of(ids)
+            got = s.inspect.priorities("per").of(ids)
             bad += [f"priority of {g}: {got[g]}, expected {want[g]}" for g in np.flatnonzero(got != want)]
         return bad
 
@@ -271,7 +271,7 @@ def test_zarr_reads_an_unbounded_store_whose_metadata_was_grown_without_zarr(sto
         rows, head = s.geometry.frames.rows, s._state.frames.head
     assert rows > first_rows
     with mmreplay.Store.open(store_path, mode="r") as s:
-        assert s.valid_range() == (0, g) and truth.wrong_rows(shape, s.get(range(g - 64, g))) == []
+        assert s.inspect.valid_range() == (0, g) and truth.wrong_rows(shape, s.inspect.get(range(g - 64, g))) == []
     frames = zarr.open_array(store=store_path, path="frames/obs", mode="r")
     assert frames.shape == (rows, *shape)
     np.testing.assert_array_equal(frames[head - 1], truth.next_obs(shape, g - 1))  # the newest frame, by zarr

@@ -15,6 +15,7 @@ import pytest
 import mmreplay
 import mmreplay.storage.sharded as sharded
 import synthetic as syn
+from mmreplay.sampling.strategy import Prioritized
 
 N = 1500
 
@@ -26,10 +27,10 @@ def filled(synthetic_store, store_path):
 
 
 def all_rows_right(store) -> int:
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     ids = np.array([g for g in range(oldest, head) if syn.needs(g) >= oldest])
     for lo in range(0, ids.size, 256):
-        assert syn.wrong_rows(store.get(ids[lo:lo + 256])) == []
+        assert syn.wrong_rows(store.inspect.get(ids[lo:lo + 256])) == []
     for _ in range(30):
         assert syn.wrong_rows(store.sample(64)) == []
     return ids.size
@@ -80,7 +81,7 @@ def test_a_corrupt_chunk_raises_and_is_not_cached(filled):
         with open(path, "wb") as f:
             f.write(damaged)
         with pytest.raises(mmreplay.CorruptDataError, match=r"frames/obs.*shard 0, chunk 0"):
-            s.get(np.arange(0, 64))
+            s.inspect.get(np.arange(0, 64))
         with open(path, "wb") as f:  # the file is fine again: so is every row
             f.write(original)
         assert all_rows_right(s) == N
@@ -94,7 +95,7 @@ def test_a_deleted_committed_shard_is_an_error_not_zeros(filled, what):
     with pytest.raises(mmreplay.CorruptDataError, match="missing"):
         s = mmreplay.Store.open(filled, mode="r")
         try:
-            s.get(np.arange(0, 64))
+            s.inspect.get(np.arange(0, 64))
             for _ in range(20):
                 s.sample(64)
         finally:
@@ -135,48 +136,48 @@ def test_a_refresh_that_fails_midway_is_loaded_again(filled, monkeypatch):
         reader.sample(32)  # loads again first, and fails again: never samples the half-loaded state
     monkeypatch.undo()
     assert syn.wrong_rows(reader.sample(32)) == []
-    assert reader.valid_range()[1] == N + 700
+    assert reader.inspect.valid_range()[1] == N + 700
     assert all_rows_right(reader) > 0
     reader.close()
 
 
 def test_priorities_that_overflow_float32_or_the_tree_are_refused_before_anything_changes(filled):
     with mmreplay.Store.open(filled) as s:
-        sampler = s.sampler(32, prioritized=True)
+        sampler = s.sampler(32, Prioritized())
         batch = next(sampler)
-        before = s.priorities().raw.copy()
+        before = s.inspect.priorities().raw.copy()
         for bad in (1e39, 3.5e38, float("inf"), float("nan"), -1.0):
             with pytest.raises(ValueError):
                 sampler.update_priorities(batch.indices, np.full(32, bad))
-        np.testing.assert_array_equal(s.priorities().raw, before)
+        np.testing.assert_array_equal(s.inspect.priorities().raw, before)
         with pytest.raises(ValueError, match="overflows"):
-            s.priorities(alpha=1e9)  # (1 + 1e-6) ** 1e9 = e ** 1000
+            s.inspect.priorities(alpha=1e9)  # (1 + 1e-6) ** 1e9 = e ** 1000
         sampler.update_priorities(batch.indices, np.full(32, 3e38))  # largest float32-ish: still fine at 0.6
         with pytest.raises(ValueError, match="overflows"):
-            s.priorities(alpha=10.0)  # (3e38) ** 10 overflows float64
-        assert s.priorities().alpha == 0.6
+            s.inspect.priorities(alpha=10.0)  # (3e38) ** 10 overflows float64
+        assert s.inspect.priorities().alpha == 0.6
         assert syn.wrong_rows(next(sampler)) == []
         s.flush()  # commits still work
     with mmreplay.Store.open(filled) as again:  # and the store reopens with everything
-        assert again.valid_range() == (0, N)
-        assert float(again.priorities().raw.max()) == pytest.approx(3e38, rel=1e-6)
-        assert syn.wrong_rows(next(again.sampler(32, prioritized=True))) == []
+        assert again.inspect.valid_range() == (0, N)
+        assert float(again.inspect.priorities().raw.max()) == pytest.approx(3e38, rel=1e-6)
+        assert syn.wrong_rows(next(again.sampler(32, Prioritized()))) == []
     with pytest.raises(ValueError, match="overflows"):
         with mmreplay.Store.open(filled) as third:
-            third.sampler(32, prioritized=True, alpha=1e9)
+            third.sampler(32, Prioritized(alpha=1e9))
 
 
 def test_small_things_that_used_to_pass_silently(filled, tmp_path):
     with mmreplay.Store.open(filled, mode="r") as s:
         with pytest.raises(TypeError, match="integer transition ids"):
-            s.get([1.7])
+            s.inspect.get([1.7])
         with pytest.raises(TypeError, match="integer transition ids"):
-            s.get(np.array([True]))
+            s.inspect.get(np.array([True]))
         with pytest.raises(ValueError, match="larger than the store"):
             s.sample(10**6)  # checked before 10**6 rows of buffers are allocated
     closed = mmreplay.Store.open(filled, mode="r")
     closed.close()
-    for use in (len, lambda x: x.valid_range(), lambda x: x.num_added, lambda x: x.cache_stats()):
+    for use in (len, lambda x: x.inspect.valid_range(), lambda x: x.num_added, lambda x: x.inspect.cache_stats()):
         with pytest.raises(mmreplay.StoreClosedError):
             use(closed)
     os.unlink(os.path.join(filled, "transitions", "reward", "zarr.json"))

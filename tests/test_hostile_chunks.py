@@ -102,11 +102,11 @@ def test_a_truncated_chunk_in_a_store_is_reported_by_verify_and_never_read_as_ro
     with mmreplay.Store.open(path, mode="r", cache_bytes=1 << 12) as s:
         problems = s.verify()
         assert len(problems) == 1 and "shard 1, chunk 5" in problems[0], problems
-        for g in range(s.valid_range()[0], s.valid_range()[1]):
-            if syn.needs(g) < s.valid_range()[0]:
+        for g in range(s.inspect.valid_range()[0], s.inspect.valid_range()[1]):
+            if syn.needs(g) < s.inspect.valid_range()[0]:
                 continue
             try:
-                batch = s.get([g])
+                batch = s.inspect.get([g])
             except mmreplay.CorruptDataError as exc:
                 assert "shard 1, chunk 5" in str(exc)
                 continue
@@ -132,11 +132,11 @@ def test_index_entries_that_wrap_around_2_64_are_refused_on_both_paths(synthetic
             problems = s.verify()
             assert len(problems) == 1 and "'frames/obs', shard 1" in problems[0], problems
             errors = 0
-            for g in range(s.valid_range()[0], s.valid_range()[1]):
-                if syn.needs(g) < s.valid_range()[0]:
+            for g in range(s.inspect.valid_range()[0], s.inspect.valid_range()[1]):
+                if syn.needs(g) < s.inspect.valid_range()[0]:
                     continue
                 try:
-                    batch = s.get([g])
+                    batch = s.inspect.get([g])
                 except mmreplay.CorruptDataError as exc:
                     assert "shard 1" in str(exc)
                     errors += 1

@@ -12,6 +12,7 @@ import pytest
 
 import mmreplay
 import synthetic as syn
+from mmreplay.sampling.strategy import Prioritized
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -23,7 +24,7 @@ def test_every_hostile_field_gives_a_clear_error_or_a_working_store(tmp_path, ca
                                reward_values=(-1, 0, 1), durable=False) as s:
         for g in range(400):
             s.add(*syn.transition(g))
-        next(s.sampler(8, prioritized=True))
+        next(s.sampler(8, Prioritized()))
     work = tmp_path / "work"
     work.mkdir()
     only = [] if capacity else ["record"]  # an unbounded store: the record's ring sizes are what differs

@@ -28,7 +28,7 @@ def test_record_single_env(store_path):
             obs, _ = rec.reset()
     ids = ref.valid_ids()
     assert len(store) == len(ids) == 400
-    assert_batch_matches(store.get(ids), ref, ids)
+    assert_batch_matches(store.inspect.get(ids), ref, ids)
     store.close()
 
 
@@ -67,7 +67,7 @@ def test_record_vector_env_keeps_final_observations(store_path, mode):
     ids = ref.valid_ids()
     assert len(store) == len(ids)
     assert ref.transitions[-1]  # sanity
-    assert_batch_matches(store.get(ids), ref, ids)
+    assert_batch_matches(store.inspect.get(ids), ref, ids)
     assert any(t["terminated"] for t in ref.transitions)
     store.close()
 
@@ -84,5 +84,5 @@ def test_dataloader_workers_do_not_duplicate_batches(store_path):
     assert len(keys) == 8  # no two workers produced the same batch
     with mmreplay.Store.open(store_path, mode="r") as s:
         for b in batches[:2]:
-            again = s.get(b.indices)
+            again = s.inspect.get(b.indices)
             assert bool((again.obs == b.obs).all()) and bool((again.action == b.action).all())

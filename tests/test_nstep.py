@@ -6,6 +6,7 @@ from gymnasium import spaces
 
 import mmreplay
 from test_store_semantics import drive
+from mmreplay.sampling.strategy import NStep, Prioritized, Uniform
 
 
 def assert_nstep_matches(batch, ref, n, gamma, dict_keys=None):
@@ -29,17 +30,16 @@ def test_nstep_matches_brute_force(store_path, prioritized, capacity, frame_stac
     store, ref = drive(store_path, rng, capacity=capacity, frame_stack=frame_stack, steps=260, p_term=0.06,
                        p_trunc=0.04)
     try:
-        valid = set(ref.valid_ids(store.valid_range()[0]))
-        for n, gamma in ((3, 0.9), (5, 0.5), (1, 0.99)):
-            with store.sampler(48, seed=n, n_step=n, gamma=gamma, prioritized=prioritized,
-                               name=f"n{n}") as smp:
+        valid = set(ref.valid_ids(store.inspect.valid_range()[0]))
+        over = Prioritized() if prioritized else Uniform()
+        for n, gamma in ((3, 0.9), (5, 0.5), (1, 0.99)):  # NStep(1, gamma): one-step targets, discount gamma
+            with store.sampler(48, NStep(n, gamma, over=over), seed=n, name=f"n{n}") as smp:
                 for _ in range(6):
                     batch = next(smp)
                     assert set(batch.indices.tolist()) <= valid
-                    if n == 1:
-                        assert batch.discount is None
-                        continue
                     assert_nstep_matches(batch, ref, n, gamma)
+            with store.sampler(48, over, seed=n, name="one") as smp:  # without NStep: no discount
+                assert next(smp).discount is None
     finally:
         store.close()
 
@@ -54,7 +54,7 @@ def test_windows_cut_at_head_bootstrap_from_the_latest_observation(store_path):
         store.add(obs, 0, 1.0, nxt, False, False)
         obs = nxt
     try:
-        with store.sampler(10, seed=0, n_step=4, gamma=0.5) as smp:
+        with store.sampler(10, NStep(4, 0.5), seed=0) as smp:
             batch = next(smp)
         for row, g in enumerate(batch.indices.tolist()):
             m = min(4, 10 - g)
@@ -74,7 +74,7 @@ def test_integer_rewards_become_float_returns(store_path):
     store.extend(np.stack([obs] * 5), [0] * 5, [3] * 5, np.stack([obs] * 5), [False] * 5, [False] * 5,
                  streams=[0, 1, 2, 3, 4])
     try:
-        batch = store.sampler(4, seed=0, n_step=2, gamma=0.5).sample()
+        batch = store.sampler(4, NStep(2, 0.5), seed=0).sample()
         assert batch.reward.dtype.is_floating_point
         assert batch.reward.tolist() == [3.0] * 4  # every stream has one transition only
     finally:
@@ -82,12 +82,11 @@ def test_integer_rewards_become_float_returns(store_path):
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(n_step=0), "n_step must be an integer >= 1"),
-    (dict(n_step=2.5), "n_step must be an integer >= 1"),
-    (dict(n_step=3, gamma=1.5), r"gamma must be a number in \[0, 1\]"),
-    (dict(n_step=3, gamma="0.9"), r"gamma must be a number in \[0, 1\]"),
+    (dict(n=0), "n_step must be an integer >= 1"),
+    (dict(n=2.5), "n_step must be an integer >= 1"),
+    (dict(n=3, gamma=1.5), r"gamma must be a number in \[0, 1\]"),
+    (dict(n=3, gamma="0.9"), r"gamma must be a number in \[0, 1\]"),
 ])
-def test_bad_nstep_arguments(make_store, kw, match):
-    store = make_store()
+def test_bad_nstep_arguments(kw, match):
     with pytest.raises(ValueError, match=match):
-        store.sampler(4, **kw)
+        NStep(**kw)

@@ -66,7 +66,7 @@ def test_an_edited_observation_shape_is_refused_before_staging_is_allocated(atar
     with open(os.path.join(path, "zarr.json"), "w") as f:  # the store itself is untouched
         f.write(original)
     with mmreplay.Store.open(path, mode) as s:
-        batch = s.get(np.arange(*s.valid_range()))
+        batch = s.inspect.get(np.arange(*s.inspect.valid_range()))
         assert np.array_equal(batch.obs.numpy(), frames[:40]) and np.array_equal(batch.next_obs.numpy(), frames[1:])
 
 
@@ -119,7 +119,7 @@ def test_a_create_killed_at_its_first_file_is_named_and_started_over(tmp_path):
         s.add(obs, 1, 1.0, obs / 2, True, False)
     assert partial not in os.listdir(path)
     with mmreplay.Store.open(path, "r") as s:
-        batch = s.get([0])
+        batch = s.inspect.get([0])
         assert batch.action.tolist() == [1] and np.array_equal(batch.next_obs.numpy()[0], obs / 2)
 
 

@@ -14,6 +14,7 @@ from gymnasium import spaces
 import mmreplay
 from mmreplay.storage.commit import record_checksum
 from mmreplay.index.sumtree import SumTree
+from mmreplay.sampling.strategy import Prioritized
 from reference import assert_batch_matches
 from test_store_semantics import drive
 
@@ -63,7 +64,7 @@ def test_draw_frequencies_match_priorities(store_path):
     """Chi-square over 60 transitions with a fixed seed; zero-priority transitions are never drawn."""
     store = lowdim_store(store_path, 60)
     alpha = 0.7
-    smp = store.sampler(64, seed=1, prioritized=True, alpha=alpha, eps=0.0)
+    smp = store.sampler(64, Prioritized(alpha=alpha, eps=0.0), seed=1)
     p = np.random.default_rng(0).uniform(0.1, 5.0, 60)
     p[[3, 17]] = 0.0
     assert smp.update_priorities(np.arange(60), p) == 60
@@ -83,7 +84,7 @@ def test_draw_frequencies_match_priorities(store_path):
 def test_weights_follow_the_formula(store_path):
     store = lowdim_store(store_path, 200, capacity=256)
     alpha, beta, eps = 0.6, 0.4, 1e-3
-    smp = store.sampler(256, seed=2, prioritized=True, alpha=alpha, beta=beta, eps=eps)
+    smp = store.sampler(256, Prioritized(alpha=alpha, beta=beta, eps=eps), seed=2)
     p = np.random.default_rng(1).uniform(0.0, 3.0, 200)
     smp.update_priorities(np.arange(200), p)
     batch = next(smp)
@@ -102,21 +103,21 @@ def test_weights_follow_the_formula(store_path):
 def test_stratified_draws_cover_equal_slices_of_the_mass(store_path):
     """With equal priorities, a batch as large as the store takes one draw from each slice: every id."""
     store = lowdim_store(store_path, 128)
-    batch = store.sampler(128, seed=3, prioritized=True).sample()
+    batch = store.sampler(128, Prioritized(), seed=3).sample()
     assert sorted(batch.indices.tolist()) == list(range(128))
     store.close()
 
 
 def test_new_transitions_enter_at_the_max_priority_and_overwritten_ones_leave(store_path):
     store = lowdim_store(store_path, 100, capacity=128)
-    smp = store.sampler(32, seed=4, prioritized=True, alpha=1.0, eps=0.0)
+    smp = store.sampler(32, Prioritized(alpha=1.0, eps=0.0), seed=4)
     smp.update_priorities(np.arange(100), np.full(100, 0.5))
     smp.update_priorities([7], [9.0])
     obs = np.zeros((80, 3), np.float32)
     store.extend(obs, np.zeros(80, int), np.zeros(80, np.float32), obs, np.zeros(80, bool), np.zeros(80, bool),
                  streams=np.arange(80) + 1)
-    prio = store.priorities()
-    oldest, head = store.valid_range()
+    prio = store.inspect.priorities()
+    oldest, head = store.inspect.valid_range()
     assert (oldest, head) == (52, 180)
     batch = next(smp)
     assert int(batch.indices.min()) >= oldest
@@ -136,8 +137,8 @@ def test_frame_stacks_and_ring_wrap_with_priorities(store_path):
     """Image stacks over interleaved streams with a wrapped ring: every batch is valid and exact."""
     rng = np.random.default_rng(8)
     store, ref = drive(store_path, rng, capacity=150, frame_stack=4, steps=240)
-    valid = set(ref.valid_ids(store.valid_range()[0]))
-    with store.sampler(64, seed=5, prioritized=True) as smp:
+    valid = set(ref.valid_ids(store.inspect.valid_range()[0]))
+    with store.sampler(64, Prioritized(), seed=5) as smp:
         for step in range(8):
             batch = next(smp)
             assert set(batch.indices.tolist()) <= valid
@@ -148,7 +149,7 @@ def test_frame_stacks_and_ring_wrap_with_priorities(store_path):
 
 def test_unbounded_store_grows_under_the_tree(store_path):
     store = lowdim_store(store_path, 50)
-    smp = store.sampler(16, seed=6, prioritized=True, alpha=1.0, eps=0.0)
+    smp = store.sampler(16, Prioritized(alpha=1.0, eps=0.0), seed=6)
     smp.update_priorities(np.arange(50), np.arange(50) + 1.0)
     rows = store.geometry.transitions.rows
     more = rows + 100
@@ -157,7 +158,7 @@ def test_unbounded_store_grows_under_the_tree(store_path):
                  np.zeros(more, bool), streams=np.zeros(more, int))
     batch = next(smp)
     assert store.geometry.transitions.rows > rows
-    prio = store.priorities()
+    prio = store.inspect.priorities()
     np.testing.assert_array_equal(prio.raw[:50], np.arange(50) + 1.0)
     assert prio.tree.total == pytest.approx(np.arange(1, 51).sum() + more * 50.0)
     assert int(batch.indices.max()) < 50 + more
@@ -168,28 +169,28 @@ def test_unbounded_store_grows_under_the_tree(store_path):
 def test_priorities_and_sequence_identical_after_reopen(store_path):
     rng = np.random.default_rng(9)
     store, _ = drive(store_path, rng, capacity=120, frame_stack=2, steps=150)
-    smp = store.sampler(16, seed=7, prioritized=True, alpha=0.5)
+    smp = store.sampler(16, Prioritized(alpha=0.5), seed=7)
     for _ in range(5):
         batch = next(smp)
         smp.update_priorities(batch.indices, torch.rand(16) * 4)
     store.flush()
     expected = next(smp).indices.tolist()  # drawn after the commit
-    prio = store.priorities()
+    prio = store.inspect.priorities()
     raw, leaves, max_p = prio.raw.copy(), prio.tree.leaves.copy(), prio.max_priority
 
     # a reader sees the committed priorities and RNG state: it draws the same next batch
     reader = mmreplay.Store.open(store_path, mode="r")
-    rs = reader.sampler(16, prioritized=True, alpha=0.5)
+    rs = reader.sampler(16, Prioritized(alpha=0.5))
     assert next(rs).indices.tolist() == expected
-    np.testing.assert_array_equal(reader.priorities().tree.leaves, leaves)
-    oldest, head = reader.valid_range()
+    np.testing.assert_array_equal(reader.inspect.priorities().tree.leaves, leaves)
+    oldest, head = reader.inspect.valid_range()
     rs.update_priorities(np.arange(oldest, head), np.ones(head - oldest))  # in the reader's RAM only
     reader.close()
     store.close()
 
     store = mmreplay.Store.open(store_path, durable=False)
-    smp = store.sampler(16, prioritized=True, alpha=0.5)
-    prio = store.priorities()
+    smp = store.sampler(16, Prioritized(alpha=0.5))
+    prio = store.inspect.priorities()
     slots = store.geometry.transitions.slot(np.arange(oldest, head))
     np.testing.assert_array_equal(prio.raw[slots], raw[slots])
     np.testing.assert_array_equal(prio.tree.leaves, leaves)
@@ -201,7 +202,7 @@ def test_zarr_reads_the_committed_priorities(store_path):
     import zarr
 
     store = lowdim_store(store_path, 40, capacity=64)
-    smp = store.sampler(8, prioritized=True, seed=0)
+    smp = store.sampler(8, Prioritized(), seed=0)
     smp.update_priorities(np.arange(40), np.arange(40) / 10)
     store.flush()
     smp.update_priorities([0], [7.0])
@@ -222,11 +223,11 @@ CRASH_CHILD = textwrap.dedent("""
     import mmreplay, mmreplay.storage.commit
     from test_per import lowdim_store
     store = lowdim_store({path!r}, 300, capacity=256)
-    smp = store.sampler(32, prioritized=True, seed=0)
+    smp = store.sampler(32, mmreplay.Prioritized(), seed=0)
     for step in range(3):  # three commits: both buffers have been written
         smp.update_priorities(np.arange(44, 300), np.random.default_rng(step).random(256) + step)
         store.flush()
-    np.save({saved!r}, store.priorities().raw)
+    np.save({saved!r}, store.inspect.priorities().raw)
     smp.update_priorities(np.arange(44, 300), np.full(256, 99.0))
     obs = np.zeros((5, 3), np.float32)
     store.extend(obs, [0] * 5, [0.0] * 5, obs, [False] * 5, [False] * 5, streams=[1] * 5)
@@ -243,9 +244,9 @@ def test_a_crash_between_buffer_and_commit_reopens_the_last_commit(store_path, t
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     store = mmreplay.Store.open(store_path, durable=False)
-    assert store.valid_range() == (44, 300)
+    assert store.inspect.valid_range() == (44, 300)
     raw = np.load(saved)
-    prio = store.priorities()
+    prio = store.inspect.priorities()
     slots = store.geometry.transitions.slot(np.arange(44, 300))
     np.testing.assert_array_equal(prio.raw[slots], raw[slots])
     assert prio.max_priority == pytest.approx(float(raw.max()))
@@ -262,32 +263,30 @@ def test_a_crash_between_buffer_and_commit_reopens_the_last_commit(store_path, t
 ])
 def test_bad_priority_updates_change_nothing(store_path, indices, priorities, err, match):
     store = lowdim_store(store_path, 20)
-    smp = store.sampler(4, prioritized=True, seed=0)
-    before = store.priorities().raw.copy()
+    smp = store.sampler(4, Prioritized(), seed=0)
+    before = store.inspect.priorities().raw.copy()
     with pytest.raises(err, match=match):
         smp.update_priorities(indices, priorities)
-    np.testing.assert_array_equal(store.priorities().raw, before)
+    np.testing.assert_array_equal(store.inspect.priorities().raw, before)
     store.close()
 
 
 def test_bad_prioritized_sampler_arguments(store_path):
     store = lowdim_store(store_path, 20)
     with pytest.raises(ValueError, match=r"alpha must be a finite number >= 0, got -1"):
-        store.sampler(4, prioritized=True, alpha=-1)
+        store.sampler(4, Prioritized(alpha=-1))
     with pytest.raises(ValueError, match=r"beta must be a finite number >= 0, got nan"):
-        store.sampler(4, prioritized=True, beta=float("nan"))
+        store.sampler(4, Prioritized(beta=float("nan")))
     with pytest.raises(ValueError, match=r"sampler name .* got '../x'"):
-        store.sampler(4, prioritized=True, name="../x")
-    with pytest.raises(RuntimeError, match="this sampler is uniform"):
+        store.sampler(4, Prioritized(), name="../x")
+    with pytest.raises(RuntimeError, match=r"this sampler draws Uniform\(\), not by priority"):
         store.sampler(4).update_priorities([0], [1.0])
-    with pytest.raises(KeyError, match="no prioritized sampler named 'other'"), pytest.warns(DeprecationWarning):
-        store.update_priorities([0], [1.0], name="other")
     store.close()
 
 
 def test_corrupt_priority_record_is_refused(store_path):
     store = lowdim_store(store_path, 20)
-    store.sampler(4, prioritized=True, seed=0)
+    store.sampler(4, Prioritized(), seed=0)
     store.close()
     path = os.path.join(store_path, "commit", "zarr.json")
     with open(path) as f:
@@ -306,7 +305,7 @@ def test_corrupt_priority_record_is_refused(store_path):
 
 def test_verify_checks_the_committed_priorities(store_path):
     store = lowdim_store(store_path, 40, capacity=64)
-    smp = store.sampler(8, prioritized=True, seed=0)
+    smp = store.sampler(8, Prioritized(), seed=0)
     smp.update_priorities(np.arange(40), np.arange(40) / 10)
     store.close()
     store = mmreplay.Store.open(store_path, mode="r")
@@ -326,20 +325,20 @@ def test_verify_checks_the_committed_priorities(store_path):
 
 def test_prefetching_prioritized_sampler_with_updates(store_path):
     store = lowdim_store(store_path, 300, capacity=256)
-    oldest, head = store.valid_range()
-    with store.sampler(16, prioritized=True, seed=1, prefetch=2) as smp:
+    oldest, head = store.inspect.valid_range()
+    with store.sampler(16, Prioritized(), seed=1, prefetch=2) as smp:
         for _ in range(30):
             batch = next(smp)
             g = batch.indices.numpy()
             assert ((g >= oldest) & (g < head)).all() and batch.weights.max() <= 1.0
             smp.update_priorities(batch.indices, np.ones(16) * 3.0)
-    assert store.priorities().max_priority == 3.0
+    assert store.inspect.priorities().max_priority == 3.0
     store.close()
 
 
 def test_a_zero_priority_is_never_drawn_until_it_is_raised(store_path):
     store = lowdim_store(store_path, 16)
-    smp = store.sampler(64, seed=2, prioritized=True, alpha=1.0, eps=0.0)
+    smp = store.sampler(64, Prioritized(alpha=1.0, eps=0.0), seed=2)
     smp.update_priorities(np.arange(16), np.r_[np.zeros(8), np.ones(8)])
     assert next(smp).indices.min() >= 8
     smp.update_priorities([0], [100.0])  # back in the tree: it now holds most of the mass
@@ -352,7 +351,7 @@ def test_reader_loads_the_priorities_of_the_commit_it_refreshed_to(store_path):
     """(A review finding.) ``refresh`` must also move the committed priority entries forward: a sampler made
     after it loads the newer commit's priorities, not the ones the reader opened with."""
     writer = lowdim_store(store_path, 100, capacity=256)
-    ws = writer.sampler(8, seed=1, prioritized=True, alpha=1.0, eps=0.0)
+    ws = writer.sampler(8, Prioritized(alpha=1.0, eps=0.0), seed=1)
     ws.update_priorities(np.arange(100), np.full(100, 0.5))
     writer.flush()
     reader = mmreplay.Store.open(store_path, mode="r")
@@ -363,11 +362,11 @@ def test_reader_loads_the_priorities_of_the_commit_it_refreshed_to(store_path):
         ws.update_priorities(np.arange(100, 150), np.full(50, 0.25))
         writer.flush()
         assert reader.refresh()
-        reader.sampler(8, prioritized=True, alpha=1.0, eps=0.0)
-        oldest, head = reader.valid_range()
+        reader.sampler(8, Prioritized(alpha=1.0, eps=0.0))
+        oldest, head = reader.inspect.valid_range()
         assert (oldest, head) == (0, 150)
         slots = reader.geometry.transitions.slot(np.arange(oldest, head))
-        np.testing.assert_array_equal(reader.priorities().raw[slots], writer.priorities().raw[slots])
+        np.testing.assert_array_equal(reader.inspect.priorities().raw[slots], writer.inspect.priorities().raw[slots])
     finally:
         reader.close()
         writer.close()
@@ -375,11 +374,11 @@ def test_reader_loads_the_priorities_of_the_commit_it_refreshed_to(store_path):
 
 def test_exponents_are_committed_and_kept_on_reopen(store_path):
     store = lowdim_store(store_path, 30)
-    store.sampler(4, prioritized=True, alpha=0.3, eps=0.01, seed=0)
+    store.sampler(4, Prioritized(alpha=0.3, eps=0.01), seed=0)
     store.close()
     store = mmreplay.Store.open(store_path)
-    smp = store.sampler(4, prioritized=True, seed=0)  # no exponents given: the committed ones
+    smp = store.sampler(4, Prioritized(), seed=0)  # no exponents given: the committed ones
     assert (smp.priorities.alpha, smp.priorities.eps) == (0.3, 0.01)
-    store.priorities(alpha=0.5)  # given: changed
-    assert store.priorities().alpha == 0.5
+    store.inspect.priorities(alpha=0.5)  # given: changed
+    assert store.inspect.priorities().alpha == 0.5
     store.close()

@@ -21,16 +21,16 @@ def test_reopen_restores_cursor_episodes_and_continues_the_open_episode(store_pa
                                reward_values=(-1, 0, 1)) as s:
         for i in range(70):  # wrapped once, an episode open at close
             s.add(frame(i), 0, 0, frame(i + 1), False, False)
-        before = s.get(list(range(23, 70)))
-        state = (s.valid_range(), len(s), s.num_frames)
+        before = s.inspect.get(list(range(23, 70)))
+        state = (s.inspect.valid_range(), len(s), s.inspect.num_frames)
     with mmreplay.Store.open(store_path) as s:
-        assert (s.valid_range(), len(s), s.num_frames) == state
-        after = s.get(list(range(23, 70)))
+        assert (s.inspect.valid_range(), len(s), s.inspect.num_frames) == state
+        after = s.inspect.get(list(range(23, 70)))
         assert bool((after.obs == before.obs).all()) and bool((after.next_obs == before.next_obs).all())
         s.add(frame(70), 1, 1, frame(71), False, False)  # continues the same episode: its stack reaches back
-        b = s.get([70])
+        b = s.inspect.get([70])
         assert b.obs[0, :, 0, 0].tolist() == [67, 68, 69, 70]
-        assert s.num_frames == state[2] + 1  # frame 70 was not stored again
+        assert s.inspect.num_frames == state[2] + 1  # frame 70 was not stored again
 
 
 def test_unflushed_tail_is_lost_on_crash_but_nothing_committed(store_path):
@@ -49,10 +49,10 @@ def test_unflushed_tail_is_lost_on_crash_but_nothing_committed(store_path):
     """)
     subprocess.run([sys.executable, "-c", code], check=True)
     with mmreplay.Store.open(store_path) as s:
-        assert s.valid_range() == (0, 30) and len(s) == 30
-        assert s.get([29]).next_obs[0, :, 0, 0].tolist() == [29, 30]
+        assert s.inspect.valid_range() == (0, 30) and len(s) == 30
+        assert s.inspect.get([29]).next_obs[0, :, 0, 0].tolist() == [29, 30]
         s.add(frame(30), 0, 0, frame(31), False, False)  # the open episode continues across the crash
-        assert s.get([30]).obs[0, :, 0, 0].tolist() == [29, 30]
+        assert s.inspect.get([30]).obs[0, :, 0, 0].tolist() == [29, 30]
 
 
 def test_fresh_process_reads_back_identical(store_path):
@@ -64,7 +64,7 @@ def test_fresh_process_reads_back_identical(store_path):
     code = textwrap.dedent(f"""
         import json, mmreplay
         with mmreplay.Store.open({store_path!r}, mode="r") as s:
-            b = s.get({ids!r})
+            b = s.inspect.get({ids!r})
             print(json.dumps({{"len": len(s), "obs": b.obs.tolist()}}))
     """)
     out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,

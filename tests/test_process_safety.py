@@ -59,7 +59,7 @@ def run_in_fork(fn, timeout=60.0) -> int:
 def test_fork_after_decode_threads_ran(store_path):
     s, frames = atari_store(store_path)
     s.flush()
-    big = s.get(np.arange(10, 300))  # stacks gathered with the codec helpers' threads
+    big = s.inspect.get(np.arange(10, 300))  # stacks gathered with the codec helpers' threads
     assert torch.equal(big.next_obs[:, -1], torch.from_numpy(frames[11:301]))
     parent_helpers = helpers.codec_helpers()
     assert parent_helpers is not None and all(t.is_alive() for t in parent_helpers._threads)
@@ -68,7 +68,7 @@ def test_fork_after_decode_threads_ran(store_path):
         with pytest.raises(mmreplay.StoreClosedError, match="forked"):
             s.sample(8)  # the parent's store: a clear error
         with mmreplay.Store.open(store_path, mode="r") as mine:  # a store opened here works, helpers and all
-            batch = mine.get(np.arange(10, 300))
+            batch = mine.inspect.get(np.arange(10, 300))
             # numpy, not torch, in the child: torch's own OpenMP threads are not fork-safe (its business)
             assert np.array_equal(batch.next_obs[:, -1].numpy(), frames[11:301])
             mine_helpers = helpers.codec_helpers()  # the child's own, running
@@ -86,7 +86,7 @@ def test_dataloader_fork_workers_after_parent_sampled(store_path):
     s, frames = atari_store(store_path)
     s.close()
     with mmreplay.Store.open(store_path, mode="r") as parent:
-        parent.get(np.arange(10, 300))  # the parent's decode threads run before the workers fork
+        parent.inspect.get(np.arange(10, 300))  # the parent's decode threads run before the workers fork
         loader = torch.utils.data.DataLoader(StoreDataset(store_path, 256, num_batches=4, seed=0), batch_size=None,
                                              num_workers=2, multiprocessing_context="fork", timeout=60)
         batches = list(loader)
@@ -124,7 +124,7 @@ def test_a_crashed_writer_with_live_children_leaves_no_lock(store_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         with mmreplay.Store.open(store_path) as s:  # the writer died; its child lives on: not locked
-            assert s.valid_range() == (0, 50)
+            assert s.inspect.valid_range() == (0, 50)
             s.add(*syn.transition(50))
     finally:
         os.kill(child, signal.SIGKILL)
@@ -141,7 +141,7 @@ def test_no_room_in_shared_memory_falls_back_to_a_thread(store_path, monkeypatch
     assert not set(encoder_children()) - before  # shards were encoded by a thread
     s.close()
     with mmreplay.Store.open(store_path, mode="r") as again:
-        b = again.get(np.arange(3, 1200))
+        b = again.inspect.get(np.arange(3, 1200))
         assert torch.equal(b.next_obs[:, -1], torch.from_numpy(frames[4:1201]))
 
 
@@ -156,7 +156,7 @@ SMALL_SHM = textwrap.dedent("""
     s.close()
     import mmreplay
     with mmreplay.Store.open({path!r}, mode="r") as again:
-        b = again.get(np.arange(3, 1200))
+        b = again.inspect.get(np.arange(3, 1200))
         assert (b.next_obs[:, -1].numpy() == frames[4:1201]).all()
     print("ok", any("shared memory" in str(w.message) for w in caught))
 """)

@@ -12,6 +12,7 @@ import mmreplay
 import mmreplay.state as state_module
 import synthetic as syn
 from torture import reader_race
+from mmreplay.sampling.strategy import Prioritized, Sequences
 
 CAPACITY = 200
 
@@ -33,12 +34,12 @@ def writer(synthetic_store):
 
 def check_everything(reader) -> int:
     """Every valid id of the reader's view, through get() and through sample(); returns rows checked."""
-    oldest, head = reader.valid_range()
+    oldest, head = reader.inspect.valid_range()
     ids = [g for g in range(oldest, head) if syn.needs(g) >= oldest]
     checked = 0
     for lo in range(0, len(ids), 64):
         try:
-            batch = reader.get(ids[lo:lo + 64])
+            batch = reader.inspect.get(ids[lo:lo + 64])
         except IndexError:
             continue  # given up by the writer meanwhile: refused, not wrong
         assert syn.wrong_rows(batch) == []
@@ -88,7 +89,7 @@ def test_refresh_loading_files_a_later_commit_replaced(writer, store_path, monke
     monkeypatch.undo()
     assert check_everything(reader) > 0
     reader.refresh()
-    assert reader.valid_range() == writer.valid_range()
+    assert reader.inspect.valid_range() == writer.inspect.valid_range()
     assert check_everything(reader) > 0
     reader.close()
 
@@ -99,10 +100,10 @@ def test_writer_overwrites_between_batches(writer, store_path):
     reader = mmreplay.Store.open(store_path, mode="r", cache_bytes=1 << 12)  # tiny cache: reads go to files
     for _ in range(6):
         writer.add_and_commit(25)  # gives up and replaces what the reader's (older) view holds
-        oldest, head = reader.valid_range()
+        oldest, head = reader.inspect.valid_range()
         newest = [g for g in range(head - 8, head) if syn.needs(g) >= oldest]
         try:  # sees the newer commit; its rows are still valid (or refused if given up: not wrong)
-            assert syn.wrong_rows(reader.get(newest)) == []
+            assert syn.wrong_rows(reader.inspect.get(newest)) == []
         except IndexError:
             pass
         for _ in range(10):  # draws over the reader's older view: given-up rows must not come back
@@ -141,9 +142,9 @@ def test_reader_overtaken_during_every_read_still_gets_true_rows(writer, store_p
         if how == "uniform":
             batch = reader.sample(32)
         elif how == "prioritized":
-            batch = reader.sampler(32, prefetch=0, prioritized=True, seed=3).sample()
+            batch = reader.sampler(32, Prioritized(), prefetch=0, seed=3).sample()
         else:
-            batch = reader.sequence_sampler(24, seq_len=4, prefetch=0, seed=3).sample()
+            batch = reader.sampler(24, Sequences(4), prefetch=0, seed=3).sample()
         assert wrong_steps(batch) == [] if how == "sequences" else syn.wrong_rows(batch) == []
     assert len(overtaken) > 5  # the writer did overtake reads
     monkeypatch.undo()

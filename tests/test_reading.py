@@ -18,6 +18,7 @@ from mmreplay.reading.tiers import MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, TierPl
 from mmreplay.reading.resident import EMPTY_CHUNK, ResidentShards
 from mmreplay.storage.layout import ArrayLayout
 from mmreplay.storage.shardfile import build_shard
+from mmreplay.sampling.strategy import NStep
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="this numcodecs/google-crc32c build exports no C symbols")
 
@@ -209,7 +210,7 @@ def test_a_reopened_store_decodes_from_the_compressed_tier(atari_like, no_preloa
         for _ in range(20):
             b = s.sample(32)
             np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, b.indices.numpy()))
-        stats = s.cache_stats()["obs"]["compressed"]
+        stats = s.inspect.cache_stats()["obs"]["compressed"]
         assert stats["compiled"] and stats["hits"] > 0 and stats["misses"] == 0
         assert 0 < stats["shard_loads"] <= len(frame_files(path))
         assert 0 < stats["bytes"] <= stats["capacity_bytes"]
@@ -219,9 +220,9 @@ def test_a_tier_too_small_for_the_store_reads_files(atari_like):
     path, data = atari_like
     on_disk = sum(os.path.getsize(f) for f in frame_files(path))
     with mmreplay.Store.open(path, mode="r", cache_bytes=int(on_disk / MAX_RESIDENT_SHARE * 0.5)) as s:
-        b = s.get(np.arange(0, 1500, 7))
+        b = s.inspect.get(np.arange(0, 1500, 7))
         np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, np.arange(0, 1500, 7)))
-        stats = s.cache_stats()["obs"]["compressed"]
+        stats = s.inspect.cache_stats()["obs"]["compressed"]
         assert stats["capacity_bytes"] == 0 and stats["hits"] == 0 and stats["misses"] > 0
 
 
@@ -235,9 +236,9 @@ def test_a_corrupt_shard_loaded_whole_raises_naming_the_chunk_and_caches_nothing
         f.write(damaged)
     with mmreplay.Store.open(path, mode="r", cache_bytes=64 << 20) as s:
         with pytest.raises(mmreplay.CorruptDataError, match=r"frames/obs.*shard 0, chunk 0.*checksum"):
-            s.get(np.arange(0, 8))
-        assert s.cache_stats()["obs"]["bytes"] == 0  # the failed batch left nothing in the decoded cache
-        b = s.get(np.arange(200, 264))  # other shards are fine
+            s.inspect.get(np.arange(0, 8))
+        assert s.inspect.cache_stats()["obs"]["bytes"] == 0  # the failed batch left nothing in the decoded cache
+        b = s.inspect.get(np.arange(200, 264))  # other shards are fine
         np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, np.arange(200, 264)))
 
 
@@ -249,9 +250,9 @@ def test_a_failed_whole_shard_read_falls_back_to_the_file_path_and_its_errors(at
 
     with mmreplay.Store.open(path, mode="r", cache_bytes=64 << 20) as s:
         monkeypatch.setattr(os, "preadv", failing_preadv)
-        b = s.get(np.arange(0, 1500, 11))  # every shard load fails: chunk-by-chunk reads still give true data
+        b = s.inspect.get(np.arange(0, 1500, 11))  # every shard load fails: chunk-by-chunk reads still give true data
         np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, np.arange(0, 1500, 11)))
-        assert s.cache_stats()["obs"]["compressed"]["misses"] > 0
+        assert s.inspect.cache_stats()["obs"]["compressed"]["misses"] > 0
 
 
 @pytest.mark.parametrize("budget", [64 << 20, 1 << 20], ids=["decoded-cache", "direct"])
@@ -261,7 +262,7 @@ def test_the_writer_holds_what_it_writes_and_readers_follow_overwrites(store_pat
     data = frames(4001, seed=5)
     with mmreplay.Store.create(store_path, spaces.Box(0, 255, FRAME, np.uint8), spaces.Discrete(4), capacity=300,
                                frame_stack=4, durable=False, cache_bytes=budget) as w:
-        assert w.cache_stats()["obs"]["compressed"]["direct"] == (budget == 1 << 20)
+        assert w.inspect.cache_stats()["obs"]["compressed"]["direct"] == (budget == 1 << 20)
         reader = None
         for g in range(4000):
             w.add(data[g], 0, 0.0, data[g + 1], g % 100 == 99, False)
@@ -272,7 +273,7 @@ def test_the_writer_holds_what_it_writes_and_readers_follow_overwrites(store_pat
                 for store in (w, reader):
                     b = store.sample(64)
                     np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, b.indices.numpy()))
-        assert w.cache_stats()["obs"]["compressed"]["bytes"] > 0
+        assert w.inspect.cache_stats()["obs"]["compressed"]["bytes"] > 0
         reader.close()
 
 
@@ -288,14 +289,14 @@ def test_background_preload_and_sampling_agree(atari_like):
 def direct_budget(path) -> int:
     """A budget whose compressed share holds the store but whose decoded share holds few of its frames."""
     with mmreplay.Store.open(path, mode="r", cache_bytes=1 << 30) as s:
-        need = s.cache_stats()["obs"]["compressed"]["capacity_bytes"]  # the whole ring, compressed
+        need = s.inspect.cache_stats()["obs"]["compressed"]["capacity_bytes"]  # the whole ring, compressed
     return int(need / MAX_RESIDENT_SHARE) + 64
 
 
 def test_frames_decoded_straight_into_batches_are_the_true_frames(atari_like):
     path, data = atari_like
     with mmreplay.Store.open(path, mode="r", cache_bytes=direct_budget(path)) as s:
-        assert s.cache_stats()["obs"]["compressed"]["direct"]
+        assert s.inspect.cache_stats()["obs"]["compressed"]["direct"]
         for _ in range(10):
             b = s.sample(48)
             g = b.indices.numpy()
@@ -304,8 +305,9 @@ def test_frames_decoded_straight_into_batches_are_the_true_frames(atari_like):
                                           + np.where((g % 100 == 99)[:, None, None, None],
                                                      np.concatenate([expected_obs(data, g)[:, 1:], data[g + 1][:, None]], 1), 0))
         ids = np.arange(0, 1500)
-        np.testing.assert_array_equal(s.get(ids).obs.numpy(), expected_obs(data, ids))  # > 4 MiB: the threads split it
-        stats = s.cache_stats()["obs"]
+        # > 4 MiB: the threads split it
+        np.testing.assert_array_equal(s.inspect.get(ids).obs.numpy(), expected_obs(data, ids))
+        stats = s.inspect.cache_stats()["obs"]
         # only rows of the last, partly filled shard (kept in RAM) went through the decoded cache
         assert stats["compressed"]["hits"] > 10 * stats["hits"]
 
@@ -315,7 +317,7 @@ def test_n_step_batches_decoded_straight_into_batches_match_the_cached_path(atar
     got = []
     for budget in (direct_budget(path), 64 << 20):
         with mmreplay.Store.open(path, mode="r", cache_bytes=budget) as s:
-            smp = s.sampler(32, n_step=3, gamma=0.9, seed=5, name="n3")
+            smp = s.sampler(32, NStep(3, 0.9), seed=5, name="n3")
             b = next(smp)
             got.append((b.indices.numpy().copy(), b.obs.numpy().copy(), b.next_obs.numpy().copy()))
             smp.close()
@@ -328,12 +330,12 @@ def test_a_new_store_plans_its_tiers_again_once_it_knows_how_its_frames_compress
     data = np.repeat(frames(801, seed=9)[:, :2], 42, axis=1)  # compresses far better than the first guess
     with mmreplay.Store.create(store_path, spaces.Box(0, 255, FRAME, np.uint8), spaces.Discrete(4), capacity=2000,
                                frame_stack=4, durable=False, cache_bytes=3 << 20) as w:
-        assert w.cache_stats()["obs"]["compressed"]["capacity_bytes"] == 0  # the guess: it would not fit
+        assert w.inspect.cache_stats()["obs"]["compressed"]["capacity_bytes"] == 0  # the guess: it would not fit
         for g in range(800):
             w.add(data[g], 0, 0.0, data[g + 1], g % 100 == 99, False)
         w.flush()
         b = w.sample(64)
-        stats = w.cache_stats()["obs"]["compressed"]
+        stats = w.inspect.cache_stats()["obs"]["compressed"]
         assert 0 < stats["capacity_bytes"] < 3 << 20  # measured: the compressed ring fits
         start = b.indices.numpy() - b.indices.numpy() % 100
         ids = np.maximum(b.indices.numpy()[:, None] + np.arange(-3, 1), start[:, None])

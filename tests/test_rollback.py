@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 import mmreplay
 from conftest import IMG, frame
+from mmreplay import Prioritized
 from mmreplay.errors import ReadOnlyError
 from mmreplay.storage.commit import CommitWatcher
 from reference import ReferenceReplay, assert_batch_matches
@@ -44,11 +45,11 @@ def add_all(store, ref, rows) -> None:
 
 def check_all(store, ref) -> None:
     """Every valid transition of ``store`` equals ``ref``'s, and ``len`` counts exactly them."""
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     assert head == len(ref.transitions)
     valid = [g for g in ref.valid_ids(oldest) if g < head]
     assert len(store) == len(valid)
-    assert_batch_matches(store.get(valid), ref, valid)
+    assert_batch_matches(store.inspect.get(valid), ref, valid)
 
 
 def reference_of(rows, k=K, capacity=200) -> ReferenceReplay:
@@ -63,9 +64,9 @@ def test_rollback_drops_the_newest_transitions_and_keeps_every_other_row(make_st
     rows = steps(600)  # the ring wrapped: [oldest, head) is the newest laps' shards
     ref = ReferenceReplay(K, 200)
     add_all(store, ref, rows)
-    oldest = store.valid_range()[0]
+    oldest = store.inspect.valid_range()[0]
     assert store.rollback(560) == 40
-    assert store.num_added == 560 and store.valid_range() == (oldest, 560)
+    assert store.num_added == 560 and store.inspect.valid_range() == (oldest, 560)
     check_all(store, reference_of(rows[:560]))
     batch = store.sample(128, seed=1)
     assert int(batch.indices.max()) < 560
@@ -80,7 +81,7 @@ def test_rollback_then_add_and_reopen_starts_a_new_episode_per_stream(make_store
     cut = 470
     tails = {s: rows[g][4] for g in range(cut) for s in [rows[g][0]]}  # each stream's last next obs kept
     store.rollback(cut)
-    assert all(store.stream_tail(s) is None for s in range(STREAMS))
+    assert all(store.inspect.stream_tail(s) is None for s in range(STREAMS))
     ref = reference_of(rows[:cut])
     ref.episodes.clear()  # what the rollback promises: each stream's next add starts an episode
     # each stream continues with its kept tail: without the reset these adds would continue episodes
@@ -103,7 +104,7 @@ def test_rollback_then_add_and_reopen_starts_a_new_episode_per_stream(make_store
 def test_rollback_refuses_values_it_cannot_reach_naming_the_range(make_store, store_path):
     store = make_store(capacity=200, frame_stack=K)
     add_all(store, ReferenceReplay(K, 200), steps(600))
-    oldest = store.valid_range()[0]
+    oldest = store.inspect.valid_range()[0]
     with pytest.raises(ValueError, match=rf"num_added=601\).*\[{oldest}, 600\]"):
         store.rollback(601)
     with pytest.raises(ValueError, match=rf"num_added={oldest - 1}\).*overwritten.*\[{oldest}, 600\]"):
@@ -126,7 +127,7 @@ def test_rollback_refuses_values_it_cannot_reach_naming_the_range(make_store, st
 def test_priorities_of_kept_transitions_survive_a_rollback_and_a_reopen(make_store, store_path):
     store = make_store(capacity=200, frame_stack=K)
     add_all(store, ReferenceReplay(K, 200), steps(400))
-    smp = store.sampler(16, prioritized=True, seed=0)
+    smp = store.sampler(16, Prioritized(), seed=0)
     batch = next(smp)
     ids = np.unique(batch.indices.numpy())
     values = np.arange(1, ids.size + 1, dtype=np.float32)
@@ -135,14 +136,14 @@ def test_priorities_of_kept_transitions_survive_a_rollback_and_a_reopen(make_sto
     cut = int(ids.max())  # drops the newest updated id and everything after it
     store.rollback(cut)
     kept = ids < cut
-    np.testing.assert_allclose(store.priorities().of(ids[kept]), values[kept])
-    smp = store.sampler(16, prioritized=True, seed=1)
+    np.testing.assert_allclose(store.inspect.priorities().of(ids[kept]), values[kept])
+    smp = store.sampler(16, Prioritized(), seed=1)
     assert int(next(smp).indices.max()) < cut
     smp.close()
     store.close()
     with mmreplay.Store.open(store_path) as again:
-        np.testing.assert_allclose(again.priorities().of(ids[kept]), values[kept])
-        batch = next(again.sampler(64, prioritized=True, seed=2))
+        np.testing.assert_allclose(again.inspect.priorities().of(ids[kept]), values[kept])
+        batch = next(again.sampler(64, Prioritized(), seed=2))
         assert int(batch.indices.max()) < cut
 
 
@@ -195,7 +196,7 @@ def test_a_reader_never_mixes_the_histories_before_and_after_a_rollback(make_sto
     try:
         watcher = CommitWatcher(store_path)
         watcher.newest()
-        newest_frame = store.num_frames - 1
+        newest_frame = store.inspect.num_frames - 1
         assert watcher.still_valid(390, newest_frame)
         store.rollback(360)
         ref = reference_of(rows[:360])
@@ -207,7 +208,7 @@ def test_a_reader_never_mixes_the_histories_before_and_after_a_rollback(make_sto
         watcher.close()
         # the reader loaded the old history; a get of the rewritten ids reloads and returns the new one
         ids = list(range(370, 400))
-        assert_batch_matches(reader.get(ids), ref, ids)
+        assert_batch_matches(reader.inspect.get(ids), ref, ids)
         reader.refresh()
         check_all(reader, ref)
     finally:
@@ -239,10 +240,10 @@ def test_a_rollback_while_a_reader_loads_a_commit_leaves_it_holding_nothing_unti
     state._restore = rolled_back_meanwhile
     try:
         assert reader.refresh()
-        oldest, head = reader.valid_range()
+        oldest, head = reader.inspect.valid_range()
         assert oldest == head  # what it loaded may mix two histories: it holds nothing
         ids = list(range(360, 400))
-        assert_batch_matches(reader.get(ids), ref, ids)  # the next read loads the new history
+        assert_batch_matches(reader.inspect.get(ids), ref, ids)  # the next read loads the new history
         check_all(reader, ref)
     finally:
         reader.close()
@@ -270,7 +271,7 @@ def test_sb3_resume_from_a_checkpoint_matches_its_step_count(tmp_path, roll_back
     model = _dqn(env, path, rollback_to_checkpoint=roll_back)
     model.learn(200)
     model.save(tmp_path / "ckpt")  # the checkpoint: 200 steps
-    kept = model.replay_buffer.store.get(np.arange(200))
+    kept = model.replay_buffer.store.inspect.get(np.arange(200))
     model.learn(150, reset_num_timesteps=False)  # then the run goes on and dies at 350
     model.replay_buffer.close()
     assert mmreplay.Store.open(path, mode="r").num_added == 350
@@ -288,7 +289,7 @@ def test_sb3_resume_from_a_checkpoint_matches_its_step_count(tmp_path, roll_back
         assert rollback_to_checkpoint(again) == 150
     again.learn(100, reset_num_timesteps=False)
     assert again.num_timesteps == store.num_added == len(store) == 300
-    same = store.get(np.arange(200))
+    same = store.inspect.get(np.arange(200))
     for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated"):
         assert bool((getattr(same, name) == getattr(kept, name)).all()), name
     again.replay_buffer.close()

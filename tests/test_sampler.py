@@ -70,7 +70,7 @@ def test_sampler_state_persists_and_resumes(store_path):
     # what the original sampler yields next, from a copy of its committed state
     probe = np.random.Generator(np.random.PCG64())
     probe.bit_generator.state = s.state
-    expected = [store.sample(16, rng=probe).indices.tolist() for _ in range(2)]
+    expected = [store.sample(16, seed=probe).indices.tolist() for _ in range(2)]
     store.close()
     with mmreplay.Store.open(store_path) as again:
         resumed = again.sampler(16, prefetch=1)  # no seed: continue the committed sequence
@@ -106,10 +106,10 @@ def test_draws_into_row_views_land_in_their_rows_only(driven):
         smp.sample_into(buf.rows(16, 24))
     whole = buf.batch()
     drawn = whole.indices[:10].tolist() + whole.indices[16:].tolist()
-    assert_batch_matches(store.get(drawn), ref, drawn)
+    assert_batch_matches(store.inspect.get(drawn), ref, drawn)
     for field in ("obs", "next_obs", "action", "reward", "terminated", "indices"):
         got = getattr(whole, field)
-        assert torch.equal(torch.cat([got[:10], got[16:]]), getattr(store.get(drawn), field))
+        assert torch.equal(torch.cat([got[:10], got[16:]]), getattr(store.inspect.get(drawn), field))
     assert bool((whole.obs[10:16] == 77).all())  # rows no part was drawn into are untouched
     with pytest.raises(ValueError, match="rows"):
         buf.rows(20, 30)

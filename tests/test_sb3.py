@@ -43,7 +43,7 @@ def test_dqn_learns_cartpole_and_a_second_process_resumes(tmp_path):
     assert mean >= 150, f"DQN with the on-disk buffer reached only {mean}"
     recorded = model.num_timesteps  # SB3 collects in train_freq chunks: a little past total_timesteps
     assert model.replay_buffer.size() == recorded
-    first = model.replay_buffer.store.get(np.arange(0, 500))
+    first = model.replay_buffer.store.inspect.get(np.arange(0, 500))
     model.replay_buffer.close()
     np.save(tmp_path / "first_obs.npy", first.obs.numpy())
 
@@ -57,7 +57,7 @@ def test_dqn_learns_cartpole_and_a_second_process_resumes(tmp_path):
         model = DQN("MlpPolicy", gym.make("CartPole-v1"), replay_buffer_class=MMReplayBuffer,
                     replay_buffer_kwargs=dict(path={path!r}), policy_kwargs=dict(net_arch=[256, 256]), **kw)
         before = model.replay_buffer.size()
-        same = bool(np.array_equal(model.replay_buffer.store.get(np.arange(0, 500)).obs.numpy(),
+        same = bool(np.array_equal(model.replay_buffer.store.inspect.get(np.arange(0, 500)).obs.numpy(),
                                    np.load({str(tmp_path / 'first_obs.npy')!r})))
         model.learn(total_timesteps=2_000)
         print(json.dumps(dict(before=before, after=model.replay_buffer.size(), same=same)))
@@ -104,8 +104,8 @@ def test_vecframestack_stores_each_frame_once_and_rebuilds_stacks(tmp_path):
         obs = next_obs
     store = buf.store
     assert len(store) == 80
-    assert store.num_frames == 80 + store.info()["episodes_started"]  # each frame once
-    batch = store.get(np.arange(80))
+    assert store.inspect.num_frames == 80 + store.info()["episodes_started"]  # each frame once
+    batch = store.inspect.get(np.arange(80))
     for g, (o, n, d) in enumerate(recorded):
         np.testing.assert_array_equal(buf._layout(batch.obs[g:g + 1])[0].numpy(), o, err_msg=f"obs {g}")
         np.testing.assert_array_equal(buf._layout(batch.next_obs[g:g + 1])[0].numpy(), n, err_msg=f"next {g}")
@@ -123,7 +123,7 @@ def test_truncation_is_not_a_done_for_bootstrapping(tmp_path):
     for t in range(10):
         buf.add(o + t, o + t + 1, np.array([0]), np.array([1.0]), np.array([t == 9]),
                 [{"TimeLimit.truncated": t == 9}])
-    b = buf.store.get([9])
+    b = buf.store.inspect.get([9])
     assert bool(b.truncated[0]) and not bool(b.terminated[0])
     assert float(buf.sample(10).dones.max()) == 0.0  # truncation never zeroes the bootstrap
     buf.close()
@@ -259,7 +259,7 @@ def test_save_and_load_replay_buffer_in_a_fresh_dqn_load(tmp_path):
     model.save_replay_buffer(tmp_path / "buffer")
     saved = (tmp_path / "buffer.pkl").read_bytes()
     assert len(saved) < 2000 and path.encode() in saved  # the store's path and settings, no transitions
-    first = model.replay_buffer.store.get(np.arange(100)).obs.clone()
+    first = model.replay_buffer.store.inspect.get(np.arange(100)).obs.clone()
 
     again = DQN.load(tmp_path / "dqn", env=env)  # same process: adopts the open store (no writer-lock error)
     again.load_replay_buffer(tmp_path / "buffer")
@@ -267,7 +267,7 @@ def test_save_and_load_replay_buffer_in_a_fresh_dqn_load(tmp_path):
     assert again.replay_buffer.size() == 300
     again.learn(total_timesteps=100, reset_num_timesteps=False)
     assert again.replay_buffer.size() == 400
-    assert bool((again.replay_buffer.store.get(np.arange(100)).obs == first).all())
+    assert bool((again.replay_buffer.store.inspect.get(np.arange(100)).obs == first).all())
     json_file = save_replay_buffer(again, tmp_path / "buffer_json")
     assert json.loads(open(json_file).read())["path"] == str(tmp_path / "run.mmr")
     model.replay_buffer.close()  # another buffer still uses the store: it stays open

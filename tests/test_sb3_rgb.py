@@ -168,7 +168,7 @@ def test_vecframestack_rgb_samples_equal_what_the_policy_saw(tmp_path, layout):
     assert buffer.channels == 3 and buffer.channels_first == (shape[0] == 9)
     added = collect(venv, buffer, 300)
     store = buffer.store
-    assert len(store) == 600 and store.num_frames == 600 + store.info()["episodes_started"]  # each frame once
+    assert len(store) == 600 and store.inspect.num_frames == 600 + store.info()["episodes_started"]  # each frame once
     assert check_samples(buffer, added) >= 4096
     buffer.close()
 
@@ -309,7 +309,7 @@ def test_a_second_buffer_continues_an_episode_exactly_or_refuses(tmp_path, how):
             next_obs[0] = infos[0]["terminal_observation"]
         first.add(obs, next_obs, np.array([0]), rewards, dones, infos)
         obs = new_obs
-    assert first.store.stream_tail(0) == (2, False)
+    assert first.store.inspect.stream_tail(0) == (2, False)
     if how == "reopened":
         first.close()
 
@@ -329,7 +329,7 @@ def test_a_second_buffer_continues_an_episode_exactly_or_refuses(tmp_path, how):
         again.add(obs, next_obs, np.array([1]), rewards, dones, infos)
         added[frame_id(obs[0, 6:])] = (obs[0].copy(), next_obs[0].copy())
         obs = new_obs
-    batch = again.store.get(np.arange(3, 23))
+    batch = again.store.inspect.get(np.arange(3, 23))
     for r in range(20):
         o = again._layout(batch.obs[r:r + 1])[0].numpy()
         want_obs, want_next = added[frame_id(o[6:])]
@@ -394,17 +394,17 @@ def test_store_stream_tail_names_each_streams_newest_transition_and_its_end(tmp_
     path = str(tmp_path / "tails.mmr")
     space = spaces.Box(-10, 10, (2,), np.float32)
     with mmreplay.Store.create(path, space, spaces.Discrete(2), capacity=100) as store:
-        assert store.stream_tail(0) is None
+        assert store.inspect.stream_tail(0) is None
         obs = np.zeros((2, 2), np.float32)
         store.extend(obs, np.array([0, 1]), np.zeros(2), obs + 1, np.array([False, True]), np.array([False, False]))
         store.extend(obs[:1] + 1, np.array([0]), np.zeros(1), obs[:1] + 2, np.array([False]), np.array([True]),
                      streams=[0])
-        assert store.stream_tail(0) == (2, True) and store.stream_tail(1) == (1, True)
+        assert store.inspect.stream_tail(0) == (2, True) and store.inspect.stream_tail(1) == (1, True)
         store.extend(obs[:1], np.array([0]), np.zeros(1), obs[:1] + 1, np.array([False]), np.array([False]),
                      streams=[7])
-        assert store.stream_tail(7) == (3, False) and store.stream_tail(5) is None
+        assert store.inspect.stream_tail(7) == (3, False) and store.inspect.stream_tail(5) is None
     with mmreplay.Store.open(path, mode="r") as store:  # kept by the commit
-        assert [store.stream_tail(s) for s in (0, 1, 7)] == [(2, True), (1, True), (3, False)]
+        assert [store.inspect.stream_tail(s) for s in (0, 1, 7)] == [(2, True), (1, True), (3, False)]
 
 
 def test_a_buffer_file_written_before_channels_existed_still_loads_as_grey_stacks(tmp_path):

@@ -25,9 +25,9 @@ def add_steps(store, lo: int, hi: int) -> None:
 
 
 def check_rows(store, n: int) -> None:
-    ids = np.arange(*store.valid_range())
+    ids = np.arange(*store.inspect.valid_range())
     assert ids.size == n
-    batch = store.get(ids)
+    batch = store.inspect.get(ids)
     for i, t in enumerate(ids.tolist()):
         np.testing.assert_array_equal(batch.obs[i].numpy(), frame(t), err_msg=f"obs of step {t}")
         np.testing.assert_array_equal(batch.next_obs[i].numpy(), frame(t + 1), err_msg=f"next_obs of step {t}")
@@ -143,11 +143,11 @@ def test_laps_of_the_ring_with_shards_queued(store_path, with_encoder, monkeypat
         add_steps(s, 0, n // 2)
         assert len(frames._sealed) > 1  # shards did queue
         add_steps(s, n // 2, n)
-        oldest, head = s.valid_range()
+        oldest, head = s.inspect.valid_range()
         check_rows(s, head - oldest)
         encoder.release()
     with mmreplay.Store.open(store_path, mode="r") as s:
-        oldest, head = s.valid_range()
+        oldest, head = s.inspect.valid_range()
         assert head == n
         check_rows(s, head - oldest)
         assert s.verify() == []

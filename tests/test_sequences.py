@@ -10,6 +10,7 @@ from gymnasium import spaces
 
 import mmreplay
 from mmreplay.sampling.sequences import episode_table, sequence_priority, validate_sequence
+from mmreplay.sampling.strategy import NStep, Prioritized, Sequences, Uniform
 from test_per import chi_square
 from test_store_semantics import drive
 
@@ -65,13 +66,14 @@ def test_slices_match_brute_force(store_path, capacity, frame_stack, strict):
     store, ref = drive(store_path, rng, capacity=capacity, frame_stack=frame_stack, steps=240, p_term=0.04,
                        p_trunc=0.03)
     try:
-        valid = set(ref.valid_ids(store.valid_range()[0]))
+        valid = set(ref.valid_ids(store.inspect.valid_range()[0]))
         seen_term = seen_trunc = seen_pad = False
         for i, (seq_len, burn_in, sample_from, prioritized) in enumerate(
                 [(6, 0, "steps", False), (5, 3, "episodes", False), (4, 2, "steps", True), (1, 0, "steps", False)]):
             drawable = set(drawable_starts(ref, valid, seq_len, strict))
-            with store.sampler(16, seq_len=seq_len, burn_in=burn_in, strict=strict, sample_from=sample_from,
-                               prioritized=prioritized, seed=i, name=f"s{i}") as smp:
+            draw = Sequences(seq_len, burn_in=burn_in, strict=strict, sample_from=sample_from,
+                             over=Prioritized() if prioritized else Uniform())
+            with store.sampler(16, draw, seed=i, name=f"s{i}") as smp:
                 for _ in range(4):
                     batch = next(smp)
                     assert set(batch.start.tolist()) <= drawable
@@ -93,7 +95,7 @@ def test_zero_stack_padding_within_slices(store_path):
     try:
         for t in range(5):
             store.add(np.full(3, t + 1, np.uint8), 1, 0.5, np.full(3, t + 2, np.uint8), t == 4, False)
-        batch = store.sampler(4, seq_len=5, seed=0).sample()
+        batch = store.sampler(4, Sequences(5), seed=0).sample()
         assert batch.indices.tolist() == [[0, 1, 2, 3, 4]] * 4  # the only 5-step slice
         assert batch.obs[0, 0, :, 0].tolist() == [0, 0, 1] and batch.obs[0, 1, :, 0].tolist() == [0, 1, 2]
         assert batch.obs[0, 4, :, 0].tolist() == [3, 4, 5] and batch.next_obs[0, :, 0].tolist() == [4, 5, 6]
@@ -103,8 +105,8 @@ def test_zero_stack_padding_within_slices(store_path):
 
 
 # -- statistics of slice starts --------------------------------------------------------------------------------
-def _start_counts(store, n_batches, **kw):
-    with store.sampler(64, seed=3, **kw) as smp:
+def _start_counts(store, n_batches, name="sequence", **kw):
+    with store.sampler(64, Sequences(**kw), seed=3, name=name) as smp:
         return np.concatenate([next(smp).start.numpy().copy() for _ in range(n_batches)])  # buffers are reused
 
 
@@ -113,7 +115,7 @@ def test_slice_starts_are_uniform_over_steps_and_over_episodes(store_path, stric
     rng = np.random.default_rng(2)
     store, ref = drive(store_path, rng, capacity=150, frame_stack=2, steps=200, p_term=0.05, p_trunc=0.02)
     try:
-        valid = set(ref.valid_ids(store.valid_range()[0]))
+        valid = set(ref.valid_ids(store.inspect.valid_range()[0]))
         drawable = drawable_starts(ref, valid, 4, strict)
         at = {g: i for i, g in enumerate(drawable)}
         # uniform over drawable starts
@@ -154,7 +156,7 @@ def test_strict_slices_longer_than_most_episodes_fall_back_to_the_exact_table(st
         assert set(starts.tolist()) == {first, first + 1, first + 2}
         assert chi_square(np.bincount(starts - first).astype(float), np.full(3, starts.size / 3)) < 30
         with pytest.raises(ValueError, match="no episode in the store holds 13 steps"):
-            store.sampler(4, seq_len=13).sample()
+            store.sampler(4, Sequences(13)).sample()
     finally:
         store.close()
 
@@ -171,7 +173,7 @@ def test_prioritized_slices_follow_updated_priorities_and_persist(store_path):
     rng = np.random.default_rng(4)
     store, ref = drive(store_path, rng, capacity=None, frame_stack=1, steps=150, p_term=0.03, p_trunc=0.0)
     try:
-        with store.sampler(32, seq_len=5, prioritized=True, alpha=1.0, seed=0) as smp:
+        with store.sampler(32, Sequences(5, over=Prioritized(alpha=1.0)), seed=0) as smp:
             batch = next(smp)
             td = torch.zeros(32, 5)
             td[0] = torch.tensor([0.0, 4.0, 0.0, 0.0, 0.0])  # R2D2 mix with eta=0.9: 0.9*4 + 0.1*0.8
@@ -181,13 +183,13 @@ def test_prioritized_slices_follow_updated_priorities_and_persist(store_path):
                 smp.update_priorities(batch, td[:, :3])
             assert smp.update_priorities(batch, td[:, :3], mask=batch.mask[:, :3]) == 32  # any width, with a mask
             # every other drawable start to zero: only the favoured one (and those at 0 priority eps) remain
-            _, head = store.valid_range()
+            _, head = store.inspect.valid_range()
             others = [g for g in range(head) if g != favoured]
             smp.update_priorities(others, np.zeros(len(others)))
             assert set(next(smp).start.tolist()) == {favoured}
         store.close()
         store = mmreplay.Store.open(store_path, durable=False)
-        with store.sampler(32, seq_len=5, prioritized=True) as smp:
+        with store.sampler(32, Sequences(5, over=Prioritized())) as smp:
             assert set(next(smp).start.tolist()) == {favoured}  # the priorities came back from the commit
     finally:
         store.close()
@@ -197,17 +199,17 @@ def test_prioritized_slices_follow_updated_priorities_and_persist(store_path):
 def test_sequence_sampler_resumes_its_random_sequence_after_reopen(store_path):
     rng = np.random.default_rng(6)
     store, _ = drive(store_path, rng, capacity=100, frame_stack=4, steps=120)
-    smp = store.sampler(8, seq_len=4, seed=5)
+    smp = store.sampler(8, Sequences(4), seed=5)
     next(smp)
     store.close()
     store = mmreplay.Store.open(store_path, durable=False)
-    resumed = store.sampler(8, seq_len=4)
+    resumed = store.sampler(8, Sequences(4))
     got = next(resumed).indices.clone()
     store.close()
     rng = np.random.default_rng(6)
     store, _ = drive(store_path + "2", rng, capacity=100, frame_stack=4, steps=120)
     try:
-        with store.sampler(8, seq_len=4, seed=5) as again:
+        with store.sampler(8, Sequences(4), seed=5) as again:
             next(again)
             assert torch.equal(next(again).indices, got)
     finally:
@@ -221,8 +223,8 @@ def test_reader_and_prefetch_sample_the_same_slices(store_path):
     reader = mmreplay.Store.open(store_path, mode="r")
     try:
         valid = set(ref.valid_ids(0))
-        with reader.sampler(8, seq_len=6, strict=False, burn_in=2, seed=1, prefetch=2) as fetched, \
-                store.sampler(8, seq_len=6, strict=False, burn_in=2, seed=1) as direct:
+        with reader.sampler(8, Sequences(6, burn_in=2, strict=False), seed=1, prefetch=2) as fetched, \
+                store.sampler(8, Sequences(6, burn_in=2, strict=False), seed=1) as direct:
             for _ in range(3):
                 a, b = next(fetched), next(direct)
                 assert torch.equal(a.indices, b.indices) and torch.equal(a.obs, b.obs)
@@ -246,9 +248,9 @@ def test_bad_sequence_arguments_are_named():
 def _links_of(store):
     """What ``episode_table`` reads of an index ring (its bounds and each slot's episode link), rebuilt from
     the store's public ``episode_links``."""
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     geometry = store.geometry.transitions
-    prev, _, _ = store.episode_links(oldest, head)
+    prev, _, _ = store.inspect.episode_links(oldest, head)
     g = np.arange(oldest, head, dtype=np.int64)
     delta = np.zeros(geometry.rows, dtype=np.int64)
     delta[geometry.slot(g)] = np.where(prev >= 0, g - prev, 0)
@@ -261,7 +263,7 @@ def test_episode_table_counts_cut_episodes_from_their_first_full_stack(store_pat
     store, ref = drive(store_path, rng, capacity=80, frame_stack=3, steps=120)
     try:
         table = episode_table(_links_of(store), 3)
-        valid = set(ref.valid_ids(store.valid_range()[0]))
+        valid = set(ref.valid_ids(store.inspect.valid_range()[0]))
         spec = validate_sequence(1, strict=False)
         starts = {int(table.members[table.offsets[e] + table.first[e] + p])
                   for e, n in enumerate(table.drawable(spec)) for p in range(n)}
@@ -279,10 +281,10 @@ def test_dict_observations_and_extras_come_per_step(store_path):
             return {"pos": np.full(2, t, np.float32), "img": np.full((2, 2), t, np.uint8)}
         for t in range(100):  # one episode of 100 steps in a ring of 64: wrapped
             store.add(o(t), t % 3, 1.0, o(t + 1), False, t == 99, extras={"lives": t % 5})
-        batch = store.sampler(8, seq_len=6, seed=0).sample()
+        batch = store.sampler(8, Sequences(6), seed=0).sample()
         for row in range(8):
             ids = batch.indices[row].numpy()
-            assert (np.diff(ids) == 1).all() and ids[0] >= store.valid_range()[0]
+            assert (np.diff(ids) == 1).all() and ids[0] >= store.inspect.valid_range()[0]
             np.testing.assert_array_equal(batch.obs["pos"][row, :, 0].numpy(), ids.astype(np.float32))
             np.testing.assert_array_equal(batch.obs["img"][row, :, 1, 1].numpy(), ids.astype(np.uint8))
             np.testing.assert_array_equal(batch.extras["lives"][row].numpy(), ids % 5)
@@ -299,9 +301,9 @@ def test_prioritized_slice_starts_are_proportional_among_drawable_starts(store_p
     try:
         valid = set(ref.valid_ids(0))
         drawable = drawable_starts(ref, valid, 4, True)
-        _, head = store.valid_range()
+        _, head = store.inspect.valid_range()
         p = rng.uniform(0.1, 1.0, head)
-        with store.sampler(64, seq_len=4, prioritized=True, alpha=1.0, seed=0) as smp:
+        with store.sampler(64, Sequences(4, over=Prioritized(alpha=1.0)), seed=0) as smp:
             smp.update_priorities(np.arange(head), p)
             starts = np.concatenate([next(smp).start.numpy().copy() for _ in range(60)])
         at = {g: i for i, g in enumerate(drawable)}
@@ -314,37 +316,34 @@ def test_prioritized_slice_starts_are_proportional_among_drawable_starts(store_p
         store.close()
 
 
-def test_sequence_options_are_explicit_and_public_draws_match_the_samplers(store_path):
-    """Sequence options only with ``seq_len`` (n-step ones never with it); one open sampler per name; the
-    index-only draws (``draw_indices``, ``draw_windows``, what TorchRL's samplers use) draw what the
-    samplers draw from the same RNG state."""
-    from mmreplay.sampling.sequences import StartDrawer
-
+def test_sequence_options_are_checked_once_and_public_draws_match_the_samplers(store_path):
+    """Sequence options are checked when the strategy is made; one open sampler per name; the index-only
+    draws (``store.inspect.draw``, what TorchRL's samplers use) draw what the samplers draw from the same
+    RNG state."""
     rng = np.random.default_rng(13)
     store, _ = drive(store_path, rng, capacity=None, frame_stack=2, steps=100, p_term=0.05, p_trunc=0.0)
     try:
-        with pytest.raises(TypeError, match="burn_in is a sequence option of Store.sampler: give seq_len="):
-            store.sampler(4, burn_in=2)
-        with pytest.raises(TypeError, match="eta, strict are sequence options"):
-            store.sampler(4, strict=False, eta=0.5)
-        with pytest.raises(ValueError, match="n_step=3, gamma=None are for transition samplers"):
-            store.sampler(4, seq_len=3, n_step=3)
-        with pytest.raises(ValueError, match="gamma=0.9"):
-            store.sampler(4, seq_len=3, gamma=0.9)
         with pytest.raises(ValueError, match="eta .* must lie in \\[0, 1\\], got 2"):
-            store.sequence_sampler(4, 3, eta=2)
-        smp = store.sampler(4, seq_len=3, burn_in=1, seed=7)
-        assert isinstance(smp, mmreplay.SequenceSampler) and smp.name == "sequence"
+            Sequences(3, eta=2)
+        with pytest.raises(ValueError, match="seq_len must be an integer >= 1, got 0"):
+            Sequences(0)
+        with pytest.raises(ValueError, match="prioritized slices are drawn by priority, not 'episodes'"):
+            Sequences(3, sample_from="episodes", over=Prioritized())
+        with pytest.raises(TypeError, match="Sequences\\(over=...\\) takes Uniform\\(\\) or Prioritized"):
+            Sequences(3, over=NStep(3))
+        smp = store.sampler(4, Sequences(3, burn_in=1), seed=7)
+        assert isinstance(smp, mmreplay.Sampler) and smp.name == "sequence"
         with pytest.raises(ValueError, match="a sampler named 'sequence' is already open"):
-            store.sequence_sampler(4, 3)
+            store.sampler(4, Sequences(3))
         batch = next(smp)
-        drawer = StartDrawer(smp.spec, store.frame_stack)
-        windows = store.draw_windows(drawer, 4, np.random.Generator(np.random.PCG64(7)))
-        assert windows.tolist() == batch.indices.tolist()
+        windows, weights = store.inspect.draw(Sequences(3, burn_in=1), 4, np.random.Generator(np.random.PCG64(7)))
+        assert weights is None and windows.tolist() == batch.indices.tolist()
         smp.close()
-        store.sequence_sampler(4, 3).close()  # the name is free again
-        ids, weights = store.draw_indices(8, np.random.default_rng(1))
-        assert weights is None and ids.tolist() == store.sample(8, rng=np.random.default_rng(1)).indices.tolist()
+        store.sampler(4, Sequences(3)).close()  # the name is free again
+        ids, weights = store.inspect.draw(Uniform(), 8, np.random.default_rng(1))
+        assert weights is None and ids.tolist() == store.sample(8, seed=np.random.default_rng(1)).indices.tolist()
+        one_shot = store.sample(4, Sequences(3, burn_in=1), seed=np.random.Generator(np.random.PCG64(7)))
+        assert one_shot.indices.tolist() == batch.indices.tolist()  # Store.sample takes any strategy
         assert not store.closed
     finally:
         store.close()

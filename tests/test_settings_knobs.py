@@ -103,6 +103,6 @@ def _add_and_check(store) -> None:
     for i in range(40):
         store.add(obs[i], 0, 0.0, obs[i + 1], False, False)
     store.flush()
-    got = store.get(np.arange(40))
+    got = store.inspect.get(np.arange(40))
     np.testing.assert_array_equal(got.obs.numpy(), np.stack(obs[:40]))
     np.testing.assert_array_equal(got.next_obs.numpy(), np.stack(obs[1:41]))

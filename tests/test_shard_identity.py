@@ -29,13 +29,13 @@ def forget_shard_identities(path: str) -> None:
 def read_every_transition(store) -> tuple[int, list[str]]:
     """Each valid transition read alone: (how many are right, the errors of those that raised). A wrong row
     fails the test at once."""
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     right, errors = 0, []
     for g in range(oldest, head):
         if syn.needs(g) < oldest:
             continue
         try:
-            batch = store.get([g])
+            batch = store.inspect.get([g])
         except mmreplay.CorruptDataError as exc:
             errors.append(str(exc))
             continue
@@ -45,7 +45,7 @@ def read_every_transition(store) -> tuple[int, list[str]]:
 
 
 def frame_shards(store) -> int:
-    return -(-store.num_frames // store.geometry.frames.shard_rows)
+    return -(-store.inspect.num_frames // store.geometry.frames.shard_rows)
 
 
 def test_a_shard_file_replaced_by_another_shard_of_the_store_is_an_error_naming_both(synthetic_store):
@@ -67,7 +67,7 @@ def test_a_shard_file_replaced_by_another_shard_of_the_store_is_an_error_naming_
 def test_an_older_copy_of_a_shard_is_an_error_not_zeros(synthetic_store):
     s = synthetic_store(n=20)
     s.flush()
-    shard = (s.num_frames - 1) // s.geometry.frames.shard_rows  # the partly filled shard
+    shard = (s.inspect.num_frames - 1) // s.geometry.frames.shard_rows  # the partly filled shard
     victim = frame_shard_file(s, shard)
     old = open(victim, "rb").read()  # a backup taken now
     for g in range(20, 150):
@@ -90,12 +90,12 @@ def test_an_older_copy_of_a_shard_is_an_error_not_zeros(synthetic_store):
 def test_an_older_copy_of_the_partly_filled_shard_is_an_error(synthetic_store):
     s = synthetic_store(n=100)
     s.flush()
-    shard, filled = divmod(s.num_frames, s.geometry.frames.shard_rows)
+    shard, filled = divmod(s.inspect.num_frames, s.geometry.frames.shard_rows)
     victim = frame_shard_file(s, shard)
     old = open(victim, "rb").read()
     for g in range(100, 102):  # two more frames in the same, still partly filled, shard
         s.add(*syn.transition(g))
-    assert s.num_frames // s.geometry.frames.shard_rows == shard
+    assert s.inspect.num_frames // s.geometry.frames.shard_rows == shard
     path = s.path
     s.close()
     open(victim, "wb").write(old)
@@ -188,7 +188,7 @@ def chunk_span(raw: bytes, n_chunks: int, inner: int) -> tuple[int, int]:
 def test_one_flipped_byte_in_the_partly_filled_shard_stays_local(synthetic_store, recompute_crc):
     s = synthetic_store(n=100)
     rows = s.geometry.frames.shard_rows
-    shard, filled = divmod(s.num_frames, rows)
+    shard, filled = divmod(s.inspect.num_frames, rows)
     assert filled > 3  # the newest shard is partly filled
     victim = frame_shard_file(s, shard)
     path = s.path
@@ -227,7 +227,7 @@ def test_shard_files_still_read_with_plain_zarr(synthetic_store):
     import zarr
 
     s = synthetic_store(n=60)
-    want = np.stack([s.get([g]).next_obs[0, -1].numpy() for g in range(55, 60)])
+    want = np.stack([s.inspect.get([g]).next_obs[0, -1].numpy() for g in range(55, 60)])
     path = s.path
     s.close()
     arr = zarr.open_array(os.path.join(path, "frames", "obs"), mode="r")

@@ -45,7 +45,7 @@ def drive(store_path, rng, *, capacity, frame_stack, steps, n_streams=3, reopen_
 
 
 def check_against_reference(store, ref, exact_oldest=True):
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     assert head == len(ref.transitions)
     if exact_oldest:
         assert oldest == ref.oldest
@@ -53,7 +53,7 @@ def check_against_reference(store, ref, exact_oldest=True):
         assert oldest >= ref.oldest
     ids = ref.valid_ids(oldest)
     assert len(store) == len(ids)
-    assert_batch_matches(store.get(ids), ref, ids)
+    assert_batch_matches(store.inspect.get(ids), ref, ids)
 
 
 @pytest.mark.parametrize("frame_stack", [1, 2, 4])
@@ -106,7 +106,7 @@ def test_stack_padding_repeats_first_frame_of_episode(make_store):
     f = frames(4)
     s.add(f[0], 0, 0, f[1], False, False)
     s.add(f[1], 1, 1, f[2], False, False)
-    b = s.get([0, 1])
+    b = s.inspect.get([0, 1])
     assert b.obs[0, :, 0, 0].tolist() == [0, 0, 0, 0]
     assert b.next_obs[0, :, 0, 0].tolist() == [0, 0, 0, 1]
     assert b.obs[1, :, 0, 0].tolist() == [0, 0, 0, 1]
@@ -119,7 +119,7 @@ def test_stacks_never_cross_episode_start_and_terminal_flags_kept(make_store):
     s.add(f[0], 0, 1, f[1], False, False)
     s.add(f[1], 0, 1, f[2], True, False)  # terminated
     s.add(f[5], 2, -1, f[6], False, False)  # new episode after reset
-    b = s.get([1, 2])
+    b = s.inspect.get([1, 2])
     assert b.terminated.tolist() == [True, False] and b.truncated.tolist() == [False, False]
     assert b.obs[1, :, 0, 0].tolist() == [5, 5, 5]
     assert b.next_obs[1, :, 0, 0].tolist() == [5, 5, 6]
@@ -131,7 +131,7 @@ def test_truncated_episode_keeps_final_observation(make_store):
     s.add(f[0], 0, 0, f[1], False, False)
     s.add(f[1], 0, 0, f[2], False, True)  # time limit: f[2] is needed for bootstrapping
     s.add(f[2], 0, 0, f[3], False, False)  # even a reset that returns the same frame starts a new episode
-    b = s.get([1, 2])
+    b = s.inspect.get([1, 2])
     assert b.truncated.tolist() == [True, False]
     assert b.next_obs[0, 0, 0] == 2 and b.obs[1, 0, 0] == 2
 
@@ -141,7 +141,7 @@ def test_obs_that_does_not_continue_previous_next_obs_starts_an_episode(make_sto
     f = frames(10)
     s.add(f[0], 0, 0, f[1], False, False)
     s.add(f[7], 0, 0, f[8], False, False)  # the env was reset without a done flag
-    b = s.get([1])
+    b = s.inspect.get([1])
     assert b.obs[0, :, 0, 0].tolist() == [7, 7]
 
 
@@ -150,13 +150,13 @@ def test_ring_wraps_in_the_middle_of_an_episode(make_store):
     f = frames(250)
     for i in range(200):  # one long episode, wrapping the ring several times
         s.add(f[i], i % 3, 0, f[i + 1], False, False)
-    oldest, head = s.valid_range()
+    oldest, head = s.inspect.valid_range()
     assert (oldest, head, len(s)) == (136, 200, 61)  # the first 3 kept lack their stack's predecessors
-    b = s.get([139, 199])
+    b = s.inspect.get([139, 199])
     assert b.obs[0, :, 0, 0].tolist() == [136, 137, 138, 139]
     assert b.next_obs[1, :, 0, 0].tolist() == [197, 198, 199, 200]
     with pytest.raises(IndexError, match="not valid"):
-        s.get([137])
+        s.inspect.get([137])
 
 
 def test_vector_env_streams_interleave_without_mixing(make_store):
@@ -165,7 +165,7 @@ def test_vector_env_streams_interleave_without_mixing(make_store):
     for t in range(4):
         s.extend(np.stack([a[t], b[t]]), [0, 1], [0, 0], np.stack([a[t + 1], b[t + 1]]), [False, False],
                  [False, False])
-    batch = s.get([6, 7])  # step 3 of stream 0 and of stream 1
+    batch = s.inspect.get([6, 7])  # step 3 of stream 0 and of stream 1
     assert batch.obs[0, :, 0, 0].tolist() == [1, 2, 3]
     assert batch.obs[1, :, 0, 0].tolist() == [101, 102, 103]
     assert batch.next_obs[1, :, 0, 0].tolist() == [102, 103, 104]
@@ -176,7 +176,7 @@ def test_frames_are_stored_once(make_store):
     f = frames(101)
     for i in range(100):
         s.add(f[i], 0, 0, f[i + 1], i == 99, False)
-    assert s.num_frames == 101  # 100 next observations + the first observation
+    assert s.inspect.num_frames == 101  # 100 next observations + the first observation
 
 
 def test_dict_observations_and_extras(store_path):
@@ -197,7 +197,7 @@ def test_dict_observations_and_extras(store_path):
             obs = space.sample() if done else nxt
         ids = ref.valid_ids()
         assert len(s) == len(ids)
-        assert_batch_matches(s.get(ids), ref, ids, dict_keys=["pixels", "state"])
+        assert_batch_matches(s.inspect.get(ids), ref, ids, dict_keys=["pixels", "state"])
 
 
 def test_low_dim_float_observations(store_path):
@@ -213,9 +213,9 @@ def test_low_dim_float_observations(store_path):
             ref.add(0, obs, i % 2, 1.0, nxt, done, False)
             obs = rng.standard_normal(4).astype(np.float32) if done else nxt
         ids = ref.valid_ids()
-        assert_batch_matches(s.get(ids), ref, ids)
+        assert_batch_matches(s.inspect.get(ids), ref, ids)
     with mmreplay.Store.open(store_path) as s:
-        assert_batch_matches(s.get(ids), ref, ids)
+        assert_batch_matches(s.inspect.get(ids), ref, ids)
 
 
 def test_many_single_adds_without_reads_wrap_rings_correctly(store_path):
@@ -239,8 +239,8 @@ def test_repeated_streams_in_one_extend_are_sequential(make_store):
     s = make_store(frame_stack=3)
     f = frames(10)
     s.extend(np.stack(f[0:3]), [0, 1, 2], [0, 0, 0], np.stack(f[1:4]), [False] * 3, [False] * 3, streams=[5, 5, 5])
-    assert s.num_frames == 4
-    assert s.get([2]).obs[0, :, 0, 0].tolist() == [0, 1, 2]
+    assert s.inspect.num_frames == 4
+    assert s.inspect.get([2]).obs[0, :, 0, 0].tolist() == [0, 1, 2]
 
 
 def test_zero_padding_like_vecframestack(make_store):
@@ -248,7 +248,7 @@ def test_zero_padding_like_vecframestack(make_store):
     f = frames(8, 1)
     s.add(f[0], 0, 0, f[1], False, False)
     s.add(f[1], 0, 0, f[2], False, False)
-    b = s.get([0, 1])
+    b = s.inspect.get([0, 1])
     assert b.obs[0, :, 0, 0].tolist() == [0, 0, 0, 1]
     assert b.next_obs[0, :, 0, 0].tolist() == [0, 0, 1, 2]
     assert b.obs[1, :, 0, 0].tolist() == [0, 0, 1, 2]
@@ -266,6 +266,6 @@ def test_dict_observation_with_a_scalar_key_continues_episodes(store_path):
             nxt = {"image": np.full((1, 4, 4), t + 1, np.uint8), "mode": np.array([t + 1])}
             s.extend(obs, [0], [0.0], nxt, [False], [False])
             s.flush()  # each extend its own block: the stream's last next observation is kept between them
-        b = s.get([3, 4])
-        assert s.num_frames == 6  # each observation stored once: the episode continued across extends
+        b = s.inspect.get([3, 4])
+        assert s.inspect.num_frames == 6  # each observation stored once: the episode continued across extends
     assert b.obs["mode"].tolist() == [[2, 3], [3, 4]] and b.next_obs["mode"].tolist() == [[3, 4], [4, 5]]

@@ -162,10 +162,10 @@ def test_runs_holding_episode_starts_and_ring_wraps_read_back_exactly(store_path
                                reward_values=(-1, 0, 1), frame_codec="delta-zstd", durable=False) as s:
         _record(s, ref, atari_frames, 3 * capacity + 37, episode_len)
         ids = ref.valid_ids()[-capacity // 2:]
-        assert_batch_matches(s.get(ids), ref, ids)  # partly from the writer's RAM
+        assert_batch_matches(s.inspect.get(ids), ref, ids)  # partly from the writer's RAM
     with mmreplay.Store.open(store_path, mode="r") as s:
-        ids = [g for g in ref.valid_ids() if g >= s.valid_range()[0]]
-        assert_batch_matches(s.get(ids), ref, ids)
+        ids = [g for g in ref.valid_ids() if g >= s.inspect.valid_range()[0]]
+        assert_batch_matches(s.inspect.get(ids), ref, ids)
         assert s.verify() == []
         for _ in range(5):
             batch = s.sample(32)
@@ -180,10 +180,10 @@ def test_compiled_and_python_paths_give_identical_batches(store_path, atari_fram
         _record(s, ref, atari_frames, 600, 7)
     ids = [g for g in ref.valid_ids() if g >= 600 - 500]
     with mmreplay.Store.open(store_path, mode="r") as s:
-        compiled = s.get(ids)
+        compiled = s.inspect.get(ids)
     monkeypatch.setattr(native, "AVAILABLE", False)
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=1 << 20) as s:  # small: decodes from the files
-        python = s.get(ids)
+        python = s.inspect.get(ids)
     assert np.array_equal(compiled.obs.numpy(), python.obs.numpy())
     assert np.array_equal(compiled.next_obs.numpy(), python.next_obs.numpy())
     assert_batch_matches(python, ref, ids)
@@ -216,8 +216,8 @@ def test_a_corrupt_run_is_an_error_naming_the_chunk(store_path, atari_frames):
         problems = s.verify()
         assert problems and "chunk 0" in problems[0]
         with pytest.raises(CorruptDataError, match="chunk 0"):
-            s.get([1])
-        assert np.array_equal(s.get([100]).obs.numpy()[0, -1], atari_frames[100])  # the rest stays readable
+            s.inspect.get([1])
+        assert np.array_equal(s.inspect.get([100]).obs.numpy()[0, -1], atari_frames[100])  # the rest stays readable
 
 
 def test_readers_racing_a_writer_that_rewrites_runs(tmp_path):
@@ -242,7 +242,7 @@ def test_colour_frames_get_longer_runs(store_path):
         frames = drifting_frames(40, 5, (3, 84, 84))
         for t in range(39):
             s.add(frames[t], t % 2, 0.0, frames[t + 1], False, t == 38)
-        batch = s.get(list(range(2, 39)))
+        batch = s.inspect.get(list(range(2, 39)))
         for i, g in enumerate(range(2, 39)):
             assert np.array_equal(batch.obs[i].numpy(), frames[g - 2:g + 1])
     meta = mmreplay.Store.open(store_path, mode="r")

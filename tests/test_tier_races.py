@@ -54,8 +54,8 @@ def wrapped(wrapped_original, store_path):
 def check_newest(s, n: int = 200) -> int:
     """The newest ``n`` transitions (read back as a restarted training loop does) and a sample: every
     obs and next_obs row against the ground truth. Returns the rows checked."""
-    oldest, head = s.valid_range()
-    batches = [s.get(np.arange(max(oldest + 4, head - n), head)), s.sample(256, seed=3)]
+    oldest, head = s.inspect.valid_range()
+    batches = [s.inspect.get(np.arange(max(oldest + 4, head - n), head)), s.sample(256, seed=3)]
     for b in batches:
         assert resume_wrong_rows(b) == [], "rows differ from the ground truth"
     return sum(len(b.indices) for b in batches)
@@ -233,7 +233,7 @@ WINDOW = textwrap.dedent("""
 
     def read():
         try:
-            result["wrong"] = resume_wrong_rows(s.get(newest))
+            result["wrong"] = resume_wrong_rows(s.inspect.get(newest))
         except BaseException as exc:
             result["error"] = f"{{type(exc).__name__}}: {{exc}}"
 
@@ -249,7 +249,7 @@ WINDOW = textwrap.dedent("""
     t.join()
     native.decode_stacks = real_decode_stacks
     assert writer_done.wait(WAIT)
-    result["after"] = resume_wrong_rows(s.get(newest))
+    result["after"] = resume_wrong_rows(s.inspect.get(newest))
     result["waited"] = blocked.is_set()
     s.close()
     print(json.dumps(result), flush=True)
@@ -306,9 +306,9 @@ HOSTILE_READ = textwrap.dedent("""
         print("reading", path, flush=True)  # the last line names the store if this process dies
         with mmreplay.Store.open(path, mode="r", cache_bytes={budget}) as s:
             s._state.reader._preloader.join()
-            oldest, head = s.valid_range()
+            oldest, head = s.inspect.valid_range()
             try:
-                s.get(np.arange(oldest + 4, head))
+                s.inspect.get(np.arange(oldest + 4, head))
             except Exception as exc:
                 print("refused:", type(exc).__name__, exc, flush=True)
             else:

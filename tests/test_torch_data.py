@@ -25,7 +25,7 @@ def cartpole_store(store_path):
 
 def _same_as_store(path, indices, obs, action):
     with mmreplay.Store.open(path, mode="r") as s:
-        again = s.get(indices)
+        again = s.inspect.get(indices)
         return bool((again.obs == obs).all()) and bool((again.action == action).all())
 
 

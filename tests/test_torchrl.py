@@ -106,7 +106,7 @@ def test_native_slices_over_interleaved_streams(tmp_path):
                                                                                   seed=0), batch_size=40)
         rb.extend(data[:120])
         rb.extend(data[120:])
-        prev, _, _ = storage.store.episode_links(0, 240)
+        prev, _, _ = storage.store.inspect.episode_links(0, 240)
         tid = data["collector", "traj_ids"].tolist()
         last = {}
         for g, traj in enumerate(tid):
@@ -230,7 +230,7 @@ def test_dqn_loss_on_a_cartpole_collector(tmp_path):
         assert len(storage) == every.shape[0] == 320
         assert_rows_equal(sample, every, sample["index"])
         # episodes in the store are the collector's trajectories
-        prev, _, _ = storage.store.episode_links(0, 320)
+        prev, _, _ = storage.store.inspect.episode_links(0, 320)
         tid = every["collector", "traj_ids"]
         for g in range(1, 320):
             assert (prev[g] == g - 1) == bool(tid[g] == tid[g - 1]), g

@@ -63,7 +63,7 @@ def test_plain_zarr_reader_matches_store(store_path, capacity):
     ids = ref.valid_ids()
     plain = read_with_plain_zarr(store_path, ids)
     with mmreplay.Store.open(store_path, mode="r") as s:
-        b = s.get(ids)
+        b = s.inspect.get(ids)
     for row, (g, p) in enumerate(zip(ids, plain)):
         np.testing.assert_array_equal(p["obs"], b.obs[row].numpy(), err_msg=str(g))
         np.testing.assert_array_equal(p["next_obs"], b.next_obs[row].numpy())
@@ -110,11 +110,11 @@ def test_corrupt_chunk_raises_naming_array_shard_and_chunk(store_path):
     open(path, "wb").write(bytes(data))
     with mmreplay.Store.open(store_path, mode="r") as s:
         with pytest.raises(mmreplay.CorruptDataError, match=r"array 'frames/obs', shard 0, chunk 0: checksum"):
-            s.get([0])
+            s.inspect.get([0])
     os.truncate(path, 100)
     with mmreplay.Store.open(store_path, mode="r") as s:
         with pytest.raises(mmreplay.CorruptDataError, match="shard 0"):
-            s.get([0])
+            s.inspect.get([0])
 
 
 def test_chunk_that_decodes_to_the_wrong_size_is_rejected(store_path):
@@ -137,7 +137,7 @@ def test_chunk_that_decodes_to_the_wrong_size_is_rejected(store_path):
     with pytest.raises(mmreplay.CorruptDataError, match=r"'frames/obs', shard 0, chunk \d+: chunk does not decode "
                                                         "to (30|the expected number of) bytes"):
         with mmreplay.Store.open(store_path, mode="r") as s:
-            s.get([3])
+            s.inspect.get([3])
 
 
 def forget_shard_identities(path: str) -> None:

@@ -51,13 +51,13 @@ def check_store(path: str, capacity: int, in_flight: int = 0) -> tuple[int, int]
     finds the oldest transitions that the writes in flight were about to overwrite already given up:
     up to a shard plus ``in_flight`` uncommitted adds. Every other commit keeps exactly ``capacity``."""
     with mmreplay.Store.open(path, mode="r") as s:
-        oldest, head = s.valid_range()
+        oldest, head = s.inspect.valid_range()
         lo = max(0, head - capacity)
         assert lo <= oldest <= lo + s.geometry.transitions.shard_rows + in_flight, (oldest, head)
         ids = [g for g in range(oldest, head) if syn.needs(g) >= oldest]
         assert len(s) == len(ids), (len(s), len(ids))
         for lo in range(0, len(ids), 512):
-            syn.check_batch(s.get(ids[lo:lo + 512]))
+            syn.check_batch(s.inspect.get(ids[lo:lo + 512]))
         return head, len(ids)
 
 
@@ -99,7 +99,7 @@ READER = textwrap.dedent("""
     sampler = s.sampler(64, prefetch=0, seed=1)
     while time.monotonic() < deadline:
         s.refresh()
-        heads.add(s.valid_range()[1])
+        heads.add(s.inspect.valid_range()[1])
         if len(s):
             syn.check_batch(next(sampler))
             batches += 1
@@ -144,7 +144,7 @@ RACE_READER = textwrap.dedent("""
     deadline = time.monotonic() + {seconds}
     while time.monotonic() < deadline:
         s.refresh()
-        oldest, head = s.valid_range()
+        oldest, head = s.inspect.valid_range()
         heads.add(head)
         if len(s) < {batch}:
             continue
@@ -155,7 +155,7 @@ RACE_READER = textwrap.dedent("""
                 ids = [g for g in rng.integers(oldest, head, {batch}).tolist() if syn.needs(g) >= oldest]
                 if not ids:
                     continue
-                b = s.get(ids)
+                b = s.inspect.get(ids)
         except IndexError:
             refused += 1  # the writer overwrote what we asked for: a clear error, not wrong data
             continue
@@ -265,7 +265,7 @@ def resume_budget(path: str) -> int:
     batches, the path a stale shard in that tier would corrupt."""
     from mmreplay.reading.tiers import MAX_RESIDENT_SHARE
     with mmreplay.Store.open(path, mode="r", cache_bytes=1 << 30) as s:
-        need = s.cache_stats()["obs"]["compressed"]["capacity_bytes"]
+        need = s.inspect.cache_stats()["obs"]["compressed"]["capacity_bytes"]
     return int(need / MAX_RESIDENT_SHARE) + 64
 
 
@@ -296,10 +296,10 @@ def resume_cycle(path: str, budget: int, adds: int, readers: int = 2, batch: int
             try:
                 while True:
                     finished = done.is_set()  # one more round after the writer stopped
-                    oldest, head = s.valid_range()
+                    oldest, head = s.inspect.valid_range()
                     newest = np.arange(max(oldest + RESUME_STACK, head - batch), head)
                     try:
-                        got = [s.get(newest)] if newest.size else []
+                        got = [s.inspect.get(newest)] if newest.size else []
                         if head - oldest >= batch:
                             got.append(s.sample(batch, seed=int(rng.integers(1 << 31))))
                     except IndexError:  # the writer gave those ids up meanwhile: refused, not wrong

@@ -1,7 +1,7 @@
 """``mmreplay info`` and ``mmreplay verify``: what a store holds, and whether its committed data is intact.
 
 Invariant: both only read the store (opened with ``mode="r"``), through ``Store.info``, ``Store.verify``,
-``Store.cache_stats`` and ``mmreplay.stats``; ``verify`` exits 1 when it finds a problem, 0 otherwise.
+``Store.inspect.cache_stats`` and ``mmreplay.stats``; ``verify`` exits 1 when it finds a problem, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def info_figures(store) -> dict:
 
     info = store.info()
     frame_bytes = sum(int(np.prod(s.shape, dtype=np.int64)) * s.np_dtype.itemsize for s in store.schema.observations)
-    cache = store.cache_stats()
+    cache = store.inspect.cache_stats()
     cache_capacity = sum(c["capacity_bytes"] for c in cache.values())
     decoded = info["frames"] * frame_bytes
     info["stack_padding"] = store.schema.stack_padding

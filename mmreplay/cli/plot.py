@@ -5,7 +5,7 @@ distribution of each prioritized sampler that committed priorities. Needs matplo
 
 Invariant: read-only, memory bounded by a chunk (``stats.CHUNK`` transitions) or a capped sample, never
 by the store; counts of discrete actions and packed rewards are exact over every kept transition. Built
-on the public ``Store`` API (``valid_range``, ``get``, ``sample``, ``schema``) and ``mmreplay.stats``.
+on the public ``Store`` API (``inspect.valid_range``, ``inspect.get``, ``sample``, ``schema``) and ``mmreplay.stats``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def episode_lengths(store: Store) -> np.ndarray:
 def column_values(store: Store, name: str, exact: bool) -> tuple[np.ndarray, np.ndarray] | np.ndarray:
     """Over the kept transitions: ``(values, counts)`` when ``exact`` (a discrete column), else an evenly
     strided sample of at most ``MAX_SAMPLE`` rows. Read in chunks of ``CHUNK``."""
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     reader = ColumnReader(store.path, name)
     stride = max(1, -(-(head - oldest) // MAX_SAMPLE))
     counts: dict = {}
@@ -82,13 +82,13 @@ def image_key(store: Store) -> str | None:
 
 def thumbnails(store: Store, key: str, n: int = THUMBNAILS) -> tuple[np.ndarray, np.ndarray]:
     """``n`` frames (the newest of each stack) evenly spaced over the valid transitions, and their ids."""
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     ids = np.unique(np.linspace(oldest, head - 1, n).astype(np.int64)) if head > oldest else np.zeros(0, np.int64)
     ids = [_readable_from(store, int(g), head) for g in ids]  # a stack may reach overwritten steps
     ids = np.unique(np.asarray([g for g in ids if g is not None], np.int64))
     if ids.size == 0:
         return np.zeros((0,)), ids
-    obs = store.get(ids).obs
+    obs = store.inspect.get(ids).obs
     obs = obs[key] if isinstance(obs, dict) else obs
     obs = obs.numpy()
     return (obs[:, -1] if store.frame_stack > 1 else obs), ids
@@ -98,7 +98,7 @@ def _readable_from(store: Store, g: int, head: int, tries: int = 64) -> int | No
     """The first transition id from ``g`` whose frame stack is still kept (None within ``tries``)."""
     for c in range(g, min(head, g + tries)):
         try:
-            store.get([c])
+            store.inspect.get([c])
         except IndexError:
             continue
         return c
@@ -258,7 +258,7 @@ def store_figure(store: Store, title: str):
             ax.axis("off")
     for i, draw in enumerate(panels):
         draw(fig.add_subplot(grid[(1 if strip else 0) + i // 2, i % 2]))
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     fig.suptitle(f"{title}: {head - oldest:,} transitions kept of {head:,} added, frame_stack {store.frame_stack}")
     fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title above the thumbnails
     return fig

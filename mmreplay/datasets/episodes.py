@@ -74,12 +74,12 @@ def list_episodes(store, *, include_partial: bool = False,
                   select: Sequence[int] | slice | None = None) -> EpisodeListing:
     """The store's episodes (see the module invariants). ``select`` picks among the listed episodes by
     position (a slice, or a sequence of positions)."""
-    oldest, head = store.valid_range()
+    oldest, head = store.inspect.valid_range()
     n = head - oldest
     listing = EpisodeListing([])
     if n == 0:
         return _select(listing, select)
-    prev, term, trunc = store.episode_links(oldest, head)
+    prev, term, trunc = store.inspect.episode_links(oldest, head)
     rel_prev = prev - oldest
     cut_root = (prev >= 0) & (rel_prev < 0)  # the predecessor was overwritten
     parent = np.where(rel_prev >= 0, rel_prev, np.arange(n))
@@ -165,7 +165,7 @@ def iter_pieces(store, episodes: Sequence[EpisodeSpan], block_rows: int = 4096,
 
     def flush():
         ids = np.concatenate([episodes[e].ids[lo:hi] for e, lo, hi in queue])
-        batch = store.get(ids, out=BatchBuffers(store.schema, ids.size, numpy=True))  # numpy: no torch import
+        batch = store.inspect.get(ids, out=BatchBuffers(store.schema, ids.size, numpy=True))  # numpy: no torch
         obs, next_obs = _frames(batch.obs, store), _frames(batch.next_obs, store)
         action = batch.action.astype(action_dtype, copy=False)
         reward = batch.reward

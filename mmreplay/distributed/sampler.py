@@ -34,6 +34,7 @@ import torch
 from mmreplay.columns.spec import Schema
 from mmreplay.distributed.actors import call_all
 from mmreplay.sampling.batch import Batch, BatchBuffers
+from mmreplay.sampling.strategy import Prioritized, Uniform
 
 
 @dataclass
@@ -60,16 +61,16 @@ class DistributedSampler:
     buffers, valid until the next ``sample()`` (as with ``Store.sampler``): ``.clone()`` what you keep.
     Report priorities with ``update_priorities(batch, priorities)``; ``close()`` when done."""
 
-    def __init__(self, shards: list, batch_size: int, *, prioritized: bool = False, alpha: float | None = None,
-                 beta: float = 0.4, name: str = "learner", local: bool = True, prefetch: int = 2,
-                 seed: int | None = None, refresh_seconds: float = 0.5, timeout: float = 60.0,
-                 batches_per_call: int | None = None):
-        """``shards``: the shard actor handles. ``name`` names the shards' sampler (its RNG state and its
-        priorities are committed with each shard's store: a learner restarted with the same name goes on
-        with them). ``local=False`` samples every shard through its actor. ``batches_per_call`` (default 4
-        with ``prefetch``, else 1): a remote shard is asked once for its rows of that many planned batches
-        (a Ray call costs milliseconds; batch-32 from a remote shard here: 361/s one batch a call, 755/s
-        eight). Those rows are drawn ahead, as prefetched ones are."""
+    def __init__(self, shards: list, batch_size: int, draw: Uniform | Prioritized | None = None, *,
+                 name: str = "learner", local: bool = True, prefetch: int = 2, seed: int | None = None,
+                 refresh_seconds: float = 0.5, timeout: float = 60.0, batches_per_call: int | None = None):
+        """``shards``: the shard actor handles. ``draw``: ``Uniform()`` (the default) or ``Prioritized(alpha, beta)``
+        (``eps`` and ``name`` are the shards': their sets are the sampler ``name``'s). ``name`` names the shards'
+        sampler (its RNG state and its priorities are committed with each shard's store: a learner restarted with the
+        same name goes on with them). ``local=False`` samples every shard through its actor. ``batches_per_call``
+        (default 4 with ``prefetch``, else 1): a remote shard is asked once for its rows of that many planned batches (a
+        Ray call costs milliseconds; batch-32 from a remote shard here: 361/s one batch a call, 755/s eight). Those rows
+        are drawn ahead, as prefetched ones are."""
         import ray
 
         self._ray = ray
@@ -82,27 +83,31 @@ class DistributedSampler:
             raise ValueError(f"batches_per_call must be a positive integer, got {batches_per_call!r}")
         self.batches_per_call = batches_per_call
         self.handles = list(shards)
-        self.batch_size, self.prioritized, self.alpha, self.beta = batch_size, prioritized, alpha, beta
+        prioritized = _check_draw(draw)
+        self.batch_size, self.prioritized = batch_size, prioritized is not None
+        self.alpha = None if prioritized is None else prioritized.alpha
+        self.beta = 0.4 if prioritized is None else prioritized.beta  # anneal it by assigning
         self.name, self.prefetch, self.timeout, self.refresh_seconds = name, prefetch, timeout, refresh_seconds
         self.rng = np.random.default_rng(seed)
         infos = call_all(self.handles, "info", timeout=timeout)
         self.stores: dict[int, object] = {}  # local shards' stores, opened read-only
         self.local: dict[int, object] = {}  # their samplers: draws straight into rows of the batch
-        if local and not prioritized:
+        if local and not self.prioritized:
             here = ray.get_runtime_context().get_node_id()
             for i, info in enumerate(infos):
                 if info["node_id"] == here and os.path.isdir(info["store_path"]):
                     self._open_local(i, info["store_path"])
-        self._out = BatchBuffers(Schema.from_json(infos[0]["schema"]), batch_size, weights=prioritized)
+        self._out = BatchBuffers(Schema.from_json(infos[0]["schema"]), batch_size, weights=self.prioritized)
         self._views: dict[tuple[int, int], BatchBuffers] = {}
         self._shard = _alloc_shard_ids(batch_size)
         self._shard_ids = np.arange(len(self.handles), dtype=np.int64)
         self._sizes = np.array([info["size"] for info in infos], dtype=np.float64)
         self._noted_at = np.full(len(self.handles), time.monotonic())
-        self._mass = np.ones(len(self.handles)) if prioritized else None
-        self._min = np.ones(len(self.handles)) if prioritized else None
-        if prioritized:  # the shards' current priority masses (a draw of 0 rows returns them)
-            for i, reply in enumerate(call_all(self.handles, "sample", 0, name, True, beta, alpha, timeout=timeout)):
+        self._mass = np.ones(len(self.handles)) if self.prioritized else None
+        self._min = np.ones(len(self.handles)) if self.prioritized else None
+        if self.prioritized:  # the shards' current priority masses (a draw of 0 rows returns them)
+            for i, reply in enumerate(call_all(self.handles, "sample", 0, name, True, self.beta, self.alpha,
+                                               timeout=timeout)):
                 self._note(i, reply)
         self._last_refresh = time.monotonic()
         self._planned: collections.deque = collections.deque()  # (counts, {shard: (_Call, offset)}) per batch
@@ -275,7 +280,7 @@ class DistributedSampler:
         """Send each shard the new priorities of its rows of ``batch`` (``|TD error|``). Asynchronous: an
         error a shard raised surfaces at a later call."""
         if not self.prioritized:
-            raise RuntimeError("this sampler is uniform; make it with prioritized=True to update priorities")
+            raise RuntimeError("this sampler is uniform; make it with draw=Prioritized(...) to update priorities")
         p = priorities.detach().cpu().numpy() if hasattr(priorities, "detach") else np.asarray(priorities)
         p = p.reshape(-1)
         shard, idx = batch.shard.numpy(), batch.indices.numpy()
@@ -323,6 +328,16 @@ class DistributedSampler:
             store.close()
         self.local.clear()
         self.stores.clear()
+
+
+def _check_draw(draw) -> Prioritized | None:
+    """The prioritized draw of a distributed sampler (None: uniform); other strategies are refused."""
+    if draw is None or type(draw) is Uniform:
+        return None
+    if type(draw) is Prioritized:
+        return draw
+    raise TypeError(f"a DistributedSampler draws Uniform() or Prioritized(alpha, beta) across its shards, got "
+                    f"{draw!r}")
 
 
 def global_weights(weights: np.ndarray, shard: np.ndarray, shard_min: np.ndarray, beta: float) -> np.ndarray:

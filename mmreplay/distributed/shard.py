@@ -32,6 +32,7 @@ import numpy as np
 from mmreplay.distributed.ledger import clients_at, make_entry, read_ledger, write_ledger
 from mmreplay.distributed.wire import ObsLayout, decode_batch
 from mmreplay.storage.commit import COMMIT_FILE
+from mmreplay.sampling.strategy import Prioritized, Uniform
 
 STREAMS_PER_CLIENT = 1024
 MAX_CLIENTS = (1 << 31) // STREAMS_PER_CLIENT
@@ -194,7 +195,7 @@ class ReplayShard:
         if smp is None or (prioritized and smp.priorities is None):
             if smp is not None:
                 smp.close()  # one open sampler per name: the prioritized one takes over its RNG state
-            smp = self.store.sampler(1, name=name, prioritized=prioritized, alpha=alpha)
+            smp = self.store.sampler(1, Prioritized(alpha) if prioritized else Uniform(), name=name)
             self._samplers[name] = smp
         return smp
 
@@ -211,7 +212,8 @@ class ReplayShard:
                 buf = self._buffers.get((n, prioritized))
                 if buf is None:
                     buf = self._buffers[(n, prioritized)] = BatchBuffers(self.store.schema, n, weights=prioritized)
-                smp.beta = beta
+                if prioritized:
+                    smp.beta = beta
                 out["batch"] = batch_to_numpy(smp.sample_into(buf))  # its RNG state is committed with the store
             if prioritized:
                 out["mass"] = _mass(smp.priorities)
@@ -226,15 +228,15 @@ class ReplayShard:
         """The current priorities of transitions ``indices`` (for checks and tools)."""
         with self._lock:
             self._sampler(name, True, None)
-            return self.store.priorities(name).of(np.asarray(indices, dtype=np.int64))
+            return self.store.inspect.priorities(name).of(np.asarray(indices, dtype=np.int64))
 
     def read(self, lo: int, hi: int, extras: tuple[str, ...] = ()) -> dict:
         """Episode links and extra columns of transitions ``[lo, hi)`` (for audits: what is stored)."""
         with self._lock:
-            prev, term, trunc = self.store.episode_links(lo, hi)
+            prev, term, trunc = self.store.inspect.episode_links(lo, hi)
             out = {"prev": prev, "terminated": term, "truncated": trunc}
             if extras and hi > lo:
-                batch = self.store.get(np.arange(lo, hi))
+                batch = self.store.inspect.get(np.arange(lo, hi))
                 out.update({k: batch.extras[k].numpy() for k in extras})
             return out
 

@@ -56,6 +56,7 @@ from mmreplay.columns.spaces import space_from_json, space_to_json
 from mmreplay.errors import StoreClosedError
 from mmreplay.sampling.batch import Batch
 from mmreplay.sampling.nstep import check_nstep
+from mmreplay.sampling.strategy import NStep, Uniform
 from mmreplay.store import Store
 
 SETTINGS_FORMAT = "mmreplay.sb3-buffer"
@@ -307,19 +308,21 @@ class MMReplayBuffer(ReplayBuffer):
                     buffer._sampler = None
             # Continue a reopened store's sequence; else seed from numpy's global RNG, which SB3's `seed=`
             # sets, so runs with the same seed sample the same batches.
-            seed = None if self.store.has_sampler_state(SAMPLER_NAME) else int(np.random.randint(2**31 - 1))
-            self._sampler = self.store.sampler(batch_size, prefetch=0, seed=seed, name=SAMPLER_NAME,
-                                               n_step=self.n_steps, gamma=self.gamma)
+            seed = None if self.store.inspect.has_sampler_state(SAMPLER_NAME) else int(np.random.randint(2**31 - 1))
+            self._sampler = self.store.sampler(batch_size, self._draw(), prefetch=0, seed=seed, name=SAMPLER_NAME)
             self._sampler_store = self.store
         return self._sampler
+
+    def _draw(self) -> Uniform | NStep:
+        """The draw strategy of this buffer's batches: uniform transitions, with n-step returns for ``n_steps``."""
+        return NStep(self.n_steps, self.gamma) if self.n_steps > 1 else Uniform()
 
     def _draw_from_few(self, batch_size: int, held: int) -> Batch:
         """``batch_size`` > ``held`` transitions: the store draws uniformly *with* replacement but refuses
         batches larger than itself, so draw ``ceil(batch_size / held)`` batches of ``held`` (each an
         independent uniform draw) and keep the first ``batch_size`` rows."""
         seed = int(np.random.randint(2**31 - 1))
-        with self.store.sampler(held, prefetch=0, seed=seed, name=f"{SAMPLER_NAME}-fill", n_step=self.n_steps,
-                                gamma=self.gamma) as smp:
+        with self.store.sampler(held, self._draw(), prefetch=0, seed=seed, name=f"{SAMPLER_NAME}-fill") as smp:
             parts = [_copy_batch(smp.sample()) for _ in range(math.ceil(batch_size / held))]
         return _concat_batches(parts, batch_size)
 
@@ -397,11 +400,11 @@ class MMReplayBuffer(ReplayBuffer):
     def _store_tail(self, i: int) -> tuple[bytes, bool] | None:
         """Stream ``i``'s last next stack and end flag as the store holds them (a reopened store), or None
         when the store would start a new episode whatever comes."""
-        tail = self.store.stream_tail(i)
+        tail = self.store.inspect.stream_tail(i)
         if tail is None or tail[1]:
             return None
         try:
-            stack = self.store.get([tail[0]]).next_obs  # zero-padded as sampled
+            stack = self.store.inspect.get([tail[0]]).next_obs  # zero-padded as sampled
         except IndexError:  # its frames were overwritten since: the store starts a new episode
             return None
         self._shared.tails[i] = (self._layout(stack).numpy().tobytes(), False)

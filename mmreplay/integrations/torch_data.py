@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from mmreplay.sampling.batch import Batch
+from mmreplay.sampling.strategy import DrawStrategy, Transitions, check_strategy
 from mmreplay.settings import DEFAULT_CACHE_BYTES
 from mmreplay.store import Store
 
@@ -33,18 +34,26 @@ class StoreDataset(torch.utils.data.IterableDataset):
     """Random transitions of the store at ``path`` for a ``DataLoader`` (see the module docstring).
 
     What users must know: each worker opens the store read-only by itself (pass a path, never an open
-    ``Store``); tensors are fresh (unlike ``Store.sampler``'s reused buffers); draws are uniform with
-    replacement, so an "epoch" is ``num_batches``/``num_samples`` draws, not a pass over the store; with
-    ``refresh=True`` each draw first picks up the writer's newer commits.
+    ``Store``); tensors are fresh (unlike ``Store.sampler``'s reused buffers); draws are made by the
+    ``draw`` strategy (uniform by default), with replacement, so an "epoch" is ``num_batches`` /
+    ``num_samples`` draws, not a pass over the store; with ``refresh=True`` each draw first picks up the
+    writer's newer commits.
     """
 
     def __init__(self, path: str, batch_size: int | None = None, *, num_batches: int | None = None,
                  num_samples: int | None = None, seed: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 refresh: bool = True):
+                 refresh: bool = True, draw: DrawStrategy | None = None):
         """``batch_size=B``: yield batches of ``B``, ``num_batches`` in all (None: endless); ``batch_size=None``:
         yield single transitions, ``num_samples`` in all. Totals are split across workers. ``refresh``: pick
-        up the writer's newer commits before each draw (a store being written by a training process)."""
+        up the writer's newer commits before each draw (a store being written by a training process).
+        ``draw``: the strategy of each draw (default ``Uniform()``; ``NStep``, a committed ``Prioritized``
+        set, or your own; ``Sequences`` only with ``batch_size``)."""
         super().__init__()
+        draw = check_strategy(draw)
+        if batch_size is None and not isinstance(draw, Transitions):
+            raise ValueError(f"draw={draw!r} does not draw single transitions: give batch_size= to get whole "
+                             "batches of it, or draw=Uniform() (or another transition draw)")
+        self.draw = draw
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None (single transitions), got {batch_size!r}")
@@ -108,7 +117,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
         while count is None or produced < count:
             if self.refresh:
                 store.refresh()
-            yield store.sample(self.batch_size, rng=rng)
+            yield store.sample(self.batch_size, self.draw, seed=rng)
             produced += 1
 
     def _transitions(self, store: Store, rng: np.random.Generator, count: int | None):
@@ -117,7 +126,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
             if self.refresh:
                 store.refresh()
             want = DEFAULT_BLOCK if count is None else min(DEFAULT_BLOCK, count - produced)
-            block = store.sample(max(1, min(want, len(store))), rng=rng)  # uniform draws, with replacement
+            block = store.sample(max(1, min(want, len(store))), self.draw, seed=rng)  # draws with replacement
             rows = _rows(block)
             for i in range(block.indices.shape[0]):
                 yield {name: value[i] for name, value in rows.items()}
@@ -134,6 +143,7 @@ def _rows(b: Batch) -> dict[str, torch.Tensor]:
         else:
             out[prefix] = value
     out.update(action=b.action, reward=b.reward, terminated=b.terminated, truncated=b.truncated, indices=b.indices)
+    out.update({name: value for name, value in (("weights", b.weights), ("discount", b.discount)) if value is not None})
     for name, value in b.extras.items():
         out[name if name not in out else f"extras.{name}"] = value
     return out

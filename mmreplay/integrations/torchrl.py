@@ -46,7 +46,7 @@ try:  # TorchRL picks a ReplayBuffer's default collate_fn by storage class: out-
 except ImportError:  # TorchRL < 0.14: give ReplayBuffer(..., collate_fn=lambda td: td)
     _OutOfCoreStorage = Storage
 
-from mmreplay.sampling.sequences import StartDrawer, validate_sequence
+from mmreplay.sampling.strategy import Prioritized, Sequences, Uniform
 from mmreplay.store import Store
 
 UNBOUNDED_MAX_SIZE = 1 << 62  # what an unbounded store tells TorchRL's writer (its cursor is taken mod this)
@@ -131,7 +131,7 @@ class MMReplayStorage(_OutOfCoreStorage):
     def __len__(self) -> int:
         if self.store is None:
             return 0
-        oldest, head = self.store.valid_range()
+        oldest, head = self.store.inspect.valid_range()
         return head - oldest
 
     @property
@@ -257,8 +257,8 @@ class MMReplayStorage(_OutOfCoreStorage):
 
     def _next_trajectory_id(self) -> int:
         if self._next_traj is None:  # first write of this session: count on from the largest id held
-            oldest, head = self.store.valid_range()
-            held = self.store.read_column(TRAJ_COLUMN, oldest, head) if head > oldest else np.zeros(0, np.int64)
+            oldest, head = self.store.inspect.valid_range()
+            held = self.store.inspect.read_column(TRAJ_COLUMN, oldest, head) if head > oldest else np.zeros(0, np.int64)
             self._next_traj = int(held.max()) + 1 if held.size else 0
         return self._next_traj
 
@@ -287,9 +287,9 @@ class MMReplayStorage(_OutOfCoreStorage):
         store = self._require_store()
         if isinstance(index, slice) and index == slice(None):
             return self._index_view()
-        oldest, head = store.valid_range()
+        oldest, head = store.inspect.valid_range()
         pos = _positions(index, head - oldest)
-        batch = store.get(oldest + pos.reshape(-1))
+        batch = store.inspect.get(oldest + pos.reshape(-1))
         return self._to_tensordict(batch, pos.shape)
 
     def _to_tensordict(self, batch, shape) -> TensorDict:
@@ -321,11 +321,11 @@ class MMReplayStorage(_OutOfCoreStorage):
     def _index_view(self) -> TensorDict:
         """Every valid transition's small columns (what TorchRL's SliceSampler reads), no frames."""
         store = self.store
-        oldest, head = store.valid_range()
-        prev, term, trunc = store.episode_links(oldest, head)
+        oldest, head = store.inspect.valid_range()
+        prev, term, trunc = store.inspect.episode_links(oldest, head)
         n = head - oldest
         episode = _episode_numbers(prev, oldest)
-        traj = store.read_column(TRAJ_COLUMN, oldest, head) if self._has_traj_column() else episode
+        traj = store.inspect.read_column(TRAJ_COLUMN, oldest, head) if self._has_traj_column() else episode
         term_t, trunc_t = torch.from_numpy(term).reshape(n, 1), torch.from_numpy(trunc).reshape(n, 1)
         return TensorDict({"episode": torch.from_numpy(episode),
                            "collector": TensorDict({"traj_ids": torch.from_numpy(traj)}, batch_size=[n]),
@@ -341,7 +341,7 @@ class MMReplayStorage(_OutOfCoreStorage):
 
     def state_dict(self) -> dict[str, Any]:
         store = self._require_store()
-        oldest, head = store.valid_range()
+        oldest, head = store.inspect.valid_range()
         return {"path": os.path.abspath(store.path), "head": head, "oldest": oldest,
                 "one_hot": self._written_one_hot, "observation_key": self.observation_key}
 
@@ -422,8 +422,8 @@ class MMReplayRandomSampler(_StoreSampler):
 
     def sample(self, storage, batch_size: int):
         store = self._store(storage)
-        g, _ = store.draw_indices(batch_size, self.rng)
-        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
+        g, _ = store.inspect.draw(Uniform(), batch_size, self.rng)
+        oldest, _ = store.inspect.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
         return torch.from_numpy(g - oldest), {}
 
 
@@ -445,17 +445,19 @@ class MMReplayPrioritizedSampler(_StoreSampler):
         if held is None or held[0] is not store or held[1].closed:
             if held is not None and held[0] is not store:
                 held[1].close()  # the storage reopened its store: the old store's sampler goes with it
-            smp = store.sampler(1, name=self.name, prioritized=True, alpha=self.alpha, eps=self.eps, prefetch=0)
+            smp = store.sampler(1, self._draw(), name=self.name, prefetch=0)
             self._held = held = (store, smp)
-        elif held[1].priorities.alpha != self.alpha or held[1].priorities.eps != self.eps:
-            store.priorities(self.name, alpha=self.alpha, eps=self.eps)  # exponents assigned since
         return held[1]
+
+    def _draw(self) -> Prioritized:
+        """The draw by the set ``name``, with the exponents assigned now (a set takes them when they change)."""
+        return Prioritized(self.alpha, self.beta, self.eps, name=self.name)
 
     def sample(self, storage, batch_size: int):
         store = self._store(storage)
-        prio = self._prioritized(store).priorities
-        g, w = store.draw_indices(batch_size, self.rng, priorities=prio, beta=self.beta)
-        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
+        self._prioritized(store)
+        g, w = store.inspect.draw(self._draw(), batch_size, self.rng)
+        oldest, _ = store.inspect.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
         return torch.from_numpy(g - oldest), {"priority_weight": torch.from_numpy(w)}
 
     def update_priority(self, index, priority, *, storage=None) -> None:
@@ -463,7 +465,7 @@ class MMReplayPrioritizedSampler(_StoreSampler):
             raise ValueError("MMReplayPrioritizedSampler.update_priority needs the storage (ReplayBuffer passes it)")
         store = self._store(storage)
         smp = self._prioritized(store)
-        oldest, _ = store.valid_range()
+        oldest, _ = store.inspect.valid_range()
         pos = np.asarray(index.detach().cpu() if hasattr(index, "detach") else index, dtype=np.int64).reshape(-1)
         p = np.asarray(priority.detach().cpu() if hasattr(priority, "detach") else priority, dtype=np.float64)
         smp.update_priorities(oldest + pos, p.reshape(-1))
@@ -483,8 +485,8 @@ class MMReplaySliceSampler(_StoreSampler):
                              f"num_slices={num_slices!r}")
         self.slice_len, self.num_slices = slice_len, num_slices
         self.strict_length, self.sample_from = strict_length, sample_from
-        validate_sequence(slice_len or 1, 0, strict_length, sample_from)  # bad options fail here, not at sample()
-        self._drawers: dict[int, StartDrawer] = {}
+        Sequences(slice_len or 1, strict=strict_length, sample_from=sample_from)  # bad options fail here
+        self._draws: dict[int, Sequences] = {}
 
     def sample(self, storage, batch_size: int):
         store = self._store(storage)
@@ -495,12 +497,11 @@ class MMReplaySliceSampler(_StoreSampler):
         if n < 1 or seq_len < 1 or n * seq_len != batch_size:
             raise ValueError(f"batch_size {batch_size} must be a multiple of slice_len/num_slices "
                              f"(slice_len={self.slice_len}, num_slices={self.num_slices})")
-        drawer = self._drawers.get(seq_len)
-        if drawer is None:  # kept: its episode table is reused while the store is unchanged
-            spec = validate_sequence(seq_len, 0, self.strict_length, self.sample_from)
-            drawer = self._drawers[seq_len] = StartDrawer(spec, store.frame_stack)
-        ids = store.draw_windows(drawer, n, self.rng)
-        oldest, _ = store.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
+        draw = self._draws.get(seq_len)
+        if draw is None:  # kept: its episode table is reused while the store is unchanged
+            draw = self._draws[seq_len] = Sequences(seq_len, strict=self.strict_length, sample_from=self.sample_from)
+        ids, _ = store.inspect.draw(draw, n, self.rng)
+        oldest, _ = store.inspect.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
         mask = ids >= 0
         last = np.maximum.accumulate(np.where(mask, ids, -1), axis=1)  # padding repeats the last real step
         pos = torch.from_numpy((last - oldest).reshape(-1))

@@ -211,7 +211,7 @@ class FrameReader(FrameEvents):
                 res.load(shard, col.tier.capacity_bytes, (generations[shard], epoch))
 
     def stats(self) -> dict[str, dict]:
-        """Per observation key, what ``Store.cache_stats()`` returns."""
+        """Per observation key, what ``store.inspect.cache_stats()`` returns."""
         loading = self._preloader is not None and self._preloader.is_alive()
         return {name: col.stats(loading) for name, col in self.columns.items()}
 

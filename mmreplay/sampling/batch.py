@@ -30,11 +30,12 @@ class Batch:
     ``obs``/``next_obs`` are ``(batch, *obs_shape)`` or, with ``frame_stack=k > 1``, ``(batch, k,
     *obs_shape)`` stacks (oldest frame first; a dict of them for Dict observation spaces). ``indices``
     are global transition ids, stable across reopen: pass them to ``Sampler.update_priorities`` or
-    ``Store.get``. ``weights`` (prioritized samplers) and ``discount`` (``n_step > 1``) are None otherwise;
-    with ``n_step > 1``, ``reward`` is the n-step return and ``next_obs`` the observation after the window.
+    ``store.inspect.get``. ``weights`` (``Prioritized`` draws) and ``discount`` (``NStep``) are None
+    otherwise; with ``NStep``, ``reward`` is the n-step return and ``next_obs`` the observation after the
+    window.
 
     A batch from ``Store.sampler`` lives in reused buffers: on CPU it is valid until the sampler's next
-    batch; copy (``.clone()``) what you keep. ``Store.sample`` and ``Store.get`` return fresh tensors.
+    batch; copy (``.clone()``) what you keep. ``Store.sample`` and ``store.inspect.get`` return fresh tensors.
     ``numpy()`` gives the batch as numpy arrays (copies by default) for numpy and JAX code.
     """
 
@@ -47,7 +48,7 @@ class Batch:
     indices: torch.Tensor  # global transition ids (stable across reopen)
     extras: dict = field(default_factory=dict)
     weights: torch.Tensor | None = None  # importance-sampling weights (prioritized sampling)
-    discount: torch.Tensor | None = None  # gamma ** m for n-step returns over m steps (n_step > 1)
+    discount: torch.Tensor | None = None  # gamma ** m for n-step returns over m steps (NStep draws)
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
         import torch
@@ -122,7 +123,6 @@ class BatchBuffers:
 
     def __init__(self, schema: Schema, batch_size: int, pin_memory: bool = False, *, weights: bool = False,
                  nstep: bool = False, numpy: bool = False):
-        schema = getattr(schema, "schema", schema)  # a Store (the old spelling) stands for its schema
         k = schema.frame_stack
         self.schema = schema
         self.batch_size = batch_size

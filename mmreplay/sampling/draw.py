@@ -1,10 +1,9 @@
-"""One batch drawn from the index ring and assembled from the frame ring.
+"""The uniform draw of transitions from the index ring, and what a reader checks after a batch.
 
 Invariants:
 - ``draw_uniform`` returns only valid transitions (in ``[oldest, head)`` with their whole frame stack),
   each drawn uniformly over the valid ones: invalid draws are redrawn (rejection), never shifted.
-- ``draw_into`` fills every row of the buffers from one draw and returns the ids it read (transitions,
-  obs stacks, next stacks), so that a reader can check them against the newest commit afterwards.
+- ``lowest_read`` is the oldest transition and frame a batch read (checked against the newest commit).
 """
 
 from __future__ import annotations
@@ -13,10 +12,6 @@ import numba
 import numpy as np
 
 from mmreplay.index.ring import TransitionRing
-from mmreplay.sampling.batch import BatchBuffers, assemble
-from mmreplay.sampling.nstep import nstep_returns
-from mmreplay.sampling.priorities import Priorities
-from mmreplay.reading.frames import FrameReader
 
 MAX_REDRAWS = 1000
 
@@ -47,24 +42,6 @@ def draw_uniform(ring: TransitionRing, frame_stack: int, frame_head: int, batch_
         o, nx, v = ring.stack_frames(g[bad], frame_stack, frame_head)
         obs_ids[bad], next_ids[bad], valid[bad] = o, nx, v
     raise RuntimeError("could not draw valid transitions (index inconsistent?)")
-
-
-def draw_into(ring: TransitionRing, frames: FrameReader, frame_stack: int, buf: BatchBuffers,
-              rng: np.random.Generator, *, priorities: Priorities | None = None, beta: float = 0.0,
-              n_step: int = 1, gamma: float = 1.0, decode_reward=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Draw a batch into ``buf``: uniform, or proportional to ``priorities`` (with importance weights for
-    ``beta``); with ``n_step > 1`` rewards are n-step returns (``decode_reward`` maps stored reward codes
-    to values). Returns ``(g, obs_ids, next_ids)``: what was read."""
-    weights = nstep = None
-    if priorities is None:
-        g, obs_ids, next_ids = draw_uniform(ring, frame_stack, frames.head, buf.batch_size, rng)
-    else:
-        g, obs_ids, next_ids, weights = priorities.draw(buf.batch_size, rng, beta)
-    if n_step > 1:
-        nstep = nstep_returns(ring, decode_reward, g, n_step, gamma)
-        next_ids = ring.stack_frames(nstep.last, frame_stack, frames.head)[1]
-    assemble(ring, frames, g, obs_ids, next_ids, buf, weights=weights, nstep=nstep)
-    return g, obs_ids, next_ids
 
 
 @numba.njit(cache=True, nogil=True)

@@ -71,7 +71,7 @@ def ensure_arrays(root: str, name: str, rows: int, shard_rows: int) -> list[str]
 
 
 class Priorities:
-    """One named priority set of a store (what ``Store.priorities(name)`` returns): ``raw`` holds the
+    """One named priority set of a store (what ``store.inspect.priorities(name)`` returns): ``raw`` holds the
     priority of each ring slot, ``tree`` the sum tree of leaves ``(raw + eps) ** alpha``. Update it through
     the prioritized sampler of the same name (``sampler.update_priorities``)."""
 

@@ -1,5 +1,5 @@
-"""Sampler: random valid transitions (uniform or prioritized, optionally with n-step returns), decoded
-into reused (pinned) buffers, prefetched.
+"""Sampler: batches of one draw strategy (``sampling/strategy.py``), decoded into reused (pinned) buffers,
+prefetched.
 
 Invariants:
 - Batches come out in the order the RNG drew them, so ``seed`` alone fixes the sequence (one producer
@@ -9,44 +9,63 @@ Invariants:
 - Host buffers are reused: a CPU batch is valid until the next ``next()`` call (copy it to keep it);
   with a CUDA ``device`` the batch lives on the device and the host buffer is reused only after the
   asynchronous copy finished (a CUDA event guards it).
+
+Nothing here knows the ``Store``: a sampler is given a ``SamplerSource`` (the store's narrow view: one
+race-checked read, its priority sets, the committed RNG states) and a strategy; arguments are checked
+here, once, before anything is made for the sampler.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from mmreplay.columns.spec import Schema
-from mmreplay.sampling.batch import Batch, BatchBuffers
-from mmreplay.sampling.nstep import check_nstep
+from mmreplay.sampling.batch import Batch
 from mmreplay.sampling.priorities import Priorities, check_exponent, check_name
+from mmreplay.sampling.strategy import DrawStrategy, Picked, Prioritized, check_strategy
 from mmreplay.storage import forking
-from mmreplay.storage.meta import validate_capacity
 
 DEFAULT_ACCELERATOR_PREFETCH = 2
 
-# fill(buffers, rng, *, priorities, beta, n_step, gamma): draw one batch into buffers (the store's, locked)
-FillFn = Callable[..., None]
-# update(priorities_set, indices, values) -> how many were updated (the store's, locked)
-UpdateFn = Callable[[Priorities, Any, Any], int]
+
+class SamplerSource(Protocol):
+    """What a sampler needs of its store (``Store``'s ``StoreView``), each call under the store's lock."""
+
+    schema: Schema
+
+    def read(self, draw: DrawStrategy, size: int, rng: np.random.Generator | None, buffers: Any = None) -> Picked:
+        """One race-checked draw of ``size`` rows by ``draw``, assembled into ``buffers`` (None: ids only)."""
+
+    def priorities(self, prioritized: Prioritized) -> Priorities:
+        """The priority set ``prioritized`` draws by (made, with its exponents, on first use)."""
+
+    def update_priorities(self, prioritized: Prioritized, indices, values) -> int:
+        """Set priorities of the set ``prioritized`` draws by; returns how many were updated."""
+
+    def saved_state(self, name: str) -> dict | None:
+        """The committed RNG state of sampler ``name``."""
+
+    def register(self, sampler: "Sampler") -> None:
+        """``sampler`` is now the open sampler of its name (ValueError if another one is open)."""
 
 
-def check_sampler_args(schema: Schema, batch_size, name, beta, n_step, gamma) -> tuple[int, float]:
-    """Refuse bad sampler arguments before anything is made for the sampler; returns ``(n_step, gamma)``."""
-    validate_capacity(batch_size, "batch_size")
-    check_name(name)
-    n_step, gamma = check_nstep(n_step, gamma)
-    if n_step > 1 and schema.reward.shape != ():
-        raise ValueError(f"n-step returns need a scalar reward column, this store's has shape {schema.reward.shape}")
-    check_exponent(beta, "beta")
-    return n_step, gamma
+def check_batch_size_arg(batch_size) -> int:
+    """``batch_size`` as an int, if it is a positive integer."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return int(batch_size)
 
 
 class _Slot:
-    def __init__(self, buffers: BatchBuffers):
+    """One batch's buffers in the prefetch ring, with the RNG state after its draw (committed as the
+    sampler's state once the batch is handed out) and, on CUDA, the event that says its device copy is
+    done: a slot is refilled only after its batch was handed out and that copy finished."""
+
+    def __init__(self, buffers):
         self.buffers = buffers
         self.state_after: dict | None = None
         self.copied: Any = None  # CUDA event recorded after the device copy
@@ -61,23 +80,24 @@ class Sampler:
     - ``seed`` fixes the sequence; with ``seed=None`` a reopened store's sampler of the same ``name``
       continues the committed RNG state (the state after the last batch handed out, not after prefetched
       ones). One open sampler per name and store.
-    - Prioritized samplers draw proportionally to ``(priority + eps) ** alpha`` and set
-      ``batch.weights``; report new priorities with ``update_priorities(batch.indices, td.abs())``:
-      the one way to update them. They are committed with the store.
+    - ``draw`` says what a batch is (``Uniform()``, ``Prioritized(...)``, ``NStep(n, gamma, over=...)``,
+      ``Sequences(seq_len, ...)`` or your own strategy). Prioritized draws set ``batch.weights``; report
+      new priorities with ``update_priorities(batch.indices, td.abs())`` (sequences:
+      ``update_priorities(batch, td_errors)``): the one way to update them. They are committed with the store.
     - Close it (or use ``with``) to stop its prefetch thread; closing the store closes it too.
     """
 
-    def __init__(self, schema: Schema, fill: FillFn, batch_size: int, *, device=None, prefetch: int | None = None,
-                 seed: int | None = None, name: str = "default", pin_memory: bool | None = None,
-                 priorities: Priorities | None = None, update: UpdateFn | None = None, beta: float = 0.4,
-                 n_step: int = 1, gamma: float = 0.99, saved_state: dict | None = None):
-        """A sampler over the store whose columns ``schema`` describes; ``fill`` draws one batch into
-        buffers under the store's lock; ``priorities`` (with ``update``) make it prioritized; ``saved_state``
-        is the committed RNG state of ``name`` (continued when ``seed`` is None)."""
+    def __init__(self, source: SamplerSource, batch_size: int, draw: DrawStrategy | None = None, *, device=None,
+                 prefetch: int | None = None, seed: int | None = None, name: str | None = None,
+                 pin_memory: bool | None = None):
+        """A sampler of ``batch_size`` rows drawn by ``draw`` (default ``Uniform()``) from ``source``;
+        ``name`` defaults to the strategy's (``"default"``, sequences ``"sequence"``)."""
         import torch  # here, not at module level: a store opened without sampling never loads torch
 
-        self.n_step, self.gamma = check_sampler_args(schema, batch_size, name, beta, n_step, gamma)
-        self._beta = float(beta)
+        self.batch_size = check_batch_size_arg(batch_size)
+        draw = check_strategy(draw)
+        self.name = check_name(draw.default_name if name is None else name)
+        draw.validate(source.schema)
         if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
         if prefetch is None:
@@ -85,17 +105,17 @@ class Sampler:
             # and the cores (97 vs 66 DQN steps/s), so it pays only when the step runs on an accelerator.
             prefetch = DEFAULT_ACCELERATOR_PREFETCH if device is not None and torch.device(device).type != "cpu" \
                 else 0
-        if not isinstance(prefetch, int) or prefetch < 0:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
-        self.schema = schema
-        self._fill_fn = fill
-        self._update_fn = update
-        self.batch_size = int(batch_size)
+        self.draw = draw.bind(self.name)  # this sampler's own copy (its beta, its episode table)
+        self._source = source
+        self.schema = source.schema
         self.device = torch.device(device) if device is not None else None
         self.prefetch = prefetch
-        self.name = name
-        self.priorities = priorities
+        prio = getattr(self.draw, "prioritized", None)
+        self.priorities = None if prio is None else source.priorities(prio)  # made before the first batch
         self.rng = np.random.Generator(np.random.PCG64(seed))
+        saved_state = source.saved_state(self.name)
         if seed is None and saved_state is not None:
             self.rng.bit_generator.state = saved_state  # continue the sequence the store was committed with
         # The RNG state after the last batch handed out. Without prefetch that is the RNG's own state, read
@@ -104,7 +124,7 @@ class Sampler:
         cuda = self.device is not None and self.device.type == "cuda"
         pin = cuda if pin_memory is None else bool(pin_memory)
         n_slots = prefetch + 2 if prefetch else 1
-        self._slots = [_Slot(self._new_buffers(pin)) for _ in range(n_slots)]
+        self._slots = [_Slot(self.draw.new_buffers(self.schema, self.batch_size, pin)) for _ in range(n_slots)]
         self._cuda = cuda
         self._free: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
@@ -115,34 +135,42 @@ class Sampler:
         for slot in self._slots:
             self._free.put(slot)
         forking.register(self)
-
-    # -- what a subclass changes (SequenceSampler): the buffers of one batch and how a batch is drawn ----
-    def _new_buffers(self, pin_memory: bool) -> BatchBuffers:
-        """Host buffers for one batch of ``batch_size`` (one per slot, reused)."""
-        return BatchBuffers(self.schema, self.batch_size, pin_memory=pin_memory, weights=self.priorities is not None,
-                            nstep=self.n_step > 1)
+        try:
+            source.register(self)
+        except ValueError:
+            self.close()
+            raise
 
     def _draw_into(self, buffers) -> None:
         """Draw the next batch of this sampler's sequence into ``buffers`` (advances ``rng``)."""
-        self._fill_fn(buffers, self.rng, priorities=self.priorities, beta=self._beta, n_step=self.n_step,
-                      gamma=self.gamma)
+        self._source.read(self.draw, buffers.batch_size, self.rng, buffers)
 
     @property
     def beta(self) -> float:
-        """Importance-sampling exponent (anneal it by assigning; prefetched batches keep the old one)."""
-        return self._beta
+        """Importance-sampling exponent of a prioritized draw (anneal it by assigning; prefetched batches
+        keep the old one)."""
+        return self._prioritized().beta
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._beta = check_exponent(value, "beta")
+        self._prioritized().beta = check_exponent(value, "beta")
 
-    def update_priorities(self, indices, priorities) -> int:
-        """Set the priorities (e.g. ``|TD error|``) of transitions this sampler returned (``batch.indices``).
-        New transitions enter at the largest priority given so far. Returns how many were updated
+    def _prioritized(self) -> Prioritized:
+        prio = getattr(self.draw, "prioritized", None)
+        if prio is None:
+            raise RuntimeError(f"this sampler draws {self.draw!r}, not by priority; make it with "
+                               "draw=Prioritized(...) (or over=Prioritized(...)) to use priorities")
+        return prio
+
+    def update_priorities(self, indices, priorities=None, mask=None) -> int:
+        """Set the priorities (e.g. ``|TD error|``) of transitions this sampler returned (``batch.indices``;
+        a sequence sampler also takes ``(batch, td_errors)``, see ``Sequences.priority_update``). New
+        transitions enter at the largest priority given so far. Returns how many were updated
         (transitions overwritten since they were sampled are skipped)."""
-        if self.priorities is None:
-            raise RuntimeError("this sampler is uniform; make it with prioritized=True to update priorities")
-        return self._update_fn(self.priorities, indices, priorities)
+        prio = self._prioritized()
+        update = getattr(self.draw, "priority_update", None)
+        ids, values = (indices, priorities) if update is None else update(indices, priorities, mask)
+        return self._source.update_priorities(prio, ids, values)
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> "Sampler":
@@ -191,13 +219,14 @@ class Sampler:
         self._draw_into(slot.buffers)
         slot.state_after = self.rng.bit_generator.state if keep_state else None
 
-    def sample_into(self, buffers: BatchBuffers) -> Batch:
-        """Draw the next batch of this sampler's sequence into caller-owned ``buffers`` (a ``BatchBuffers``
-        of any batch size, e.g. a distributed shard's part of a batch) and return it (no prefetch)."""
+    def sample_into(self, buffers) -> Batch:
+        """Draw the next batch of this sampler's sequence into caller-owned ``buffers`` (from the strategy's
+        ``new_buffers``, of any batch size, e.g. a distributed shard's part of a batch) and return it (no
+        prefetch)."""
         self.draw_into(buffers)
         return buffers.batch()
 
-    def draw_into(self, buffers: BatchBuffers) -> None:
+    def draw_into(self, buffers) -> None:
         """``sample_into`` without making the ``Batch`` (for callers that assemble their own from several
         parts)."""
         if self.closed:

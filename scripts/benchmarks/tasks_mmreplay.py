@@ -77,7 +77,7 @@ def task_mm_fill(spec: dict) -> dict:
 
 
 def cache_totals(store) -> tuple[int, int, int]:
-    st = store.cache_stats()
+    st = store.inspect.cache_stats()
     return (sum(v["hits"] for v in st.values()), sum(v["misses"] for v in st.values()),
             sum(v["bytes"] for v in st.values()))
 

@@ -129,7 +129,7 @@ def codec_rate(path: str, n_shards: int = 40, frame_bytes: int = 84 * 84) -> tup
 
 
 def decoded(store) -> int:
-    st = store.cache_stats()["obs"]
+    st = store.inspect.cache_stats()["obs"]
     return st["compressed"]["hits"] + st["compressed"]["misses"]
 
 
@@ -149,7 +149,7 @@ def task_mmreplay(spec: dict) -> dict:
         res["cold_disk_read_bytes"] = (io_read_bytes() or 0) - (io0 or 0)
     # warm: once every shard the tier will hold is in RAM (the preloader's pass) and the hit rate settled
     t_end = time.perf_counter() + spec["warm_max_s"]
-    while s.cache_stats()["obs"]["compressed"]["loading"] and time.perf_counter() < t_end:
+    while s.inspect.cache_stats()["obs"]["compressed"]["loading"] and time.perf_counter() < t_end:
         next(smp32)
     res["warm_hit_rate"] = warm_up(s, smp32, spec["window_s"], spec["warm_max_s"])
     smp256 = s.sampler(256, seed=2, name="b256")
@@ -162,7 +162,7 @@ def task_mmreplay(spec: dict) -> dict:
     if spec.get("frame_codec") in (None, "lz4", "lz4hc"):  # the codec-alone probe decodes blosc chunks only
         res["codec_frames_per_s_one_core"], res["codec_frames_per_s_all_cores"] = codec_rate(spec["path"])
     res["cores"] = os.cpu_count()
-    res["cache_stats"] = s.cache_stats()
+    res["cache_stats"] = s.inspect.cache_stats()
     res.update(verify_batches(s, spec["verify_batches"]))
     res["peak_rss"] = peak_rss_bytes()
     if spec.get("cgroup_dir"):
@@ -205,11 +205,11 @@ def warm_up(store, smp, window_s: float, max_s: float) -> float:
     """Sample until the decoded cache's hit rate is stable (two windows within half a point); returns it."""
     t0, prev, stable, rate = time.perf_counter(), None, 0, 0.0
     while time.perf_counter() - t0 < max_s and stable < 2:
-        st0 = store.cache_stats()["obs"]
+        st0 = store.inspect.cache_stats()["obs"]
         t_end = time.perf_counter() + window_s
         while time.perf_counter() < t_end:
             next(smp)
-        st1 = store.cache_stats()["obs"]
+        st1 = store.inspect.cache_stats()["obs"]
         looked = (st1["hits"] - st0["hits"]) + (st1["misses"] - st0["misses"])
         rate = (st1["hits"] - st0["hits"]) / looked if looked else 1.0
         stable = stable + 1 if prev is not None and abs(rate - prev) < 0.005 else 0
@@ -228,7 +228,7 @@ def task_mm_100k(spec: dict) -> dict:
         rates = rate_windows(smp.__next__, spec["windows"], spec["window_s"], 0.5)
         res[f"b{B}_per_s"] = float(np.median(rates))
         res[f"b{B}_windows"] = rates
-    res["cache_stats"] = s.cache_stats()
+    res["cache_stats"] = s.inspect.cache_stats()
     res["peak_rss"] = peak_rss_bytes()
     s.close()
     return res

@@ -45,7 +45,7 @@ DMC_RAW_FRAME = 3 * 84 * 84
 # what a child reads of the store and the process
 # ----------------------------------------------------------------------------------------------
 def disk_counters(stats: dict) -> tuple[int | None, int | None]:
-    """(reads issued, bytes read) summed over every ``"disk"`` entry of ``store.cache_stats()``, wherever the
+    """(reads issued, bytes read) summed over every ``"disk"`` entry of ``store.inspect.cache_stats()``, wherever the
     disk path puts it (top level or per column); (None, None) before the disk path reports them."""
     reads, nbytes, found = 0, 0, False
 
@@ -79,11 +79,11 @@ class DiskMeter:
 
     def __init__(self, store):
         self.store, self.t0 = store, time.perf_counter()
-        self.st0, self.io0 = disk_counters(store.cache_stats()), proc_io()
+        self.st0, self.io0 = disk_counters(store.inspect.cache_stats()), proc_io()
 
     def result(self) -> dict:
         dt = time.perf_counter() - self.t0
-        st1, io1 = disk_counters(self.store.cache_stats()), proc_io()
+        st1, io1 = disk_counters(self.store.inspect.cache_stats()), proc_io()
         per_s = lambda a, b: None if a is None or b is None else (b - a) / dt  # noqa: E731
         return {"store_reads_per_s": per_s(self.st0[0], st1[0]), "store_read_bytes_per_s": per_s(self.st0[1], st1[1]),
                 "syscr_per_s": per_s(self.io0.get("syscr"), io1.get("syscr")),
@@ -110,7 +110,8 @@ def effective_budget(settings, stats: dict) -> int | None:
 def verify_dmc(store, n_batches: int, batch: int = 256) -> dict:
     """n-step batches (obs and next-obs stacks, discounted reward sums, discounts) against the real frames."""
     src, wrong, checked = DmcSource(), 0, 0
-    smp = store.sampler(batch, seed=777, name="verify", n_step=N_STEP["dmc"], gamma=GAMMA)
+    import mmreplay
+    smp = store.sampler(batch, mmreplay.NStep(N_STEP["dmc"], GAMMA), seed=777, name="verify")
     for _ in range(n_batches):
         b = next(smp)
         g = b.indices.numpy()
@@ -140,8 +141,8 @@ def task_mmreplay(spec: dict) -> dict:
     s = mmreplay.Store.open(spec["path"], mode="r", **session)
     res["open_s"] = time.perf_counter() - t0
     res["stored"] = len(s)
-    opts = {"n_step": n_step, "gamma": GAMMA} if n_step > 1 else {}
-    smps = {B: s.sampler(B, seed=B, name=f"b{B}", **opts) for B in (32, 256)}
+    draw = mmreplay.NStep(n_step, GAMMA) if n_step > 1 else mmreplay.Uniform()
+    smps = {B: s.sampler(B, draw, seed=B, name=f"b{B}") for B in (32, 256)}
     cold_b = 32 if wl == "atari10m" else 256
     if spec.get("cold_s"):
         meter = DiskMeter(s)
@@ -149,7 +150,7 @@ def task_mmreplay(spec: dict) -> dict:
         res[f"cold_b{cold_b}_per_s"] = float(np.mean(res[f"cold_b{cold_b}_per_second"]))
         res["cold_disk"] = meter.result()
     t_end = time.perf_counter() + spec["warm_max_s"]
-    while s.cache_stats()["obs"].get("compressed", {}).get("loading") and time.perf_counter() < t_end:
+    while s.inspect.cache_stats()["obs"].get("compressed", {}).get("loading") and time.perf_counter() < t_end:
         next(smps[cold_b])
     res["warm_hit_rate"] = warm_up(s, smps[cold_b], spec["window_s"], spec["warm_max_s"])
     for B, smp in smps.items():
@@ -159,7 +160,7 @@ def task_mmreplay(spec: dict) -> dict:
         res[f"b{B}_disk"] = meter.result()
     for smp in smps.values():
         smp.close()
-    res["cache_stats"] = s.cache_stats()
+    res["cache_stats"] = s.inspect.cache_stats()
     res["budget"] = effective_budget(s.settings, res["cache_stats"])
     res.update(verify_batches(s, spec["verify_batches"]) if wl == "atari10m" else
                verify_dmc(s, spec["verify_batches"]))

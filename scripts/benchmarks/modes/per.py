@@ -19,6 +19,7 @@ from ..tasks_mmreplay import task_mm_fill
 from ..tasks_peers import peer_fill
 from .base import Mode
 from .workloads import TITLES
+from mmreplay.sampling.strategy import Prioritized
 
 PER_SYSTEMS = ("mmreplay", "cpprb_per", "torchrl_per")
 
@@ -32,7 +33,7 @@ def task_per(spec: dict) -> dict:
         res = task_mm_fill(spec)
         store = mmreplay.Store.open(spec["path"], mode="r", cache_bytes=spec["cache_bytes"])
         close = store.close
-        samplers = {B: store.sampler(B, prioritized=True, alpha=0.6, beta=0.4, seed=B, prefetch=0, name=f"b{B}")
+        samplers = {B: store.sampler(B, Prioritized(alpha=0.6, beta=0.4), seed=B, prefetch=0, name=f"b{B}")
                     for B in spec["batch_sizes"]}
 
         def step(B):
