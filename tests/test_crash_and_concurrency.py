@@ -21,7 +21,7 @@ def test_sigkill_at_random_instants(store_path):
 
 
 def test_concurrent_readers_see_only_whole_committed_transitions(store_path):
-    outputs = concurrent_readers(store_path, readers=2, seconds=4.0, capacity=200)
+    outputs = concurrent_readers(store_path, readers=2, seconds=4.0, capacity=200, min_batches=10)
     for out in outputs:
         status, batches, heads = out.split()
         assert status == "ok" and int(batches) > 10 and int(heads) > 1  # they saw the writer progress

@@ -96,8 +96,9 @@ READER = textwrap.dedent("""
     import mmreplay, synthetic as syn
     s = mmreplay.Store.open({path!r}, mode="r", cache_bytes=1 << 20)
     heads, batches, deadline = set(), 0, time.monotonic() + {seconds}
+    hard = deadline + 10 * {seconds} + 60  # a loaded machine: go on until the writer was seen progressing
     sampler = s.sampler(64, prefetch=0, seed=1)
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or ((batches <= {min_batches} or len(heads) <= 1) and time.monotonic() < hard):
         s.refresh()
         heads.add(s.inspect.valid_range()[1])
         if len(s):
@@ -107,18 +108,21 @@ READER = textwrap.dedent("""
 """)
 
 
-def concurrent_readers(path: str, readers: int = 2, seconds: float = 4.0, capacity: int = 300) -> list[str]:
+def concurrent_readers(path: str, readers: int = 2, seconds: float = 4.0, capacity: int = 300,
+                       min_batches: int = 0) -> list[str]:
     """One writer child (committing often, wrapping the ring) and ``readers`` reader children that keep
-    refreshing and sampling; every batch a reader gets is checked bit for bit."""
+    refreshing and sampling; every batch a reader gets is checked bit for bit. Each reader runs for
+    ``seconds``, and on a slow (loaded) machine on until it read ``min_batches`` and saw two heads."""
     writer = subprocess.Popen([sys.executable, "-c", WRITER.format(here=HERE, path=path, seed=7, capacity=capacity,
                                                                    max_batch=20, durable=True, frame_codec="lz4hc")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert writer.stdout.readline().startswith("start")
-    procs = [subprocess.Popen([sys.executable, "-c", READER.format(here=HERE, path=path, seconds=seconds)],
+    procs = [subprocess.Popen([sys.executable, "-c", READER.format(here=HERE, path=path, seconds=seconds,
+                                                                    min_batches=min_batches)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(readers)]
     outputs = []
     for p in procs:
-        out, err = p.communicate(timeout=seconds + 120)
+        out, err = p.communicate(timeout=11 * seconds + 200)
         assert p.returncode == 0, err
         outputs.append(out.strip())
     writer.send_signal(signal.SIGKILL)
@@ -142,7 +146,8 @@ RACE_READER = textwrap.dedent("""
     examples, heads = [], set()
     sampler = s.sampler({batch}, prefetch=0, seed={seed})
     deadline = time.monotonic() + {seconds}
-    while time.monotonic() < deadline:
+    hard = deadline + 10 * {seconds} + 60  # a loaded machine: go on until enough rows and heads were seen
+    while time.monotonic() < deadline or ((rows <= {min_rows} or len(heads) <= 2) and time.monotonic() < hard):
         s.refresh()
         oldest, head = s.inspect.valid_range()
         heads.add(head)
@@ -170,11 +175,13 @@ RACE_READER = textwrap.dedent("""
 
 
 def reader_race(path: str, readers: int = 2, seconds: float = 10.0, capacity: int = 200, batch: int = 64,
-                max_commit_batch: int = 30, cache_bytes: int = 1 << 16, frame_codec: str = "lz4hc") -> list[dict]:
+                max_commit_batch: int = 30, cache_bytes: int = 1 << 16, frame_codec: str = "lz4hc",
+                min_rows: int = 0) -> list[dict]:
     """One writer child on a wrapping ring, committing every 1..``max_commit_batch`` adds, and ``readers``
     reader children refreshing, sampling and ``get``-ing as fast as they can for ``seconds``, each row
     checked against the ground truth. Returns each reader's counts (rows, wrong, refused, ...); a tiny
-    cache (``cache_bytes``) keeps the readers going to the files, where the races are."""
+    cache (``cache_bytes``) keeps the readers going to the files, where the races are. On a slow (loaded)
+    machine each reader goes on past ``seconds`` until it checked ``min_rows`` rows and saw three heads."""
     import json
 
     writer = subprocess.Popen([sys.executable, "-c", WRITER.format(here=HERE, path=path, seed=11, capacity=capacity,
@@ -183,11 +190,12 @@ def reader_race(path: str, readers: int = 2, seconds: float = 10.0, capacity: in
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         procs = [subprocess.Popen([sys.executable, "-c", RACE_READER.format(
-            here=HERE, path=path, seconds=seconds, seed=100 + i, batch=batch, cache_bytes=cache_bytes)],
+            here=HERE, path=path, seconds=seconds, seed=100 + i, batch=batch, cache_bytes=cache_bytes,
+            min_rows=min_rows)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(readers)]
         results = []
         for p in procs:
-            out, err = p.communicate(timeout=seconds + 300)
+            out, err = p.communicate(timeout=11 * seconds + 400)
             assert p.returncode == 0, err[-3000:]
             results.append(json.loads(out.strip().splitlines()[-1]))
     finally:
