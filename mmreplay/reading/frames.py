@@ -30,6 +30,8 @@ import numpy as np
 
 from mmreplay.errors import CorruptDataError
 from mmreplay.reading import native
+from mmreplay.reading.disk import FileReads
+from mmreplay.settings import DEFAULT_IO_DEPTH
 from mmreplay.reading.gather import gather_cached, gather_stacks, index_cached
 from mmreplay.reading.helpers import DECODES_PER_PIECE, STACKS_PER_PIECE, codec_helpers
 from mmreplay.reading.resident import EMPTY_CHUNK
@@ -46,9 +48,10 @@ ASSUMED_RATIO = 8.0
 
 
 class FrameReader(FrameEvents):
-    def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True):
+    def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True, io_depth: int = DEFAULT_IO_DEPTH):
         self.ring = ring
         self.cache_bytes = int(cache_bytes)
+        self.disk = FileReads(io_depth)
         ring_bytes, measured = self._compressed_ring_bytes(ring)
         self.columns: dict[str, ColumnReader] = {}
         self._plan(ring_bytes)
@@ -83,6 +86,7 @@ class FrameReader(FrameEvents):
             if old is not None:
                 new.tier.hits, new.tier.misses = old.tier.hits, old.tier.misses
                 new.cache.stats.hits, new.cache.stats.misses = old.cache.stats.hits, old.cache.stats.misses
+                new.disk = old.disk
                 if old.resident is not None and new.resident is not None:
                     new.resident = old.resident
                 elif old.resident is not None:
@@ -395,7 +399,7 @@ class FrameReader(FrameEvents):
     def _raise_bad_chunk(col: ColumnReader, chunks: np.ndarray, status: np.ndarray) -> None:
         """The first failed decode (``status`` by decode, ``chunks`` its chunk) as an error naming the chunk."""
         i = int(np.flatnonzero(status[:chunks.size] != native.OK)[0])
-        shard, inner = divmod(int(chunks[i]), col.resident.per_shard)
+        shard, inner = divmod(int(chunks[i]), col.column.layout.chunks_per_shard)
         raise CorruptDataError(f"{col.column.array.where(shard, inner)}: "
                                f"{native.STATUS_TEXT.get(int(status[i]), 'unreadable')}")
 
@@ -475,14 +479,27 @@ class FrameReader(FrameEvents):
         dst = cache.slab.ctypes.data + slots.astype(np.int64) * cache.chunk_nbytes
         self._run_decodes(col, chunks, src, sizes, dst, np.zeros_like(dst), cache.chunk_nbytes)
 
-    @staticmethod
-    def _read_files(col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
-        slab, read = col.cache.slab, col.column.array.read_chunk
+    def _read_files(self, col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
+        """Chunks from their files into cache slots: read together (``reading/disk.py``), then checked and
+        decoded by the compiled decoders; without them, one chunk at a time through numcodecs."""
         col.tier.misses += int(chunks.size)
-        for chunk, slot in zip(chunks.tolist(), slots.tolist()):
-            read(chunk, slab[slot])
+        cache = col.cache
+        if col.codec is None:
+            slab, read = cache.slab, col.column.array.read_chunk
+            for chunk, slot in zip(chunks.tolist(), slots.tolist()):
+                read(chunk, slab[slot])
+            return
+        got = self.disk.read(col.column.array, chunks, col.disk)
+        if got.empty.any():  # allowed by check_empty_chunk: the writer's next lap (zarr's fill value)
+            cache.slab[slots[got.empty]] = 0
+        held = ~got.empty
+        if held.any():
+            dst = cache.slab.ctypes.data + slots[held].astype(np.int64) * cache.chunk_nbytes
+            self._run_decodes(col, chunks[held], got.addresses()[held], got.sizes[held], dst, np.zeros_like(dst),
+                              cache.chunk_nbytes)
 
     def close(self) -> None:
         self.stop_preload()
         self.cleared()
+        self.disk.close()
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from mmreplay.reading import native
 from mmreplay.reading.cache import ChunkCache
+from mmreplay.reading.disk import DiskStats
 from mmreplay.reading.resident import ResidentShards
 from mmreplay.storage.frame_ring import FrameColumn, FrameRing
 
@@ -70,6 +71,7 @@ class ColumnReader:
         self.resident = ResidentShards(ring.root, column.layout, ring.rows // spec.chunk_rows) \
             if resident_bytes > 0 and self.codec is not None else None
         self.tier = TierStats(capacity_bytes=resident_bytes if self.resident is not None else 0)
+        self.disk = DiskStats()
         # frames decoded straight into batches (only for one-frame chunks: images)
         self.direct = direct and self.resident is not None and spec.chunk_rows == 1
 
@@ -82,7 +84,18 @@ class ColumnReader:
                                "shard_loads": 0 if res is None else res.loads,
                                "bytes": 0 if res is None else res.nbytes,
                                "capacity_bytes": self.tier.capacity_bytes,
-                               "compiled": self.codec is not None, "direct": self.direct, "loading": loading}}
+                               "compiled": self.codec is not None, "direct": self.direct, "loading": loading},
+                "disk": {**self.disk.as_dict(), "hit_rates": self.hit_rates()}}
+
+    def hit_rates(self) -> dict:
+        """Where frames came from: ``decoded``, the share of frame lookups the decoded cache served; of the
+        chunks it missed, the share decoded from the compressed tier (``compressed``) and read from the files
+        (``file``). (Chunks copied from the writer's RAM count in neither.)"""
+        looked_up = self.cache.stats.hits + self.cache.stats.misses
+        decoded_misses = self.tier.hits + self.tier.misses
+        return {"decoded": self.cache.stats.hits / looked_up if looked_up else 0.0,
+                "compressed": self.tier.hits / decoded_misses if decoded_misses else 0.0,
+                "file": self.tier.misses / decoded_misses if decoded_misses else 0.0}
 
     def invalidate_rows(self, lo: int, hi: int) -> None:
         c = self.spec.chunk_rows

@@ -209,6 +209,18 @@ class ShardedArray:
         else:  # outside the lock: decoders release the GIL
             decode_chunk(self.compressor, raw, out, lambda: self.where(shard, inner))
 
+    def files_held(self) -> threading.Lock:
+        """Hold while reading through descriptors from ``open_shard`` (``with array.files_held(): ...``): none
+        of them is closed until the block ends (``reading/disk.py`` reads many chunks at once this way)."""
+        return self._lock
+
+    def open_shard(self, shard: int) -> tuple[int, tuple[list, list] | None, tuple | None, str]:
+        """(descriptor, index as (offsets, sizes) lists, chunk crcs its identity tag lists or None, path) of
+        shard ``shard``'s file, its identity checked as for ``read_chunk``; the caller holds ``files_held()``.
+        The descriptor is -1 and the index None when there is no file and the array is ``missing_ok``."""
+        fd, index = self._open(shard)
+        return fd, index, self._chunk_crcs.get(shard), self.layout.shard_file(self.root, shard)
+
     def verify_shard(self, shard: int, committed_chunks: int | None = None) -> list[str]:
         """Check a shard file's identity and index, and decode every chunk (checksum, format, decoded
         size): the problems found. The first ``committed_chunks`` chunks (all if None) hold committed rows
@@ -268,10 +280,16 @@ class ShardedArray:
                 raise CorruptDataError(f"array {self.layout.path!r}, shard {shard}: file {path} is missing, but the "
                                        "last commit says it holds committed data (deleted or moved?)") from None
             return -1, None  # not remembered: the file may be written later
+        if hasattr(os, "posix_fadvise"):  # chunk reads are small and random: no readahead (a cgroup pays for it)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         try:
             index = self._indexes.get(shard)
             if index is None:
                 index = self._read_checked_index(fd, shard, path)
+        except OSError as exc:
+            os.close(fd)
+            raise OSError(exc.errno, f"{exc.strerror} (reading the index of array {self.layout.path!r}, shard "
+                          f"{shard})", path) from None
         except BaseException:
             os.close(fd)
             raise

@@ -1,0 +1,212 @@
+"""The disk path (``reading/disk.py``, issue 21): frames that RAM does not hold, read from their files many at
+once. Batches with the disk path forced on (a budget nothing fits in) equal those read from RAM, for both frame
+codecs, frame stacks and n-step across episode starts and a wrapped ring, every row checked against the
+reference; failed, short and misplaced reads are errors naming the file that leave nothing cached."""
+
+import errno
+import os
+
+import google_crc32c
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import mmreplay
+from conftest import frame_shard_file
+from mmreplay.reading import disk
+from mmreplay.storage.shardfile import CRC_BYTES, EMPTY, index_nbytes
+from reference import ReferenceReplay, assert_batch_matches
+from test_nstep import assert_nstep_matches
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "atari_fixture.npz")
+CAPACITY = 512
+TINY = 1 << 12  # no shard fits: every frame the decoded cache lacks is read from its file
+LARGE = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def atari_frames():
+    with np.load(FIXTURE, allow_pickle=False) as data:
+        return data["frames"]
+
+
+def record(store, ref, frames, n, episode_len=7):
+    """``n`` transitions of real frames in episodes of ``episode_len`` steps, ending terminated or truncated."""
+    frame = 0
+    for t in range(n):
+        step = t % episode_len
+        if step == 0:
+            frame += 1
+        obs, nxt = frames[frame % len(frames)], frames[(frame + 1) % len(frames)]
+        frame += 1
+        end = step == episode_len - 1
+        row = (obs, t % 6, float(t % 3 - 1), nxt, end and t % 2 == 0, end and t % 2 == 1)
+        store.add(*row)
+        ref.add(0, *row)
+
+
+def make_store(path, frames, codec, n=3 * CAPACITY + 37, **settings):
+    """A store whose ring wrapped three times, and its reference; left open for writing."""
+    ref = ReferenceReplay(4, CAPACITY)
+    store = mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6),
+                                  capacity=CAPACITY, frame_stack=4, reward_values=(-1, 0, 1), frame_codec=codec,
+                                  durable=False, **settings)
+    record(store, ref, frames, n)
+    return store, ref
+
+
+def disk_stats(store) -> dict:
+    return store.cache_stats()["obs"]["disk"]
+
+
+@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd"])
+def test_batches_equal_with_the_disk_path_forced_on_and_off(store_path, atari_frames, codec):
+    store, ref = make_store(store_path, atari_frames, codec)
+    store.close()
+    batches = {}
+    for budget in (TINY, LARGE):
+        with mmreplay.Store.open(store_path, mode="r", cache_bytes=budget) as s:
+            valid = ref.valid_ids(s.valid_range()[0])
+            got = [s.get(valid[lo:lo + 100]) for lo in range(0, len(valid), 100)]
+            for lo, batch in zip(range(0, len(valid), 100), got):
+                assert_batch_matches(batch, ref, valid[lo:lo + 100])
+            with s.sampler(32, seed=3, n_step=3, gamma=0.9) as smp:
+                sampled = [next(smp) for _ in range(8)]
+                for batch in sampled:
+                    assert_nstep_matches(batch, ref, 3, 0.9)
+                sampled = [(b.indices.clone(), b.obs.clone(), b.next_obs.clone()) for b in sampled]
+            batches[budget] = (got, sampled)
+            stats = disk_stats(s)
+            if budget == TINY:
+                assert stats["reads"] > 0 and stats["bytes_read"] > 0 and stats["chunks_read"] >= stats["reads"]
+                assert stats["hit_rates"]["file"] > 0.5
+            else:
+                assert stats["reads"] == 0 and stats["hit_rates"]["file"] == 0.0
+    (on, on_sampled), (off, off_sampled) = batches[TINY], batches[LARGE]
+    for a, b in zip(on, off):
+        assert np.array_equal(a.obs.numpy(), b.obs.numpy()) and np.array_equal(a.next_obs.numpy(), b.next_obs.numpy())
+    for a, b in zip(on_sampled, off_sampled):
+        assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd"])
+def test_a_writer_with_a_tiny_budget_reads_back_every_row(store_path, atari_frames, codec):
+    """Rows of the writer's RAM (staging and sealed shards) and of its files, mixed in one batch."""
+    store, ref = make_store(store_path, atari_frames, codec, cache_bytes=TINY)
+    try:
+        valid = ref.valid_ids(store.valid_range()[0])
+        assert_batch_matches(store.get(valid), ref, valid)
+        for _ in range(5):
+            batch = store.sample(64)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+        assert disk_stats(store)["reads"] > 0
+    finally:
+        store.close()
+
+
+def test_reads_are_merged_and_issued_together(store_path, atari_frames):
+    store, ref = make_store(store_path, atari_frames, "lz4hc")
+    store.close()
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=8) as s:
+        for _ in range(5):
+            batch = s.sample(64)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+        stats = disk_stats(s)
+        # a stack's four frames are neighbours in their file: one read carries them
+        assert stats["merged_reads"] > 0 and stats["chunks_read"] > stats["reads"]
+        assert stats["max_queue_depth"] == 8 and 1 <= stats["mean_queue_depth"] <= 8
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=1) as s:
+        s.sample(64)
+        assert disk_stats(s)["max_queue_depth"] == 1
+
+
+class FailingPread:
+    """``os.pread`` that fails (``mode``) on the chunk reads numbered in ``fail_on`` (reads of a shard's tail,
+    its index, are left alone), and works otherwise."""
+
+    def __init__(self, fail_on, mode="eio"):
+        self.calls, self.fail_on, self.mode, self.real = 0, set(fail_on), mode, os.pread
+
+    def __call__(self, fd, n, offset):
+        if offset + n != os.fstat(fd).st_size:  # not the tail
+            self.calls += 1  # the reading threads count under the GIL; which read fails does not matter
+            if self.calls in self.fail_on:
+                if self.mode == "eio":
+                    raise OSError(errno.EIO, "Input/output error (injected)")
+                return b""  # end of file: the file is shorter than its index says
+        return self.real(fd, n, offset)
+
+
+@pytest.mark.parametrize("mode", ["eio", "short"])
+@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd"])
+def test_a_read_that_fails_once_names_the_file_and_poisons_nothing(store_path, atari_frames, monkeypatch, mode,
+                                                                   codec):
+    store, ref = make_store(store_path, atari_frames, codec)
+    store.close()
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        valid = ref.valid_ids(s.valid_range()[0])
+        ids = valid[:64]
+        failing = FailingPread(fail_on={2}, mode=mode)
+        monkeypatch.setattr(disk.os, "pread", failing)
+        expected = OSError if mode == "eio" else mmreplay.CorruptDataError
+        with pytest.raises(expected) as info:
+            s.get(ids)
+        assert os.path.join(store_path, "frames", "obs", "c") in str(info.value)
+        if mode == "eio":
+            assert info.value.errno == errno.EIO and info.value.filename.startswith(store_path)
+        monkeypatch.undo()
+        # the same rows again, from the cache where the failed batch left nothing
+        assert_batch_matches(s.get(ids), ref, ids)
+        assert_batch_matches(s.get(valid), ref, valid)
+
+
+def test_a_shard_file_replaced_by_another_is_an_error(store_path, atari_frames):
+    store, ref = make_store(store_path, atari_frames, "lz4hc")
+    store.close()
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        first, second = frame_shard_file(s, 0), frame_shard_file(s, 1)
+        with open(first, "rb") as f:
+            original = f.read()
+        with open(second, "rb") as src, open(first, "wb") as dst:
+            dst.write(src.read())
+        valid = ref.valid_ids(s.valid_range()[0])  # frame shard 0 holds frames some of them need
+        with pytest.raises(mmreplay.CorruptDataError, match="not the shard file the last commit expects"):
+            s.get(valid)
+        with open(first, "wb") as f:
+            f.write(original)
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        valid = ref.valid_ids(s.valid_range()[0])
+        assert_batch_matches(s.get(valid), ref, valid)
+
+
+def test_a_replaced_chunk_whose_own_checksum_is_right_is_an_error(store_path, atari_frames):
+    """A chunk changed and its crc32c recomputed passes the decoder's check; the identity tag's crc does not."""
+    store, ref = make_store(store_path, atari_frames, "lz4hc")
+    store.close()
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        path = frame_shard_file(s, 0)
+        per = s.geometry.frames.shard_rows  # lz4hc: one frame a chunk
+        raw = bytearray(open(path, "rb").read())
+        index = np.frombuffer(bytes(raw[len(raw) - index_nbytes(per):-CRC_BYTES]), dtype="<u8").reshape(per, 2)
+        inner = int(np.flatnonzero(index[:, 0] != EMPTY)[3])
+        offset, size = int(index[inner, 0]), int(index[inner, 1])
+        raw[offset + size - CRC_BYTES - 1] ^= 0x01
+        raw[offset + size - CRC_BYTES:offset + size] = google_crc32c.value(
+            bytes(raw[offset:offset + size - CRC_BYTES])).to_bytes(CRC_BYTES, "little")
+        with open(path, "wb") as f:
+            f.write(bytes(raw))
+        valid = ref.valid_ids(s.valid_range()[0])  # frame shard 0 holds frames some of them need
+        with pytest.raises(mmreplay.CorruptDataError, match=f"shard 0, chunk {inner}: chunk checksum differs"):
+            s.get(valid)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "8", 100_000])
+def test_io_depth_is_validated(bad):
+    with pytest.raises(ValueError, match="io_depth must be an integer from 1 to"):
+        mmreplay.Settings(io_depth=bad)
+
+
+def test_io_depth_is_a_session_setting(store_path, atari_frames):
+    store, _ = make_store(store_path, atari_frames, "lz4hc", n=300, io_depth=3)
+    assert store.settings.io_depth == 3
+    store.close()
