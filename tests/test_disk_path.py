@@ -14,6 +14,7 @@ from gymnasium import spaces
 import mmreplay
 from conftest import frame_shard_file
 from mmreplay.reading import disk
+from mmreplay.storage.sharded import ShardedArray
 from mmreplay.storage.shardfile import CRC_BYTES, EMPTY, index_nbytes
 from reference import ReferenceReplay, assert_batch_matches
 from test_nstep import assert_nstep_matches
@@ -53,6 +54,21 @@ def make_store(path, frames, codec, n=3 * CAPACITY + 37, **settings):
                                   durable=False, **settings)
     record(store, ref, frames, n)
     return store, ref
+
+
+def uncached_chunk_reads(monkeypatch) -> None:
+    """From now on every shard file leaves the page cache once its index is read: chunk reads wait for the
+    device (they go to the reading threads, through ``os.pread``)."""
+    real = ShardedArray.open_shard
+
+    def open_shard(self, shard):
+        fd, index, crcs = real(self, shard)
+        if fd >= 0:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return fd, index, crcs
+
+    monkeypatch.setattr(ShardedArray, "open_shard", open_shard)
 
 
 def disk_stats(store) -> dict:
@@ -104,9 +120,10 @@ def test_a_writer_with_a_tiny_budget_reads_back_every_row(store_path, atari_fram
         store.close()
 
 
-def test_reads_are_merged_and_issued_together(store_path, atari_frames):
+def test_reads_are_merged_and_issued_together(store_path, atari_frames, monkeypatch):
     store, ref = make_store(store_path, atari_frames, "lz4hc")
     store.close()
+    uncached_chunk_reads(monkeypatch)
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=8) as s:
         for _ in range(5):
             batch = s.sample(64)
@@ -146,7 +163,8 @@ def test_a_read_that_fails_once_names_the_file_and_poisons_nothing(store_path, a
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
         valid = ref.valid_ids(s.valid_range()[0])
         ids = valid[:64]
-        failing = FailingPread(fail_on={2}, mode=mode)
+        uncached_chunk_reads(monkeypatch)
+        failing = FailingPread(fail_on={1}, mode=mode)
         monkeypatch.setattr(disk.os, "pread", failing)
         expected = OSError if mode == "eio" else mmreplay.CorruptDataError
         with pytest.raises(expected) as info:
@@ -210,3 +228,19 @@ def test_io_depth_is_a_session_setting(store_path, atari_frames):
     store, _ = make_store(store_path, atari_frames, "lz4hc", n=300, io_depth=3)
     assert store.settings.io_depth == 3
     store.close()
+
+
+def test_a_failing_page_cache_read_falls_back_to_the_blocking_read(store_path, atari_frames, monkeypatch):
+    store, ref = make_store(store_path, atari_frames, "delta-zstd")
+    store.close()
+    calls = []
+
+    def failing_preadv(fd, buffers, offset, flags=0):
+        calls.append(flags)
+        raise OSError(errno.EIO, "Input/output error (injected)")
+
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        valid = ref.valid_ids(s.valid_range()[0])
+        monkeypatch.setattr(disk.os, "preadv", failing_preadv)
+        assert_batch_matches(s.get(valid), ref, valid)
+        assert calls and disk_stats(s)["page_cache_reads"] == 0

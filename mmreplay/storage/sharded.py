@@ -41,7 +41,19 @@ def _as_lists(index: np.ndarray) -> tuple[list, list]:
     """(offsets, sizes) as Python lists: indexing them per chunk is several times cheaper than numpy."""
     return index[:, 0].tolist(), index[:, 1].tolist()
 
-MAX_OPEN_FILES = 128
+def _max_open_files() -> int:
+    """Descriptors one array keeps open: a random batch touches hundreds of shards, and reopening one costs
+    ~15 us; bounded by an eighth of the process's limit (a store has several arrays, a process several stores)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 128
+    return 512 if soft == resource.RLIM_INFINITY else max(16, min(512, soft // 8))
+
+
+MAX_OPEN_FILES = _max_open_files()
 
 
 class ShardedArray:
@@ -214,12 +226,12 @@ class ShardedArray:
         of them is closed until the block ends (``reading/disk.py`` reads many chunks at once this way)."""
         return self._lock
 
-    def open_shard(self, shard: int) -> tuple[int, tuple[list, list] | None, tuple | None, str]:
-        """(descriptor, index as (offsets, sizes) lists, chunk crcs its identity tag lists or None, path) of
-        shard ``shard``'s file, its identity checked as for ``read_chunk``; the caller holds ``files_held()``.
-        The descriptor is -1 and the index None when there is no file and the array is ``missing_ok``."""
+    def open_shard(self, shard: int) -> tuple[int, tuple[list, list] | None, tuple | None]:
+        """(descriptor, index as (offsets, sizes) lists, chunk crcs its identity tag lists or None) of shard
+        ``shard``'s file, its identity checked as for ``read_chunk``; the caller holds ``files_held()``. The
+        descriptor is -1 and the index None when there is no file and the array is ``missing_ok``."""
         fd, index = self._open(shard)
-        return fd, index, self._chunk_crcs.get(shard), self.layout.shard_file(self.root, shard)
+        return fd, index, self._chunk_crcs.get(shard)
 
     def verify_shard(self, shard: int, committed_chunks: int | None = None) -> list[str]:
         """Check a shard file's identity and index, and decode every chunk (checksum, format, decoded
