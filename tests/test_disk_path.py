@@ -80,7 +80,10 @@ def test_batches_equal_with_the_disk_path_forced_on_and_off(store_path, atari_fr
     store, ref = make_store(store_path, atari_frames, codec)
     store.close()
     batches = {}
-    for budget in (TINY, LARGE):
+    on_disk = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in
+                  os.walk(os.path.join(store_path, "frames")) for f in files)
+    partial = on_disk // 2  # the compressed tier holds some whole shards, the rest is read from the files
+    for budget in (TINY, partial, LARGE):
         with mmreplay.Store.open(store_path, mode="r", cache_bytes=budget) as s:
             valid = ref.valid_ids(s.valid_range()[0])
             got = [s.get(valid[lo:lo + 100]) for lo in range(0, len(valid), 100)]
@@ -93,16 +96,23 @@ def test_batches_equal_with_the_disk_path_forced_on_and_off(store_path, atari_fr
                 sampled = [(b.indices.clone(), b.obs.clone(), b.next_obs.clone()) for b in sampled]
             batches[budget] = (got, sampled)
             stats = disk_stats(s)
+            tier = s.cache_stats()["obs"]["compressed"]
             if budget == TINY:
                 assert stats["reads"] > 0 and stats["bytes_read"] > 0 and stats["chunks_read"] >= stats["reads"]
-                assert stats["hit_rates"]["file"] > 0.5
+                assert stats["hit_rates"]["file"] > 0.5 and tier["bytes"] == 0
+            elif budget == partial:
+                assert 0 < tier["bytes"] <= tier["capacity_bytes"] < on_disk and tier["hits"] > 0
+                assert stats["reads"] > 0 and 0 < stats["hit_rates"]["compressed"] < 1
             else:
                 assert stats["reads"] == 0 and stats["hit_rates"]["file"] == 0.0
-    (on, on_sampled), (off, off_sampled) = batches[TINY], batches[LARGE]
-    for a, b in zip(on, off):
-        assert np.array_equal(a.obs.numpy(), b.obs.numpy()) and np.array_equal(a.next_obs.numpy(), b.next_obs.numpy())
-    for a, b in zip(on_sampled, off_sampled):
-        assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b))
+    off, off_sampled = batches[LARGE]
+    for budget in (TINY, partial):
+        on, on_sampled = batches[budget]
+        for a, b in zip(on, off):
+            assert np.array_equal(a.obs.numpy(), b.obs.numpy()) and np.array_equal(a.next_obs.numpy(),
+                                                                                   b.next_obs.numpy())
+        for a, b in zip(on_sampled, off_sampled):
+            assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd"])
@@ -241,6 +251,6 @@ def test_a_failing_page_cache_read_falls_back_to_the_blocking_read(store_path, a
 
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
         valid = ref.valid_ids(s.valid_range()[0])
-        monkeypatch.setattr(disk.os, "preadv", failing_preadv)
+        monkeypatch.setattr(disk, "_preadv", failing_preadv)
         assert_batch_matches(s.get(valid), ref, valid)
         assert calls and disk_stats(s)["page_cache_reads"] == 0

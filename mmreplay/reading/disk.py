@@ -103,13 +103,14 @@ class _Read:
 # to a thread (tens of us, more on a busy machine); only the rest waits for the device. Off where the kernel
 # or the file system refuses the flag.
 _cached_first = hasattr(os, "RWF_NOWAIT")
+_preadv = os.preadv  # bound at import: tests that fake ``os.preadv`` aim at the compressed tier's whole-file loads
 
 
 def _read_cached(read: _Read) -> None:
     """As much of ``read`` as the page cache holds now, without waiting for the device."""
     global _cached_first
     try:
-        got = os.preadv(read.fd, [read.view[read.done:]], read.offset + read.done, os.RWF_NOWAIT)
+        got = _preadv(read.fd, [read.view[read.done:]], read.offset + read.done, os.RWF_NOWAIT)
     except BlockingIOError:
         return
     except OSError as exc:

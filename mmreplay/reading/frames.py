@@ -8,8 +8,10 @@ of that batch in the cache. Each frame passes through at most three tiers:
 2. the **compressed tier** (``reading/resident.py``), whole shard files held in RAM: a miss there is
    decoded by compiled code (``reading/native.py``) with no Python per chunk and the GIL released,
    shared with the codec helpers when a batch has many;
-3. the **file**, chunk by chunk (``storage/sharded.py``): only when the compressed tier cannot hold the
-   store, or for rows still in the writer's RAM (the staging and sealed shards, copied from there).
+3. the **file** (``reading/disk.py``): the chunks of shards the compressed tier does not hold (a store larger
+   than its share of the budget: the tier then holds as many whole shards as fit), all of a batch's read
+   together, merged where they lie together, ``io_depth`` reads in flight, then decoded by the same compiled
+   code; rows still in the writer's RAM (the staging and sealed shards) are copied from there instead.
 
 The reader learns of writes through ``FrameEvents`` (it is the ring's listener): shards written or
 changed elsewhere, rows about to be overwritten, a ring that grew. A batch holds its column's compressed
@@ -17,7 +19,8 @@ tier still while it decodes (``ResidentShards.reading``), so the writer thread's
 background loader (``start_preload``) never free or move bytes under a decode; the loader installs no
 shard that the writer entered, wrote or dropped after the loader listed it. The budget (``cache_bytes``)
 is split between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the
-frames, frames are decoded straight into the batch instead (``_decode_into_batch``).
+frames, frames are decoded straight into the batch instead (``_decode_into_batch``), and when the compressed
+frames do not fit beside a useful decoded cache, nearly all of the budget goes to the compressed tier.
 """
 
 from __future__ import annotations
@@ -72,9 +75,12 @@ class FrameReader(FrameEvents):
         decoded_ring = sum(max(1, c.spec.row_nbytes) * ring.rows for c in ring.columns.values())
         self.plan = plan_tiers(self.cache_bytes, sum(ring_bytes.values()), decoded_ring)
         total_row_bytes = sum(max(1, c.spec.row_nbytes) for c in ring.columns.values())
+        compressed = sum(ring_bytes.values())
         for name, col in ring.columns.items():
             share = max(1, col.spec.row_nbytes) / total_row_bytes
-            resident = ring_bytes[name] if self.plan.resident_bytes else 0
+            # each column's tier: its share of the compressed frames (all of its ring when the plan holds all)
+            resident = ring_bytes[name] if self.plan.resident_bytes >= compressed else \
+                int(self.plan.resident_bytes * ring_bytes[name] / max(1, compressed))
             decoded = int(self.plan.decoded_bytes * share)
             old = self.columns.get(name)
             # the decoded cache stays (warm, and sized when the store opened) unless its role changed
@@ -208,7 +214,7 @@ class FrameReader(FrameEvents):
                 if name not in listed or res is not listed[name][0]:
                     continue  # the tiers were planned again: this pass's generations say nothing about them
                 generations, epoch = listed[name][1]
-                if shard in res.buffers or res.nbytes >= col.tier.capacity_bytes:
+                if shard in res.buffers or res.full(col.tier.capacity_bytes):
                     continue
                 if shard in self.ring.ram_shards(name):
                     continue  # the writer is in it (its rows come from RAM); the generation check also refuses it
@@ -382,7 +388,7 @@ class FrameReader(FrameEvents):
         for shard in np.unique(chunks // res.per_shard).tolist():
             if shard in in_ram:
                 continue
-            if res.nbytes >= col.tier.capacity_bytes or not res.load(shard, col.tier.capacity_bytes):
+            if res.full(col.tier.capacity_bytes) or not res.load(shard, col.tier.capacity_bytes):
                 break  # full: the rest is read from the files
 
     def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes) -> None:

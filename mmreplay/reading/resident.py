@@ -57,12 +57,18 @@ class ResidentShards:
         self.buffers: dict[int, np.ndarray] = {}
         self.nbytes = 0
         self.loads = 0  # shards read from their files
+        self.refused = 0  # size of the last file refused for want of room (a partial tier is full)
         self._generation: dict[int, int] = {}  # shard -> writer-side changes so far (drops and installs)
         self._epoch = 0  # drops of everything so far
         # Reentrant: a decode holding it (``reading``) may load a missing shard whole (``load``).
         self._lock = threading.RLock()
         # ``ShardedArray.check_file``: a loaded file must be the one the commit expects (storage/sharded.py)
         self.check_file: Callable[[int, np.ndarray], None] | None = None
+
+    def full(self, budget: int) -> bool:
+        """No room for another shard within ``budget`` (judged by the last file refused: shards of one store
+        are alike), so a batch does not open a file to learn it again."""
+        return self.nbytes >= budget or self.nbytes + self.refused > budget
 
     def reading(self) -> threading.RLock:
         """Hold while decoding from held bytes (``with res.reading(): ...``): no buffer is replaced or freed
@@ -155,6 +161,7 @@ class ResidentShards:
         try:
             size = os.fstat(fd).st_size
             if self.nbytes + size > budget:
+                self.refused = size
                 return False
             buf = _allocate(size)
             view, done = memoryview(buf), 0

@@ -3,7 +3,9 @@ frames; and the column's reader state that follows from it.
 
 Invariant: ``plan_tiers`` never plans more than ``total`` bytes; a ``ColumnReader`` holds a compressed tier
 only when the compiled decoder exists for its codec, and decodes straight into batches (``direct``) only
-when that tier exists and a chunk is one frame.
+when that tier exists and a chunk is one frame. The tier holds whole shards, all of them when they fit
+its share, else as many as fit (a *partial* tier): the other shards' frames are read from their files
+(``reading/disk.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from mmreplay.reading.disk import DiskStats
 from mmreplay.reading.resident import ResidentShards
 from mmreplay.storage.frame_ring import FrameColumn, FrameRing
 
-# The compressed tier's share of the budget is at most this; the decoded cache keeps the rest.
+# The compressed tier's share of the budget when it holds the whole store is at most this; the decoded
+# cache keeps the rest.
 MAX_RESIDENT_SHARE = 0.6
+# A store too large for that: its compressed tier holds whole shards in up to this share of the budget, the
+# decoded cache keeps the rest (room for one batch's chunks, which it needs whatever its budget).
+PARTIAL_RESIDENT_SHARE = 0.9
 # The decoded cache is used when it holds at least this share of the ring's frames. Measured on Atari
 # frames (1M store, 2 cores): a frame decoded into a random slot of a large slab and copied out costs ~2.5 us
 # with the LRU bookkeeping, decoded straight into the (cache-hot) batch ~1.1 us, a hit ~0.3 us: the cache
@@ -43,12 +49,23 @@ class TierPlan:
 def plan_tiers(total: int, compressed_bytes: int, decoded_bytes: int) -> TierPlan:
     """How ``total`` bytes serve a ring whose frames take ``compressed_bytes`` on disk and
     ``decoded_bytes`` decoded. The compressed ring is held whole when it fits in ``MAX_RESIDENT_SHARE``
-    of the budget: a miss then costs ~1 us of decoding instead of a file read (a tier holding part of
-    the store would load whole shards for single frames, so it holds all or nothing). The decoded
-    cache gets the rest, and is used only if it holds at least ``MIN_DECODED_SHARE`` of the frames:
-    below that, frames are decoded straight into the batch."""
+    of the budget: a miss then costs ~1 us of decoding instead of a file read. The decoded cache gets the
+    rest, and is used only if it holds at least ``MIN_DECODED_SHARE`` of the frames: below that, frames
+    are decoded straight into the batch.
+
+    When the compressed ring does not fit that share, the decoded cache could hold only a sliver of the
+    frames (10M Atari transitions are ~70 GB decoded, 1M DMC ones ~21 GB) and would serve almost no hits,
+    while a byte of compressed tier holds as many frames as the codec's ratio (~8x-60x) and serves each in
+    ~1-2 us instead of a file read (~50-250 us). So the compressed tier takes ``PARTIAL_RESIDENT_SHARE`` of
+    the budget, whole shards as many as fit (all, when the store fits there), frames are decoded straight
+    into batches, and the rest is read from the files. Only where compression gains nothing (frames no
+    smaller compressed) or the decoded cache would still hold ``MIN_DECODED_SHARE`` of the frames does the
+    decoded cache take the whole budget instead."""
     if compressed_bytes > MAX_RESIDENT_SHARE * total:
-        return TierPlan(0, total, False)
+        if compressed_bytes >= decoded_bytes or MIN_DECODED_SHARE * decoded_bytes <= total:
+            return TierPlan(0, total, False)
+        resident = min(compressed_bytes, int(PARTIAL_RESIDENT_SHARE * total))
+        return TierPlan(resident, total - resident, True)
     rest = total - compressed_bytes
     if rest >= MIN_DECODED_SHARE * decoded_bytes:
         return TierPlan(compressed_bytes, rest, False)
