@@ -254,3 +254,61 @@ def test_a_failing_page_cache_read_falls_back_to_the_blocking_read(store_path, a
         monkeypatch.setattr(disk, "_preadv", failing_preadv)
         assert_batch_matches(s.get(valid), ref, valid)
         assert calls and disk_stats(s)["page_cache_reads"] == 0
+
+
+# -- the default budget follows the memory limit ---------------------------------------------------------
+GIB = 1 << 30
+
+
+@pytest.fixture
+def fake_cgroup(tmp_path, monkeypatch):
+    """A fake cgroup mount, /proc/self/cgroup and /proc/meminfo: ``make(cgroup_lines, {file: text}, ram)``."""
+    from mmreplay import settings
+
+    def make(lines, files, ram=64 * GIB):
+        root = tmp_path / "cgroup"
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text + "\n")
+        (tmp_path / "self_cgroup").write_text("".join(line + "\n" for line in lines))
+        (tmp_path / "meminfo").write_text(f"MemTotal:       {ram // 1024} kB\nMemFree:  1 kB\n")
+        monkeypatch.setattr(settings, "CGROUP_ROOT", str(root))
+        monkeypatch.setattr(settings, "PROC_SELF_CGROUP", str(tmp_path / "self_cgroup"))
+        monkeypatch.setattr(settings, "MEMINFO", str(tmp_path / "meminfo"))
+
+    return make
+
+
+NO_LIMIT_V1 = "9223372036854771712"
+
+
+@pytest.mark.parametrize("lines,files,ram,expected", [
+    (["0::/user.slice/job"], {"user.slice/job/memory.max": str(2 * GIB), "user.slice/memory.max": "max"}, 64 * GIB,
+     int(0.7 * 2 * GIB)),  # cgroup v2, the process's own cgroup
+    (["0::/user.slice/job"], {"user.slice/job/memory.max": "max", "user.slice/memory.max": str(GIB)}, 64 * GIB,
+     int(0.7 * GIB)),  # an ancestor's limit binds too
+    (["0::/"], {"memory.max": str(4 * GIB)}, 64 * GIB, int(0.7 * 4 * GIB)),  # a container's own namespace
+    (["4:memory:/process/a", "3:cpu,cpuacct:/"], {"memory/process/a/memory.limit_in_bytes": str(4 * GIB),
+                                                 "memory/memory.limit_in_bytes": NO_LIMIT_V1}, 64 * GIB,
+     int(0.7 * 4 * GIB)),  # cgroup v1
+    (["4:memory:/process/a"], {"memory/process/a/memory.limit_in_bytes": str(4 * GIB)}, 2 * GIB,
+     int(0.7 * 2 * GIB)),  # a limit above the machine's RAM: the RAM
+    (["4:memory:/a"], {"memory/a/memory.limit_in_bytes": NO_LIMIT_V1}, 64 * GIB, GIB),  # no limit: 1 GiB
+    (["0::/job"], {"job/memory.max": "max"}, 64 * GIB, GIB),
+    (["0::/job"], {}, 64 * GIB, GIB),  # no memory controller files at all
+])
+def test_the_default_budget_is_70_percent_of_the_memory_limit(fake_cgroup, lines, files, ram, expected):
+    fake_cgroup(lines, files, ram)
+    assert mmreplay.Settings().cache_bytes == expected
+    assert mmreplay.Settings(cache_bytes=12345).cache_bytes == 12345  # explicit wins
+
+
+def test_a_store_opened_under_a_memory_limit_plans_for_it(fake_cgroup, store_path, atari_frames):
+    store, _ = make_store(store_path, atari_frames, "lz4hc", n=300)
+    store.close()
+    fake_cgroup(["0::/job"], {"job/memory.max": str(64 << 20)})
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        assert s.settings.cache_bytes == int(0.7 * (64 << 20))
+        assert s._state.reader.cache_bytes == int(0.7 * (64 << 20))
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        assert s._state.reader.cache_bytes == TINY
