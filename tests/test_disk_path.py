@@ -312,3 +312,29 @@ def test_a_store_opened_under_a_memory_limit_plans_for_it(fake_cgroup, store_pat
         assert s._state.reader.cache_bytes == int(0.7 * (64 << 20))
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
         assert s._state.reader.cache_bytes == TINY
+
+
+# -- the RAM plan follows what the store holds (issue 24, item 4) ------------------------------------------
+def test_the_plan_follows_the_rows_held_and_is_made_again_as_they_double(store_path, atari_frames):
+    """A store made for 20,000 transitions that holds 300 is planned as one holding ~600: its decoded cache
+    holds all of it (planned for its capacity, the compressed tier would take the budget and frames would be
+    decoded into every batch). As it fills, the plan is made again, and decodes into batches once the decoded
+    cache could hold too few of its frames."""
+    ref = ReferenceReplay(4, 20_000)
+    with mmreplay.Store.create(store_path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6),
+                               capacity=20_000, frame_stack=4, reward_values=(-1, 0, 1), durable=False,
+                               cache_bytes=8 << 20) as s:
+        record(s, ref, atari_frames, 300)
+        s.flush()
+        batch = s.sample(64)
+        assert_batch_matches(batch, ref, batch.indices.tolist())
+        small = s.cache_stats()["obs"]["compressed"]
+        assert not small["direct"] and small["capacity_bytes"] < 1 << 20
+        assert s.cache_stats()["obs"]["capacity_bytes"] >= 300 * 84 * 84  # every frame held fits decoded
+        for _ in range(3):  # the rows held double, and double again
+            record(s, ref, atari_frames, 1500)
+            s.flush()
+            batch = s.sample(64)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+        large = s.cache_stats()["obs"]["compressed"]
+        assert large["direct"] and large["capacity_bytes"] > 2 * small["capacity_bytes"]
