@@ -14,7 +14,6 @@ from gymnasium import spaces
 import mmreplay
 from conftest import frame_shard_file
 from mmreplay.reading import disk
-from mmreplay.storage.sharded import ShardedArray
 from mmreplay.storage.shardfile import CRC_BYTES, EMPTY, index_nbytes
 from reference import ReferenceReplay, assert_batch_matches
 from test_nstep import assert_nstep_matches
@@ -56,19 +55,10 @@ def make_store(path, frames, codec, n=3 * CAPACITY + 37, **settings):
     return store, ref
 
 
-def uncached_chunk_reads(monkeypatch) -> None:
-    """From now on every shard file leaves the page cache once its index is read: chunk reads wait for the
-    device (they go to the reading threads, through ``os.pread``)."""
-    real = ShardedArray.open_shard
-
-    def open_shard(self, shard):
-        fd, index, crcs = real(self, shard)
-        if fd >= 0:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return fd, index, crcs
-
-    monkeypatch.setattr(ShardedArray, "open_shard", open_shard)
+def blocking_reads_only(monkeypatch) -> None:
+    """Every chunk read goes to the reading threads through ``os.pread``, none is served at once from the
+    page cache (whose content a test does not control: the kernel may start a read for ``RWF_NOWAIT``)."""
+    monkeypatch.setattr(disk, "_cached_first", False)
 
 
 def disk_stats(store) -> dict:
@@ -133,7 +123,7 @@ def test_a_writer_with_a_tiny_budget_reads_back_every_row(store_path, atari_fram
 def test_reads_are_merged_and_issued_together(store_path, atari_frames, monkeypatch):
     store, ref = make_store(store_path, atari_frames, "lz4hc")
     store.close()
-    uncached_chunk_reads(monkeypatch)
+    blocking_reads_only(monkeypatch)
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=8) as s:
         for _ in range(5):
             batch = s.sample(64)
@@ -173,7 +163,7 @@ def test_a_read_that_fails_once_names_the_file_and_poisons_nothing(store_path, a
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
         valid = ref.valid_ids(s.valid_range()[0])
         ids = valid[:64]
-        uncached_chunk_reads(monkeypatch)
+        blocking_reads_only(monkeypatch)
         failing = FailingPread(fail_on={1}, mode=mode)
         monkeypatch.setattr(disk.os, "pread", failing)
         expected = OSError if mode == "eio" else mmreplay.CorruptDataError

@@ -11,7 +11,10 @@ How: each shard's index is parsed once and kept (``ShardedArray``); chunks of on
 ``MERGE_GAP`` bytes of each other (a sample's stack spans consecutive chunks) are one read; the reads are
 issued by ``io_depth`` threads at once (``os.pread`` releases the GIL), so the device sees up to
 ``io_depth`` requests in flight instead of one. What the page cache already holds is read first by the
-caller, without waiting (``RWF_NOWAIT``), and never handed to a thread. Measured on this VM's disk: ~3,900 random 4 KiB reads/s
+caller, without waiting (``RWF_NOWAIT``), and never handed to a thread. That pass also starts the device
+reads of the rest: the kernel begins reading a missing page before it answers ``EAGAIN`` (seen here on
+Linux 6.18), so the threads mostly wait for reads already under way; the threads bound how many requests
+*they* keep in flight, the block layer's queue bounds the rest. Measured on this VM's disk: ~3,900 random 4 KiB reads/s
 from one thread, ~22,000/s with 32 in flight. Files read this way are opened with
 ``POSIX_FADV_RANDOM`` (``storage/sharded.py``): no readahead, which a memory cgroup would be charged for.
 The descriptors stay open while the reads run: they are issued with the array's file lock held
