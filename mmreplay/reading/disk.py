@@ -249,14 +249,14 @@ class FileReads:
             for group in groups:
                 shard = int(chunks[group[0]]) // per
                 fd, index, crcs = array.open_shard(shard)
-                offsets, nbytes = (None, None) if index is None else index
+                inners = chunks[group] - shard * per
+                offsets = [EMPTY_INT] * inners.size if index is None else index[0][inners].tolist()
+                nbytes = [0] * inners.size if index is None else index[1][inners].tolist()
                 current = None
-                for i in group.tolist():
-                    inner = int(chunks[i]) - shard * per
-                    if offsets is None or offsets[inner] == EMPTY_INT:
+                for i, inner, offset, size in zip(group.tolist(), inners.tolist(), offsets, nbytes):
+                    if offset == EMPTY_INT:
                         empty[i] = True
                         continue
-                    offset, size = offsets[inner], nbytes[inner]
                     if crcs is not None:
                         crc_checks.append((i, crcs[inner]))
                     if current is not None and current.offset <= offset <= current.offset + current.nbytes + MERGE_GAP \
