@@ -20,29 +20,101 @@ import dataclasses
 import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MIB = 1 << 20
-DEFAULT_CACHE_BYTES = 1024 * MIB
+DEFAULT_CACHE_BYTES = 1024 * MIB  # without a memory limit
+# With a memory limit, the default budget is this share of it (or of the machine's RAM, if that is smaller):
+# the rest is for the index ring, the batches, Python and the trainer (~0.5 GB for the 10M Atari benchmark).
+LIMIT_SHARE = 0.7
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_SELF_CGROUP = "/proc/self/cgroup"
+MEMINFO = "/proc/meminfo"
+NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as the largest page-aligned int64
 DEFAULT_COMMIT_EVERY = 25_000
 DEFAULT_COMMIT_SECONDS = 30.0
 CODEC_THREADS_ENV = "MMREPLAY_CODEC_THREADS"
 ENCODER_ENV = "MMREPLAY_ENCODER"
 ENCODERS = ("process", "thread")
+DEFAULT_IO_DEPTH = 32
+MAX_IO_DEPTH = 1024
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (cgroup v2): no limit
+
+
+def _ancestors(path: str) -> list[str]:
+    """``/a/b`` -> ``["a/b", "a", ""]``: a cgroup and the ones above it, relative to the mount."""
+    parts = [p for p in path.strip().split("/") if p]
+    return ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def memory_limit() -> int | None:
+    """The memory limit of this process's cgroup, the tightest of its own and its ancestors' (cgroup v2
+    ``memory.max``, v1 ``memory/memory.limit_in_bytes``, found from ``/proc/self/cgroup``), or None."""
+    try:
+        with open(PROC_SELF_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":  # cgroup v2
+            candidates += [os.path.join(CGROUP_ROOT, p, "memory.max") for p in _ancestors(path)]
+        elif "memory" in controllers.split(","):  # cgroup v1
+            candidates += [os.path.join(CGROUP_ROOT, "memory", p, "memory.limit_in_bytes") for p in _ancestors(path)]
+    limits = [v for v in map(_read_int, candidates) if v is not None and 0 < v < NO_LIMIT]
+    return min(limits) if limits else None
+
+
+def _physical_memory() -> int | None:
+    try:
+        with open(MEMINFO) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_cache_bytes() -> int:
+    """``LIMIT_SHARE`` of the process's memory limit (of the machine's RAM if that is smaller), else
+    ``DEFAULT_CACHE_BYTES``."""
+    limit = memory_limit()
+    if limit is None:
+        return DEFAULT_CACHE_BYTES
+    ram = _physical_memory()
+    return max(1, int(LIMIT_SHARE * (limit if ram is None else min(limit, ram))))
 
 
 @dataclass(frozen=True)
 class Settings:
     """Per-session settings of a ``Store`` (``Store.create(..., settings=)`` / ``Store.open(..., settings=)``).
 
-    - ``cache_bytes``: RAM for frames, per process: the compressed shards held whole when they fit, and
-      decoded frames (an LRU cache of chunks); split between the two by ``reading.tiers.plan_tiers``.
+    - ``cache_bytes``: RAM for frames, per process: compressed shards held whole (all of them when they
+      fit) and decoded frames (an LRU cache of chunks); split between the two by
+      ``reading.tiers.plan_tiers``. Default: when the process runs under a memory limit (its cgroup's
+      ``memory.max``, cgroup v2, or ``memory.limit_in_bytes``, v1, or an ancestor's, the tightest), 70% of
+      that limit (of the machine's RAM if smaller); otherwise 1 GiB. A value passed explicitly always
+      wins. Several processes in one cgroup that each open stores (DataLoader workers) should pass it.
     - ``commit_every`` / ``commit_seconds``: a writer commits on its own after this many transitions or
       seconds since the last commit. A crash loses at most what was added since the last commit (call
       ``flush()`` to commit now; ``close()`` always commits).
     - ``durable``: fsync data and commit record on every commit. ``False`` is faster and still atomic
       against a process crash, but a power loss may lose or tear recent commits.
+    - ``io_depth``: frames that RAM does not hold are read from their files with up to this many reads in
+      flight (one thread each; ``reading/disk.py``). An SSD or a virtio disk serves several times more
+      random reads per second at depth 32 than at depth 1; 1 reads one chunk after another.
     - ``codec_threads``: helper threads that share a batch's frame decodes and copies with the sampling
       thread, one set per process (``reading/helpers.py``); ``None`` (default): one fewer than the cores the
       process may use, none in a DataLoader worker; ``0`` turns them off. Overridden by
@@ -54,12 +126,13 @@ class Settings:
     An environment variable, when set, wins over the field (see the module docstring).
     """
 
-    cache_bytes: int = DEFAULT_CACHE_BYTES
+    cache_bytes: int = field(default_factory=default_cache_bytes)
     commit_every: int = DEFAULT_COMMIT_EVERY
     commit_seconds: float = DEFAULT_COMMIT_SECONDS
     durable: bool = True
     codec_threads: int | None = None
     encoder: str = "process"
+    io_depth: int = DEFAULT_IO_DEPTH
 
     def __post_init__(self) -> None:
         for name in ("cache_bytes", "commit_every"):
@@ -74,6 +147,10 @@ class Settings:
         if self.durable not in (True, False):
             raise ValueError(f"durable must be True or False, got {self.durable!r}")
         object.__setattr__(self, "durable", bool(self.durable))
+        depth = self.io_depth
+        if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or not 1 <= depth <= MAX_IO_DEPTH:
+            raise ValueError(f"io_depth must be an integer from 1 to {MAX_IO_DEPTH} (reads in flight), got {depth!r}")
+        object.__setattr__(self, "io_depth", int(depth))
         threads = self.codec_threads
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 0:

@@ -14,6 +14,7 @@ import pytest
 
 import mmreplay
 import mmreplay.storage.sharded as sharded
+from mmreplay.reading import disk
 import synthetic as syn
 from mmreplay.sampling.strategy import Prioritized
 
@@ -60,6 +61,7 @@ def test_a_read_that_fails_once_leaves_no_garbage_in_the_cache(filled, monkeypat
     with mmreplay.Store.open(filled, mode=mode, cache_bytes=1 << 14) as s:  # a tiny cache: many misses
         failing = FailingPread(fail_on={3, 4, 5, 40})
         monkeypatch.setattr(sharded.os, "pread", failing)
+        monkeypatch.setattr(disk, "_cached_first", False)  # every chunk read is a (failing) blocking pread
         raised = 0
         for _ in range(40):
             try:

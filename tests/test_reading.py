@@ -14,7 +14,8 @@ from numcodecs import blosc, zstd
 import mmreplay
 from mmreplay.reading import native
 from mmreplay.reading.frames import FrameReader
-from mmreplay.reading.tiers import MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, TierPlan, plan_tiers
+from mmreplay.reading.tiers import (MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, PARTIAL_RESIDENT_SHARE, TierPlan,
+                                    plan_tiers)
 from mmreplay.reading.resident import EMPTY_CHUNK, ResidentShards
 from mmreplay.storage.layout import ArrayLayout
 from mmreplay.storage.shardfile import build_shard
@@ -170,8 +171,18 @@ def test_a_second_load_of_a_held_shard_keeps_the_copy_in_use(tmp_path):
 def test_the_budget_holds_the_compressed_store_when_it_fits_and_decodes_into_batches_when_the_cache_is_small():
     assert plan_tiers(1000, 300, 1000) == TierPlan(300, 700, False)  # the decoded cache holds most frames
     assert plan_tiers(1000, 300, 100_000) == TierPlan(300, 0, True)  # it would hold 0.7%: decode into batches
-    assert plan_tiers(1000, int(MAX_RESIDENT_SHARE * 1000) + 1, 10_000) == TierPlan(0, 1000, False)
     assert plan_tiers(1000, 300, int(700 / MIN_DECODED_SHARE)) == TierPlan(300, 700, False)
+
+
+def test_a_store_too_large_for_the_budget_gets_nearly_all_of_it_as_whole_compressed_shards():
+    """Issue 21: the decoded cache of a store 10x-60x larger decoded would serve almost no hits; the
+    compressed tier holds whole shards in ``PARTIAL_RESIDENT_SHARE`` of the budget (all of them if they fit)."""
+    over = int(MAX_RESIDENT_SHARE * 1000) + 1
+    assert plan_tiers(1000, over, 10_000) == TierPlan(over, 1000 - over, True)  # fits the larger share: held whole
+    assert plan_tiers(1000, 5000, 100_000) == TierPlan(int(PARTIAL_RESIDENT_SHARE * 1000),
+                                                       1000 - int(PARTIAL_RESIDENT_SHARE * 1000), True)
+    assert plan_tiers(1000, 5000, 5000) == TierPlan(0, 1000, False)  # compression gains nothing: decoded cache
+    assert plan_tiers(1000, 700, 1200) == TierPlan(0, 1000, False)  # the decoded cache holds 65% of the frames
 
 
 @pytest.fixture
@@ -216,14 +227,16 @@ def test_a_reopened_store_decodes_from_the_compressed_tier(atari_like, no_preloa
         assert 0 < stats["bytes"] <= stats["capacity_bytes"]
 
 
-def test_a_tier_too_small_for_the_store_reads_files(atari_like):
+def test_a_tier_too_small_for_the_store_holds_what_fits_and_reads_the_rest_from_files(atari_like):
     path, data = atari_like
     on_disk = sum(os.path.getsize(f) for f in frame_files(path))
-    with mmreplay.Store.open(path, mode="r", cache_bytes=int(on_disk / MAX_RESIDENT_SHARE * 0.5)) as s:
+    with mmreplay.Store.open(path, mode="r", cache_bytes=int(on_disk * 0.6)) as s:
         b = s.inspect.get(np.arange(0, 1500, 7))
         np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, np.arange(0, 1500, 7)))
-        stats = s.inspect.cache_stats()["obs"]["compressed"]
-        assert stats["capacity_bytes"] == 0 and stats["hits"] == 0 and stats["misses"] > 0
+        stats = s.inspect.cache_stats()["obs"]
+        tier = stats["compressed"]
+        assert 0 < tier["bytes"] <= tier["capacity_bytes"] < on_disk
+        assert tier["hits"] > 0 and tier["misses"] > 0 and stats["disk"]["reads"] > 0
 
 
 def test_a_corrupt_shard_loaded_whole_raises_naming_the_chunk_and_caches_nothing(atari_like, no_preload):
@@ -262,7 +275,6 @@ def test_the_writer_holds_what_it_writes_and_readers_follow_overwrites(store_pat
     data = frames(4001, seed=5)
     with mmreplay.Store.create(store_path, spaces.Box(0, 255, FRAME, np.uint8), spaces.Discrete(4), capacity=300,
                                frame_stack=4, durable=False, cache_bytes=budget) as w:
-        assert w.inspect.cache_stats()["obs"]["compressed"]["direct"] == (budget == 1 << 20)
         reader = None
         for g in range(4000):
             w.add(data[g], 0, 0.0, data[g + 1], g % 100 == 99, False)
@@ -274,6 +286,8 @@ def test_the_writer_holds_what_it_writes_and_readers_follow_overwrites(store_pat
                     b = store.sample(64)
                     np.testing.assert_array_equal(b.obs.numpy(), expected_obs(data, b.indices.numpy()))
         assert w.inspect.cache_stats()["obs"]["compressed"]["bytes"] > 0
+        # planned for the rows held, which are the ring's now
+        assert w.inspect.cache_stats()["obs"]["compressed"]["direct"] == (budget == 1 << 20)
         reader.close()
 
 
@@ -330,13 +344,14 @@ def test_a_new_store_plans_its_tiers_again_once_it_knows_how_its_frames_compress
     data = np.repeat(frames(801, seed=9)[:, :2], 42, axis=1)  # compresses far better than the first guess
     with mmreplay.Store.create(store_path, spaces.Box(0, 255, FRAME, np.uint8), spaces.Discrete(4), capacity=2000,
                                frame_stack=4, durable=False, cache_bytes=3 << 20) as w:
-        assert w.inspect.cache_stats()["obs"]["compressed"]["capacity_bytes"] == 0  # the guess: it would not fit
+        assert not w._state.reader._measured  # planned from a guess (for the rows it holds: one shard's)
         for g in range(800):
             w.add(data[g], 0, 0.0, data[g + 1], g % 100 == 99, False)
         w.flush()
         b = w.sample(64)
         stats = w.inspect.cache_stats()["obs"]["compressed"]
-        assert 0 < stats["capacity_bytes"] < 3 << 20  # measured: the compressed ring fits
+        assert w._state.reader._measured
+        assert 0 < stats["capacity_bytes"] <= MAX_RESIDENT_SHARE * (3 << 20)  # measured: the compressed ring fits
         start = b.indices.numpy() - b.indices.numpy() % 100
         ids = np.maximum(b.indices.numpy()[:, None] + np.arange(-3, 1), start[:, None])
         np.testing.assert_array_equal(b.obs.numpy(), data[ids])

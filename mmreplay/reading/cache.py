@@ -20,6 +20,9 @@ import numpy as np
 
 @dataclass
 class CacheStats:
+    """Counters of one decoded cache, as ``cache_stats()`` reports them: they only grow (a re-plan of the
+    tiers carries them over to the new cache)."""
+
     hits: int = 0
     misses: int = 0
     evictions: int = 0
@@ -32,6 +35,9 @@ class CacheStats:
 
 
 class ChunkCache:
+    """The decoded chunks of one column in one slab, LRU or direct-mapped (see the module invariant:
+    ``slot_of`` and ``chunk_in`` always agree, and a slot the current batch uses is never evicted)."""
+
     def __init__(self, n_chunks: int, chunk_shape: tuple[int, ...], dtype, budget_bytes: int, min_slots: int = 64):
         self.chunk_shape = tuple(chunk_shape)
         self.dtype = np.dtype(dtype)

@@ -8,8 +8,10 @@ of that batch in the cache. Each frame passes through at most three tiers:
 2. the **compressed tier** (``reading/resident.py``), whole shard files held in RAM: a miss there is
    decoded by compiled code (``reading/native.py``) with no Python per chunk and the GIL released,
    shared with the codec helpers when a batch has many;
-3. the **file**, chunk by chunk (``storage/sharded.py``): only when the compressed tier cannot hold the
-   store, or for rows still in the writer's RAM (the staging and sealed shards, copied from there).
+3. the **file** (``reading/disk.py``): the chunks of shards the compressed tier does not hold (a store larger
+   than its share of the budget: the tier then holds as many whole shards as fit), all of a batch's read
+   together, merged where they lie together, ``io_depth`` reads in flight, then decoded by the same compiled
+   code; rows still in the writer's RAM (the staging and sealed shards) are copied from there instead.
 
 The reader learns of writes through ``FrameEvents`` (it is the ring's listener): shards written or
 changed elsewhere, rows about to be overwritten, a ring that grew. A batch holds its column's compressed
@@ -17,7 +19,8 @@ tier still while it decodes (``ResidentShards.reading``), so the writer thread's
 background loader (``start_preload``) never free or move bytes under a decode; the loader installs no
 shard that the writer entered, wrote or dropped after the loader listed it. The budget (``cache_bytes``)
 is split between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the
-frames, frames are decoded straight into the batch instead (``_decode_into_batch``).
+frames, frames are decoded straight into the batch instead (``_decode_into_batch``), and when the compressed
+frames do not fit beside a useful decoded cache, nearly all of the budget goes to the compressed tier.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import numpy as np
 
 from mmreplay.errors import CorruptDataError
 from mmreplay.reading import native
+from mmreplay.reading.disk import FileReads
+from mmreplay.settings import DEFAULT_IO_DEPTH
 from mmreplay.reading.gather import gather_cached, gather_stacks, index_cached
 from mmreplay.reading.helpers import DECODES_PER_PIECE, STACKS_PER_PIECE, codec_helpers
 from mmreplay.reading.resident import EMPTY_CHUNK
@@ -46,9 +51,14 @@ ASSUMED_RATIO = 8.0
 
 
 class FrameReader(FrameEvents):
-    def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True):
+    """The read half of the frame ring for one store (see the module invariant): per observation key a
+    ``ColumnReader`` (decoded cache, compressed tier, disk reader) planned from one budget, kept in step
+    with the writer through the ring's events."""
+
+    def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True, io_depth: int = DEFAULT_IO_DEPTH):
         self.ring = ring
         self.cache_bytes = int(cache_bytes)
+        self.disk = FileReads(io_depth)
         ring_bytes, measured = self._compressed_ring_bytes(ring)
         self.columns: dict[str, ColumnReader] = {}
         self._plan(ring_bytes)
@@ -62,16 +72,32 @@ class FrameReader(FrameEvents):
         if preload:
             self.start_preload()
 
-    def _plan(self, ring_bytes: dict[str, int]) -> None:
-        """(Re)build each column's tiers for a ring of ``ring_bytes`` compressed bytes per column. A column's
-        compressed shards already held stay held (they are the same bytes); its decoded cache is new."""
+    def _rows_to_plan(self) -> int:
+        """Frames the tiers are planned for: twice those the store holds (it may be filling), at least a
+        shard, at most the ring. A store made for 1M transitions holding 20k is planned as one holding 40k:
+        planned for its capacity, it would give its whole budget to a compressed tier it does not fill and
+        turn off a decoded cache that holds all it has (measured: sampling ~2x slower)."""
         ring = self.ring
-        decoded_ring = sum(max(1, c.spec.row_nbytes) * ring.rows for c in ring.columns.values())
+        held = max(0, ring.head - ring.oldest)
+        return min(ring.rows, max(ring.shard_rows, 2 * held))
+
+    def _plan(self, ring_bytes: dict[str, int]) -> None:
+        """(Re)build each column's tiers for ``_rows_to_plan()`` frames of a ring whose frames would take
+        ``ring_bytes`` compressed bytes per column if it were full. A column's compressed shards already held
+        stay held (they are the same bytes); its decoded cache stays unless its role changed."""
+        ring = self.ring
+        self._ring_bytes = ring_bytes
+        self._planned_rows = rows = self._rows_to_plan()
+        ring_bytes = {name: int(b * rows / ring.rows) for name, b in ring_bytes.items()}
+        decoded_ring = sum(max(1, c.spec.row_nbytes) * rows for c in ring.columns.values())
         self.plan = plan_tiers(self.cache_bytes, sum(ring_bytes.values()), decoded_ring)
         total_row_bytes = sum(max(1, c.spec.row_nbytes) for c in ring.columns.values())
+        compressed = sum(ring_bytes.values())
         for name, col in ring.columns.items():
             share = max(1, col.spec.row_nbytes) / total_row_bytes
-            resident = ring_bytes[name] if self.plan.resident_bytes else 0
+            # each column's tier: its share of the compressed frames (all of its ring when the plan holds all)
+            resident = ring_bytes[name] if self.plan.resident_bytes >= compressed else \
+                int(self.plan.resident_bytes * ring_bytes[name] / max(1, compressed))
             decoded = int(self.plan.decoded_bytes * share)
             old = self.columns.get(name)
             # the decoded cache stays (warm, and sized when the store opened) unless its role changed
@@ -83,6 +109,7 @@ class FrameReader(FrameEvents):
             if old is not None:
                 new.tier.hits, new.tier.misses = old.tier.hits, old.tier.misses
                 new.cache.stats.hits, new.cache.stats.misses = old.cache.stats.hits, old.cache.stats.misses
+                new.disk = old.disk
                 if old.resident is not None and new.resident is not None:
                     new.resident = old.resident
                 elif old.resident is not None:
@@ -94,6 +121,14 @@ class FrameReader(FrameEvents):
         self._measured = True
         if ring_bytes is not None:
             self._plan(ring_bytes)
+
+    def _replan_if_needed(self) -> None:
+        """Before a read: plan again once the first shard told how frames compress, or once the store holds
+        more frames than the tiers were planned for (twice as many as when last planned)."""
+        if self._replan_with is not None:
+            self._replan_if_measured()
+        elif self.ring.head - self.ring.oldest > self._planned_rows:
+            self._plan(self._ring_bytes)
 
     @staticmethod
     def _compressed_ring_bytes(ring: FrameRing) -> tuple[dict[str, int], bool]:
@@ -204,7 +239,7 @@ class FrameReader(FrameEvents):
                 if name not in listed or res is not listed[name][0]:
                     continue  # the tiers were planned again: this pass's generations say nothing about them
                 generations, epoch = listed[name][1]
-                if shard in res.buffers or res.nbytes >= col.tier.capacity_bytes:
+                if shard in res.buffers or res.full(col.tier.capacity_bytes):
                     continue
                 if shard in self.ring.ram_shards(name):
                     continue  # the writer is in it (its rows come from RAM); the generation check also refuses it
@@ -223,8 +258,7 @@ class FrameReader(FrameEvents):
     # -- reading ----------------------------------------------------------------------------------
     def gather(self, name: str, frame_ids: np.ndarray, out: np.ndarray) -> None:
         """``out[...] = frame[frame_ids]`` (``out`` shaped ``frame_ids.shape + frame shape``)."""
-        if self._replan_with is not None:
-            self._replan_if_measured()
+        self._replan_if_needed()
         col = self.columns[name]
         with self._holding_tier(col):
             index = self._slab_index(col, frame_ids.reshape(-1))
@@ -244,8 +278,7 @@ class FrameReader(FrameEvents):
         ``shifted`` (as a transition's two stacks are) ``next_ids[:, :-1] == obs_ids[:, 1:]`` and only the
         last column of ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's)
         all of it. Each frame is looked up once, and both outputs are filled straight from the cache slab."""
-        if self._replan_with is not None:
-            self._replan_if_measured()
+        self._replan_if_needed()
         col = self.columns[name]
         with self._holding_tier(col):
             self._gather_stacks(col, obs_ids, next_ids, obs_words, next_words, shifted)
@@ -378,7 +411,7 @@ class FrameReader(FrameEvents):
         for shard in np.unique(chunks // res.per_shard).tolist():
             if shard in in_ram:
                 continue
-            if res.nbytes >= col.tier.capacity_bytes or not res.load(shard, col.tier.capacity_bytes):
+            if res.full(col.tier.capacity_bytes) or not res.load(shard, col.tier.capacity_bytes):
                 break  # full: the rest is read from the files
 
     def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes) -> None:
@@ -395,7 +428,7 @@ class FrameReader(FrameEvents):
     def _raise_bad_chunk(col: ColumnReader, chunks: np.ndarray, status: np.ndarray) -> None:
         """The first failed decode (``status`` by decode, ``chunks`` its chunk) as an error naming the chunk."""
         i = int(np.flatnonzero(status[:chunks.size] != native.OK)[0])
-        shard, inner = divmod(int(chunks[i]), col.resident.per_shard)
+        shard, inner = divmod(int(chunks[i]), col.column.layout.chunks_per_shard)
         raise CorruptDataError(f"{col.column.array.where(shard, inner)}: "
                                f"{native.STATUS_TEXT.get(int(status[i]), 'unreadable')}")
 
@@ -475,14 +508,27 @@ class FrameReader(FrameEvents):
         dst = cache.slab.ctypes.data + slots.astype(np.int64) * cache.chunk_nbytes
         self._run_decodes(col, chunks, src, sizes, dst, np.zeros_like(dst), cache.chunk_nbytes)
 
-    @staticmethod
-    def _read_files(col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
-        slab, read = col.cache.slab, col.column.array.read_chunk
+    def _read_files(self, col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
+        """Chunks from their files into cache slots: read together (``reading/disk.py``), then checked and
+        decoded by the compiled decoders; without them, one chunk at a time through numcodecs."""
         col.tier.misses += int(chunks.size)
-        for chunk, slot in zip(chunks.tolist(), slots.tolist()):
-            read(chunk, slab[slot])
+        cache = col.cache
+        if col.codec is None:
+            slab, read = cache.slab, col.column.array.read_chunk
+            for chunk, slot in zip(chunks.tolist(), slots.tolist()):
+                read(chunk, slab[slot])
+            return
+        got = self.disk.read(col.column.array, chunks, col.disk)
+        if got.empty.any():  # allowed by check_empty_chunk: the writer's next lap (zarr's fill value)
+            cache.slab[slots[got.empty]] = 0
+        held = ~got.empty
+        if held.any():
+            dst = cache.slab.ctypes.data + slots[held].astype(np.int64) * cache.chunk_nbytes
+            self._run_decodes(col, chunks[held], got.addresses()[held], got.sizes[held], dst, np.zeros_like(dst),
+                              cache.chunk_nbytes)
 
     def close(self) -> None:
         self.stop_preload()
         self.cleared()
+        self.disk.close()
 

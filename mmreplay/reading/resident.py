@@ -4,7 +4,9 @@ Invariant: ``chunk_addr[c] > 0`` iff the bytes of chunk ``c`` (``chunk_size[c]``
 included) are at that address inside ``buffers[c // chunks_per_shard]``, a copy of that shard's file
 as it was when loaded or written; ``chunk_addr[c] == EMPTY_CHUNK`` iff that resident shard's index
 marks the chunk empty (zarr's fill value, zeros); 0 = not resident. Every index entry held points
-inside its buffer (checked without overflow when the shard is installed).
+inside its buffer (checked without overflow when the shard is installed). A ``load`` never takes the tier
+past the budget it is given (checked again under the lock as it installs: the background loader and a
+batch may load at once, and a partial tier is full well before the store is held).
 
 Who may change what, and why no decode ever reads a freed or half-installed buffer:
 - ``chunk_addr``, ``chunk_size`` and ``buffers`` change only under ``_lock`` (installs, drops, growth),
@@ -48,6 +50,9 @@ def _allocate(size: int) -> np.ndarray:
 
 
 class ResidentShards:
+    """One column's compressed tier: whole shard files in RAM and, per chunk, its address and size there
+    (see the module invariant: addresses change only under the lock that every decode holds)."""
+
     def __init__(self, root: str, layout: ArrayLayout, n_chunks: int):
         self.root = root
         self.layout = layout
@@ -57,12 +62,18 @@ class ResidentShards:
         self.buffers: dict[int, np.ndarray] = {}
         self.nbytes = 0
         self.loads = 0  # shards read from their files
+        self.refused = 0  # size of the last file refused for want of room (a partial tier is full)
         self._generation: dict[int, int] = {}  # shard -> writer-side changes so far (drops and installs)
         self._epoch = 0  # drops of everything so far
         # Reentrant: a decode holding it (``reading``) may load a missing shard whole (``load``).
         self._lock = threading.RLock()
         # ``ShardedArray.check_file``: a loaded file must be the one the commit expects (storage/sharded.py)
         self.check_file: Callable[[int, np.ndarray], None] | None = None
+
+    def full(self, budget: int) -> bool:
+        """No room for another shard within ``budget`` (judged by the last file refused: shards of one store
+        are alike), so a batch does not open a file to learn it again."""
+        return self.nbytes >= budget or self.nbytes + self.refused > budget
 
     def reading(self) -> threading.RLock:
         """Hold while decoding from held bytes (``with res.reading(): ...``): no buffer is replaced or freed
@@ -95,7 +106,8 @@ class ResidentShards:
         self.drop([shard])
         return False
 
-    def _install(self, shard: int, raw, generation: int, epoch: int, *, replace: bool) -> bool:
+    def _install(self, shard: int, raw, generation: int, epoch: int, *, replace: bool,
+                 budget: int | None = None) -> bool:
         buf = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
         try:
             index = self._parse(shard, buf)
@@ -106,6 +118,9 @@ class ResidentShards:
                 return False  # the writer changed the shard since the caller looked: these bytes may be stale
             if shard in self.buffers and not replace:
                 return True  # loaded meanwhile by another thread (same file)
+            if budget is not None and self.nbytes + buf.nbytes > budget:
+                self.refused = buf.nbytes
+                return False  # another thread's load took the room meanwhile (a partial tier is full)
             lo = shard * self.per_shard
             if lo + self.per_shard > self.chunk_addr.size:
                 return False  # beyond the ring as this reader knows it (an unbounded store grew)
@@ -155,6 +170,7 @@ class ResidentShards:
         try:
             size = os.fstat(fd).st_size
             if self.nbytes + size > budget:
+                self.refused = size
                 return False
             buf = _allocate(size)
             view, done = memoryview(buf), 0
@@ -175,7 +191,7 @@ class ResidentShards:
                 self.check_file(shard, buf)
             except CorruptDataError:
                 return False  # not held: the file path reads it and reports what it is
-        return self._install(shard, buf, generation, epoch, replace=False)
+        return self._install(shard, buf, generation, epoch, replace=False, budget=budget)
 
     def drop(self, shards=None) -> None:
         """Forget shards (all when None): their files changed, the writer entered them again, or the tier

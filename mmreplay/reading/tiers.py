@@ -3,7 +3,9 @@ frames; and the column's reader state that follows from it.
 
 Invariant: ``plan_tiers`` never plans more than ``total`` bytes; a ``ColumnReader`` holds a compressed tier
 only when the compiled decoder exists for its codec, and decodes straight into batches (``direct``) only
-when that tier exists and a chunk is one frame.
+when that tier exists and a chunk is one frame. The tier holds whole shards, all of them when they fit
+its share, else as many as fit (a *partial* tier): the other shards' frames are read from their files
+(``reading/disk.py``).
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ from dataclasses import dataclass
 
 from mmreplay.reading import native
 from mmreplay.reading.cache import ChunkCache
+from mmreplay.reading.disk import DiskStats
 from mmreplay.reading.resident import ResidentShards
 from mmreplay.storage.frame_ring import FrameColumn, FrameRing
 
-# The compressed tier's share of the budget is at most this; the decoded cache keeps the rest.
+# The compressed tier's share of the budget when it holds the whole store is at most this; the decoded
+# cache keeps the rest.
 MAX_RESIDENT_SHARE = 0.6
+# A store too large for that: its compressed tier holds whole shards in up to this share of the budget, the
+# decoded cache keeps the rest (room for one batch's chunks, which it needs whatever its budget).
+PARTIAL_RESIDENT_SHARE = 0.9
 # The decoded cache is used when it holds at least this share of the ring's frames. Measured on Atari
 # frames (1M store, 2 cores): a frame decoded into a random slot of a large slab and copied out costs ~2.5 us
 # with the LRU bookkeeping, decoded straight into the (cache-hot) batch ~1.1 us, a hit ~0.3 us: the cache
@@ -34,6 +41,7 @@ class TierStats:
 
 @dataclass(frozen=True)
 class TierPlan:
+    """How one budget is split (``plan_tiers``): the two shares never sum to more than the budget."""
     resident_bytes: int  # compressed tier
     decoded_bytes: int  # decoded cache
     direct: bool  # decode misses straight into the batch; the decoded cache is not used
@@ -42,12 +50,23 @@ class TierPlan:
 def plan_tiers(total: int, compressed_bytes: int, decoded_bytes: int) -> TierPlan:
     """How ``total`` bytes serve a ring whose frames take ``compressed_bytes`` on disk and
     ``decoded_bytes`` decoded. The compressed ring is held whole when it fits in ``MAX_RESIDENT_SHARE``
-    of the budget: a miss then costs ~1 us of decoding instead of a file read (a tier holding part of
-    the store would load whole shards for single frames, so it holds all or nothing). The decoded
-    cache gets the rest, and is used only if it holds at least ``MIN_DECODED_SHARE`` of the frames:
-    below that, frames are decoded straight into the batch."""
+    of the budget: a miss then costs ~1 us of decoding instead of a file read. The decoded cache gets the
+    rest, and is used only if it holds at least ``MIN_DECODED_SHARE`` of the frames: below that, frames
+    are decoded straight into the batch.
+
+    When the compressed ring does not fit that share, the decoded cache could hold only a sliver of the
+    frames (10M Atari transitions are ~70 GB decoded, 1M DMC ones ~21 GB) and would serve almost no hits,
+    while a byte of compressed tier holds as many frames as the codec's ratio (~8x-60x) and serves each in
+    ~1-2 us instead of a file read (~50-250 us). So the compressed tier takes ``PARTIAL_RESIDENT_SHARE`` of
+    the budget, whole shards as many as fit (all, when the store fits there), frames are decoded straight
+    into batches, and the rest is read from the files. Only where compression gains nothing (frames no
+    smaller compressed) or the decoded cache would still hold ``MIN_DECODED_SHARE`` of the frames does the
+    decoded cache take the whole budget instead."""
     if compressed_bytes > MAX_RESIDENT_SHARE * total:
-        return TierPlan(0, total, False)
+        if compressed_bytes >= decoded_bytes or MIN_DECODED_SHARE * decoded_bytes <= total:
+            return TierPlan(0, total, False)
+        resident = min(compressed_bytes, int(PARTIAL_RESIDENT_SHARE * total))
+        return TierPlan(resident, total - resident, True)
     rest = total - compressed_bytes
     if rest >= MIN_DECODED_SHARE * decoded_bytes:
         return TierPlan(compressed_bytes, rest, False)
@@ -70,6 +89,7 @@ class ColumnReader:
         self.resident = ResidentShards(ring.root, column.layout, ring.rows // spec.chunk_rows) \
             if resident_bytes > 0 and self.codec is not None else None
         self.tier = TierStats(capacity_bytes=resident_bytes if self.resident is not None else 0)
+        self.disk = DiskStats()
         # frames decoded straight into batches (only for one-frame chunks: images)
         self.direct = direct and self.resident is not None and spec.chunk_rows == 1
 
@@ -82,7 +102,18 @@ class ColumnReader:
                                "shard_loads": 0 if res is None else res.loads,
                                "bytes": 0 if res is None else res.nbytes,
                                "capacity_bytes": self.tier.capacity_bytes,
-                               "compiled": self.codec is not None, "direct": self.direct, "loading": loading}}
+                               "compiled": self.codec is not None, "direct": self.direct, "loading": loading},
+                "disk": {**self.disk.as_dict(), "hit_rates": self.hit_rates()}}
+
+    def hit_rates(self) -> dict:
+        """Where frames came from: ``decoded``, the share of frame lookups the decoded cache served; of the
+        chunks it missed, the share decoded from the compressed tier (``compressed``) and read from the files
+        (``file``). (Chunks copied from the writer's RAM count in neither.)"""
+        looked_up = self.cache.stats.hits + self.cache.stats.misses
+        decoded_misses = self.tier.hits + self.tier.misses
+        return {"decoded": self.cache.stats.hits / looked_up if looked_up else 0.0,
+                "compressed": self.tier.hits / decoded_misses if decoded_misses else 0.0,
+                "file": self.tier.misses / decoded_misses if decoded_misses else 0.0}
 
     def invalidate_rows(self, lo: int, hi: int) -> None:
         c = self.spec.chunk_rows

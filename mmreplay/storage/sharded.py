@@ -37,11 +37,24 @@ from mmreplay.storage.shardfile import (CRC_BYTES, EMPTY, ShardTag, build_shard,
 EMPTY_INT = int(EMPTY)
 
 
-def _as_lists(index: np.ndarray) -> tuple[list, list]:
-    """(offsets, sizes) as Python lists: indexing them per chunk is several times cheaper than numpy."""
-    return index[:, 0].tolist(), index[:, 1].tolist()
+def _as_columns(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, sizes) as two uint64 arrays: 16 bytes a chunk. (Python lists cost ~80 bytes a chunk, ~0.8 GB
+    for the indexes of a 10M-frame store, which a reader keeps for every shard it has read from.)"""
+    return np.ascontiguousarray(index[:, 0]), np.ascontiguousarray(index[:, 1])
 
-MAX_OPEN_FILES = 128
+def _max_open_files() -> int:
+    """Descriptors one array keeps open: a random batch touches hundreds of shards, and reopening one costs
+    ~15 us; bounded by an eighth of the process's limit (a store has several arrays, a process several stores)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 128
+    return 512 if soft == resource.RLIM_INFINITY else max(16, min(512, soft // 8))
+
+
+MAX_OPEN_FILES = _max_open_files()
 
 
 class ShardedArray:
@@ -152,7 +165,7 @@ class ShardedArray:
         atomic_write(path, raw)
         with self._lock:
             self._close_fd(shard)
-            self._indexes[shard] = _as_lists(index)
+            self._indexes[shard] = _as_columns(index)
             self.identities[shard] = identity(bytes(tail))
             self.written_ns[shard] = ShardTag.decode(bytes(tail[:tag_nbytes(n)]), n).written_ns
             self._chunk_crcs[shard] = None  # re-read from the tag at the next open
@@ -199,11 +212,12 @@ class ShardedArray:
         shard, inner = divmod(int(chunk), self.layout.chunks_per_shard)
         with self._lock:  # the read happens under the lock so no other thread can close the fd meanwhile
             fd, index = self._open(shard)
-            if index is None or index[0][inner] == EMPTY_INT:
+            offset = EMPTY_INT if index is None else int(index[0][inner])
+            if offset == EMPTY_INT:
                 raw = None
             else:
-                nbytes = index[1][inner]
-                raw = os.pread(fd, nbytes, index[0][inner])
+                nbytes = int(index[1][inner])
+                raw = os.pread(fd, nbytes, offset)
                 if len(raw) != nbytes:
                     raise CorruptDataError(f"{self.where(shard, inner)}: read {len(raw)} of {nbytes} bytes "
                                            "(truncated shard file?)")
@@ -216,6 +230,18 @@ class ShardedArray:
             out[...] = 0
         else:  # outside the lock: decoders release the GIL
             decode_chunk(self.compressor, raw, out, lambda: self.where(shard, inner))
+
+    def files_held(self) -> threading.Lock:
+        """Hold while reading through descriptors from ``open_shard`` (``with array.files_held(): ...``): none
+        of them is closed until the block ends (``reading/disk.py`` reads many chunks at once this way)."""
+        return self._lock
+
+    def open_shard(self, shard: int) -> tuple[int, tuple[np.ndarray, np.ndarray] | None, tuple | None]:
+        """(descriptor, index as (offsets, sizes) lists, chunk crcs its identity tag lists or None) of shard
+        ``shard``'s file, its identity checked as for ``read_chunk``; the caller holds ``files_held()``. The
+        descriptor is -1 and the index None when there is no file and the array is ``missing_ok``."""
+        fd, index = self._open(shard)
+        return fd, index, self._chunk_crcs.get(shard)
 
     def verify_shard(self, shard: int, committed_chunks: int | None = None) -> list[str]:
         """Check a shard file's identity and index, and decode every chunk (checksum, format, decoded
@@ -235,7 +261,7 @@ class ShardedArray:
         problems = []
         out = np.empty(self.chunk_shape, dtype=self.layout.np_dtype)
         for inner in range(self.layout.chunks_per_shard):
-            if inner >= committed and (index is None or index[0][inner] == EMPTY_INT):
+            if inner >= committed and (index is None or int(index[0][inner]) == EMPTY_INT):
                 continue  # beyond the committed rows: empty is right
             try:
                 self.read_chunk(shard * self.layout.chunks_per_shard + inner, out)
@@ -261,7 +287,7 @@ class ShardedArray:
                 damaged.append((chunk, exc))
         return buf[start - first * c: stop - first * c]
 
-    def _open(self, shard: int) -> tuple[int, tuple[list, list] | None]:
+    def _open(self, shard: int) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
         """The shard's file descriptor and index as (offsets, sizes) lists (caller holds the lock);
         (-1, None) if there is no file."""
         fd = self._fds.get(shard)
@@ -276,10 +302,16 @@ class ShardedArray:
                 raise CorruptDataError(f"array {self.layout.path!r}, shard {shard}: file {path} is missing, but the "
                                        "last commit says it holds committed data (deleted or moved?)") from None
             return -1, None  # not remembered: the file may be written later
+        if hasattr(os, "posix_fadvise"):  # chunk reads are small and random: no readahead (a cgroup pays for it)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         try:
             index = self._indexes.get(shard)
             if index is None:
                 index = self._read_checked_index(fd, shard, path)
+        except OSError as exc:
+            os.close(fd)
+            raise OSError(exc.errno, f"{exc.strerror} (reading the index of array {self.layout.path!r}, shard "
+                          f"{shard})", path) from None
         except BaseException:
             os.close(fd)
             raise
@@ -290,14 +322,14 @@ class ShardedArray:
             os.close(old)
         return fd, index
 
-    def _read_checked_index(self, fd: int, shard: int, path: str) -> tuple[list, list]:
+    def _read_checked_index(self, fd: int, shard: int, path: str) -> tuple[np.ndarray, np.ndarray]:
         """The shard's index from its file, after checking the file's identity (when the commit lists one;
         the tag's chunk crcs are kept for ``read_chunk``)."""
         n = self.layout.chunks_per_shard
         size = os.fstat(fd).st_size
         tail = read_tail(fd, size, n)
         crcs = self._check_tail(shard, tail)
-        index = _as_lists(index_from_tail(tail, size, n, f"array {self.layout.path!r}, shard {shard}"))
+        index = _as_columns(index_from_tail(tail, size, n, f"array {self.layout.path!r}, shard {shard}"))
         self._chunk_crcs[shard] = crcs
         return index
 

@@ -1,0 +1,330 @@
+"""The disk path (``reading/disk.py``, issue 21): frames that RAM does not hold, read from their files many at
+once. Batches with the disk path forced on (a budget nothing fits in) equal those read from RAM, for both frame
+codecs, frame stacks and n-step across episode starts and a wrapped ring, every row checked against the
+reference; failed, short and misplaced reads are errors naming the file that leave nothing cached."""
+
+import errno
+import os
+
+import google_crc32c
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import mmreplay
+from conftest import frame_shard_file
+from mmreplay.reading import disk
+from mmreplay.storage.shardfile import CRC_BYTES, EMPTY, index_nbytes
+from reference import ReferenceReplay, assert_batch_matches
+from test_nstep import assert_nstep_matches
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "atari_fixture.npz")
+CAPACITY = 512
+TINY = 1 << 12  # no shard fits: every frame the decoded cache lacks is read from its file
+LARGE = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def atari_frames():
+    with np.load(FIXTURE, allow_pickle=False) as data:
+        return data["frames"]
+
+
+def record(store, ref, frames, n, episode_len=7):
+    """``n`` transitions of real frames in episodes of ``episode_len`` steps, ending terminated or truncated."""
+    frame = 0
+    for t in range(n):
+        step = t % episode_len
+        if step == 0:
+            frame += 1
+        obs, nxt = frames[frame % len(frames)], frames[(frame + 1) % len(frames)]
+        frame += 1
+        end = step == episode_len - 1
+        row = (obs, t % 6, float(t % 3 - 1), nxt, end and t % 2 == 0, end and t % 2 == 1)
+        store.add(*row)
+        ref.add(0, *row)
+
+
+def make_store(path, frames, codec, n=3 * CAPACITY + 37, **settings):
+    """A store whose ring wrapped three times, and its reference; left open for writing."""
+    ref = ReferenceReplay(4, CAPACITY)
+    store = mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6),
+                                  capacity=CAPACITY, frame_stack=4, reward_values=(-1, 0, 1), frame_codec=codec,
+                                  durable=False, **settings)
+    record(store, ref, frames, n)
+    return store, ref
+
+
+def blocking_reads_only(monkeypatch) -> None:
+    """Every chunk read goes to the reading threads through ``os.pread``, none is served at once from the
+    page cache (whose content a test does not control: the kernel may start a read for ``RWF_NOWAIT``)."""
+    monkeypatch.setattr(disk, "_cached_first", False)
+
+
+def disk_stats(store) -> dict:
+    return store.inspect.cache_stats()["obs"]["disk"]
+
+
+@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd"])
+def test_batches_equal_with_the_disk_path_forced_on_and_off(store_path, atari_frames, codec):
+    store, ref = make_store(store_path, atari_frames, codec)
+    store.close()
+    batches = {}
+    on_disk = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in
+                  os.walk(os.path.join(store_path, "frames")) for f in files)
+    partial = on_disk // 2  # the compressed tier holds some whole shards, the rest is read from the files
+    for budget in (TINY, partial, LARGE):
+        with mmreplay.Store.open(store_path, mode="r", cache_bytes=budget) as s:
+            valid = ref.valid_ids(s.inspect.valid_range()[0])
+            got = [s.inspect.get(valid[lo:lo + 100]) for lo in range(0, len(valid), 100)]
+            for lo, batch in zip(range(0, len(valid), 100), got):
+                assert_batch_matches(batch, ref, valid[lo:lo + 100])
+            with s.sampler(32, mmreplay.NStep(3, 0.9), seed=3) as smp:
+                sampled = [next(smp) for _ in range(8)]
+                for batch in sampled:
+                    assert_nstep_matches(batch, ref, 3, 0.9)
+                sampled = [(b.indices.clone(), b.obs.clone(), b.next_obs.clone()) for b in sampled]
+            batches[budget] = (got, sampled)
+            stats = disk_stats(s)
+            tier = s.inspect.cache_stats()["obs"]["compressed"]
+            if budget == TINY:
+                assert stats["reads"] > 0 and stats["bytes_read"] > 0 and stats["chunks_read"] >= stats["reads"]
+                assert stats["hit_rates"]["file"] > 0.5 and tier["bytes"] == 0
+            elif budget == partial:
+                assert 0 < tier["bytes"] <= tier["capacity_bytes"] < on_disk and tier["hits"] > 0
+                assert stats["reads"] > 0 and 0 < stats["hit_rates"]["compressed"] < 1
+            else:
+                assert stats["reads"] == 0 and stats["hit_rates"]["file"] == 0.0
+    off, off_sampled = batches[LARGE]
+    for budget in (TINY, partial):
+        on, on_sampled = batches[budget]
+        for a, b in zip(on, off):
+            assert np.array_equal(a.obs.numpy(), b.obs.numpy()) and np.array_equal(a.next_obs.numpy(),
+                                                                                   b.next_obs.numpy())
+        for a, b in zip(on_sampled, off_sampled):
+            assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd"])
+def test_a_writer_with_a_tiny_budget_reads_back_every_row(store_path, atari_frames, codec):
+    """Rows of the writer's RAM (staging and sealed shards) and of its files, mixed in one batch."""
+    store, ref = make_store(store_path, atari_frames, codec, cache_bytes=TINY)
+    try:
+        valid = ref.valid_ids(store.inspect.valid_range()[0])
+        assert_batch_matches(store.inspect.get(valid), ref, valid)
+        for _ in range(5):
+            batch = store.sample(64)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+        assert disk_stats(store)["reads"] > 0
+    finally:
+        store.close()
+
+
+def test_reads_are_merged_and_issued_together(store_path, atari_frames, monkeypatch):
+    store, ref = make_store(store_path, atari_frames, "lz4hc")
+    store.close()
+    blocking_reads_only(monkeypatch)
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=8) as s:
+        for _ in range(5):
+            batch = s.sample(64)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+        stats = disk_stats(s)
+        # a stack's four frames are neighbours in their file: one read carries them
+        assert stats["merged_reads"] > 0 and stats["chunks_read"] > stats["reads"]
+        assert stats["max_queue_depth"] == 8 and 1 <= stats["mean_queue_depth"] <= 8
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=1) as s:
+        s.sample(64)
+        assert disk_stats(s)["max_queue_depth"] == 1
+
+
+class FailingPread:
+    """``os.pread`` that fails (``mode``) on the chunk reads numbered in ``fail_on`` (reads of a shard's tail,
+    its index, are left alone), and works otherwise."""
+
+    def __init__(self, fail_on, mode="eio"):
+        self.calls, self.fail_on, self.mode, self.real = 0, set(fail_on), mode, os.pread
+
+    def __call__(self, fd, n, offset):
+        if offset + n != os.fstat(fd).st_size:  # not the tail
+            self.calls += 1  # the reading threads count under the GIL; which read fails does not matter
+            if self.calls in self.fail_on:
+                if self.mode == "eio":
+                    raise OSError(errno.EIO, "Input/output error (injected)")
+                return b""  # end of file: the file is shorter than its index says
+        return self.real(fd, n, offset)
+
+
+@pytest.mark.parametrize("mode", ["eio", "short"])
+@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd"])
+def test_a_read_that_fails_once_names_the_file_and_poisons_nothing(store_path, atari_frames, monkeypatch, mode,
+                                                                   codec):
+    store, ref = make_store(store_path, atari_frames, codec)
+    store.close()
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        valid = ref.valid_ids(s.inspect.valid_range()[0])
+        ids = valid[:64]
+        blocking_reads_only(monkeypatch)
+        failing = FailingPread(fail_on={1}, mode=mode)
+        monkeypatch.setattr(disk.os, "pread", failing)
+        expected = OSError if mode == "eio" else mmreplay.CorruptDataError
+        with pytest.raises(expected) as info:
+            s.inspect.get(ids)
+        assert os.path.join(store_path, "frames", "obs", "c") in str(info.value)
+        if mode == "eio":
+            assert info.value.errno == errno.EIO and info.value.filename.startswith(store_path)
+        monkeypatch.undo()
+        # the same rows again, from the cache where the failed batch left nothing
+        assert_batch_matches(s.inspect.get(ids), ref, ids)
+        assert_batch_matches(s.inspect.get(valid), ref, valid)
+
+
+def test_a_shard_file_replaced_by_another_is_an_error(store_path, atari_frames):
+    store, ref = make_store(store_path, atari_frames, "lz4hc")
+    store.close()
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        first, second = frame_shard_file(s, 0), frame_shard_file(s, 1)
+        with open(first, "rb") as f:
+            original = f.read()
+        with open(second, "rb") as src, open(first, "wb") as dst:
+            dst.write(src.read())
+        valid = ref.valid_ids(s.inspect.valid_range()[0])  # frame shard 0 holds frames some of them need
+        with pytest.raises(mmreplay.CorruptDataError, match="not the shard file the last commit expects"):
+            s.inspect.get(valid)
+        with open(first, "wb") as f:
+            f.write(original)
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        valid = ref.valid_ids(s.inspect.valid_range()[0])
+        assert_batch_matches(s.inspect.get(valid), ref, valid)
+
+
+def test_a_replaced_chunk_whose_own_checksum_is_right_is_an_error(store_path, atari_frames):
+    """A chunk changed and its crc32c recomputed passes the decoder's check; the identity tag's crc does not."""
+    store, ref = make_store(store_path, atari_frames, "lz4hc")
+    store.close()
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        path = frame_shard_file(s, 0)
+        per = s.geometry.frames.shard_rows  # lz4hc: one frame a chunk
+        raw = bytearray(open(path, "rb").read())
+        index = np.frombuffer(bytes(raw[len(raw) - index_nbytes(per):-CRC_BYTES]), dtype="<u8").reshape(per, 2)
+        inner = int(np.flatnonzero(index[:, 0] != EMPTY)[3])
+        offset, size = int(index[inner, 0]), int(index[inner, 1])
+        raw[offset + size - CRC_BYTES - 1] ^= 0x01
+        raw[offset + size - CRC_BYTES:offset + size] = google_crc32c.value(
+            bytes(raw[offset:offset + size - CRC_BYTES])).to_bytes(CRC_BYTES, "little")
+        with open(path, "wb") as f:
+            f.write(bytes(raw))
+        valid = ref.valid_ids(s.inspect.valid_range()[0])  # frame shard 0 holds frames some of them need
+        with pytest.raises(mmreplay.CorruptDataError, match=f"shard 0, chunk {inner}: chunk checksum differs"):
+            s.inspect.get(valid)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "8", 100_000])
+def test_io_depth_is_validated(bad):
+    with pytest.raises(ValueError, match="io_depth must be an integer from 1 to"):
+        mmreplay.Settings(io_depth=bad)
+
+
+def test_io_depth_is_a_session_setting(store_path, atari_frames):
+    store, _ = make_store(store_path, atari_frames, "lz4hc", n=300, io_depth=3)
+    assert store.settings.io_depth == 3
+    store.close()
+
+
+def test_a_failing_page_cache_read_falls_back_to_the_blocking_read(store_path, atari_frames, monkeypatch):
+    store, ref = make_store(store_path, atari_frames, "delta-zstd")
+    store.close()
+    calls = []
+
+    def failing_preadv(fd, buffers, offset, flags=0):
+        calls.append(flags)
+        raise OSError(errno.EIO, "Input/output error (injected)")
+
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        valid = ref.valid_ids(s.inspect.valid_range()[0])
+        monkeypatch.setattr(disk, "_preadv", failing_preadv)
+        assert_batch_matches(s.inspect.get(valid), ref, valid)
+        assert calls and disk_stats(s)["page_cache_reads"] == 0
+
+
+# -- the default budget follows the memory limit ---------------------------------------------------------
+GIB = 1 << 30
+
+
+@pytest.fixture
+def fake_cgroup(tmp_path, monkeypatch):
+    """A fake cgroup mount, /proc/self/cgroup and /proc/meminfo: ``make(cgroup_lines, {file: text}, ram)``."""
+    from mmreplay import settings
+
+    def make(lines, files, ram=64 * GIB):
+        root = tmp_path / "cgroup"
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text + "\n")
+        (tmp_path / "self_cgroup").write_text("".join(line + "\n" for line in lines))
+        (tmp_path / "meminfo").write_text(f"MemTotal:       {ram // 1024} kB\nMemFree:  1 kB\n")
+        monkeypatch.setattr(settings, "CGROUP_ROOT", str(root))
+        monkeypatch.setattr(settings, "PROC_SELF_CGROUP", str(tmp_path / "self_cgroup"))
+        monkeypatch.setattr(settings, "MEMINFO", str(tmp_path / "meminfo"))
+
+    return make
+
+
+NO_LIMIT_V1 = "9223372036854771712"
+
+
+@pytest.mark.parametrize("lines,files,ram,expected", [
+    (["0::/user.slice/job"], {"user.slice/job/memory.max": str(2 * GIB), "user.slice/memory.max": "max"}, 64 * GIB,
+     int(0.7 * 2 * GIB)),  # cgroup v2, the process's own cgroup
+    (["0::/user.slice/job"], {"user.slice/job/memory.max": "max", "user.slice/memory.max": str(GIB)}, 64 * GIB,
+     int(0.7 * GIB)),  # an ancestor's limit binds too
+    (["0::/"], {"memory.max": str(4 * GIB)}, 64 * GIB, int(0.7 * 4 * GIB)),  # a container's own namespace
+    (["4:memory:/process/a", "3:cpu,cpuacct:/"], {"memory/process/a/memory.limit_in_bytes": str(4 * GIB),
+                                                 "memory/memory.limit_in_bytes": NO_LIMIT_V1}, 64 * GIB,
+     int(0.7 * 4 * GIB)),  # cgroup v1
+    (["4:memory:/process/a"], {"memory/process/a/memory.limit_in_bytes": str(4 * GIB)}, 2 * GIB,
+     int(0.7 * 2 * GIB)),  # a limit above the machine's RAM: the RAM
+    (["4:memory:/a"], {"memory/a/memory.limit_in_bytes": NO_LIMIT_V1}, 64 * GIB, GIB),  # no limit: 1 GiB
+    (["0::/job"], {"job/memory.max": "max"}, 64 * GIB, GIB),
+    (["0::/job"], {}, 64 * GIB, GIB),  # no memory controller files at all
+])
+def test_the_default_budget_is_70_percent_of_the_memory_limit(fake_cgroup, lines, files, ram, expected):
+    fake_cgroup(lines, files, ram)
+    assert mmreplay.Settings().cache_bytes == expected
+    assert mmreplay.Settings(cache_bytes=12345).cache_bytes == 12345  # explicit wins
+
+
+def test_a_store_opened_under_a_memory_limit_plans_for_it(fake_cgroup, store_path, atari_frames):
+    store, _ = make_store(store_path, atari_frames, "lz4hc", n=300)
+    store.close()
+    fake_cgroup(["0::/job"], {"job/memory.max": str(64 << 20)})
+    with mmreplay.Store.open(store_path, mode="r") as s:
+        assert s.settings.cache_bytes == int(0.7 * (64 << 20))
+        assert s._state.reader.cache_bytes == int(0.7 * (64 << 20))
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
+        assert s._state.reader.cache_bytes == TINY
+
+
+# -- the RAM plan follows what the store holds (issue 24, item 4) ------------------------------------------
+def test_the_plan_follows_the_rows_held_and_is_made_again_as_they_double(store_path, atari_frames):
+    """A store made for 20,000 transitions that holds 300 is planned as one holding ~600: its decoded cache
+    holds all of it (planned for its capacity, the compressed tier would take the budget and frames would be
+    decoded into every batch). As it fills, the plan is made again, and decodes into batches once the decoded
+    cache could hold too few of its frames."""
+    ref = ReferenceReplay(4, 20_000)
+    with mmreplay.Store.create(store_path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6),
+                               capacity=20_000, frame_stack=4, reward_values=(-1, 0, 1), durable=False,
+                               cache_bytes=8 << 20) as s:
+        record(s, ref, atari_frames, 300)
+        s.flush()
+        batch = s.sample(64)
+        assert_batch_matches(batch, ref, batch.indices.tolist())
+        small = s.inspect.cache_stats()["obs"]["compressed"]
+        assert not small["direct"] and small["capacity_bytes"] < 1 << 20
+        assert s.inspect.cache_stats()["obs"]["capacity_bytes"] >= 300 * 84 * 84  # every frame held fits decoded
+        for _ in range(3):  # the rows held double, and double again
+            record(s, ref, atari_frames, 1500)
+            s.flush()
+            batch = s.sample(64)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+        large = s.inspect.cache_stats()["obs"]["compressed"]
+        assert large["direct"] and large["capacity_bytes"] > 2 * small["capacity_bytes"]
