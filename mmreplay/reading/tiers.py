@@ -29,6 +29,11 @@ PARTIAL_RESIDENT_SHARE = 0.9
 # with the LRU bookkeeping, decoded straight into the (cache-hot) batch ~1.1 us, a hit ~0.3 us: the cache
 # pays off above a ~64% hit rate, which uniform sampling reaches when it holds that share of the frames.
 MIN_DECODED_SHARE = 0.65
+# Beside a partial tier the decoded cache is only where multi-frame chunks (runs of the temporal codec) land
+# before their frames are copied out: it would hold under ~3% of the frames (10M Atari in 1.4 GB: 0.4% hits
+# measured, with 268 MB), so it gets this much and the rest of the budget stays unspent (the index ring,
+# the batches and the interpreter need RAM too: peak RSS was 520 MB over a 1.4 GB budget without this cap).
+PARTIAL_DECODED_BYTES = 64 << 20
 
 
 @dataclass
@@ -59,14 +64,15 @@ def plan_tiers(total: int, compressed_bytes: int, decoded_bytes: int) -> TierPla
     while a byte of compressed tier holds as many frames as the codec's ratio (~8x-60x) and serves each in
     ~1-2 us instead of a file read (~50-250 us). So the compressed tier takes ``PARTIAL_RESIDENT_SHARE`` of
     the budget, whole shards as many as fit (all, when the store fits there), frames are decoded straight
-    into batches, and the rest is read from the files. Only where compression gains nothing (frames no
+    into batches (or, for runs of frames, through a small decoded cache: ``PARTIAL_DECODED_BYTES``), and
+    the rest is read from the files. Only where compression gains nothing (frames no
     smaller compressed) or the decoded cache would still hold ``MIN_DECODED_SHARE`` of the frames does the
     decoded cache take the whole budget instead."""
     if compressed_bytes > MAX_RESIDENT_SHARE * total:
         if compressed_bytes >= decoded_bytes or MIN_DECODED_SHARE * decoded_bytes <= total:
             return TierPlan(0, total, False)
         resident = min(compressed_bytes, int(PARTIAL_RESIDENT_SHARE * total))
-        return TierPlan(resident, total - resident, True)
+        return TierPlan(resident, min(total - resident, PARTIAL_DECODED_BYTES), True)
     rest = total - compressed_bytes
     if rest >= MIN_DECODED_SHARE * decoded_bytes:
         return TierPlan(compressed_bytes, rest, False)
