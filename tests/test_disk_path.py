@@ -91,10 +91,11 @@ def test_batches_equal_with_the_disk_path_forced_on_and_off(store_path, atari_fr
             for lo, batch in zip(range(0, len(valid), 100), got):
                 assert_batch_matches(batch, ref, valid[lo:lo + 100])
             with s.sampler(32, mmreplay.NStep(3, 0.9), seed=3) as smp:
-                sampled = [next(smp) for _ in range(8)]
-                for batch in sampled:
+                sampled = []
+                for _ in range(8):  # each batch checked and copied before the next reuses its buffers
+                    batch = next(smp)
                     assert_nstep_matches(batch, ref, 3, 0.9)
-                sampled = [(b.indices.clone(), b.obs.clone(), b.next_obs.clone()) for b in sampled]
+                    sampled.append((batch.indices.clone(), batch.obs.clone(), batch.next_obs.clone()))
             batches[budget] = (got, sampled)
             stats = disk_stats(s)
             tier = s.inspect.cache_stats()["obs"]["compressed"]

@@ -62,8 +62,8 @@ def test_a_users_own_strategy_gets_the_whole_sampler(store500, store_path):
     s = store500
     lo_newest = 500 - int(0.1 * len(s))
     with s.sampler(16, Recent(0.1), seed=0, prefetch=1, name="recent") as smp:
-        batches = [next(smp) for _ in range(5)]
-        for b in batches:
+        for _ in range(5):  # each batch checked before the next: its buffers are reused (prefetch refills them)
+            b = next(smp)
             assert syn.wrong_rows(b) == [] and b.indices.min() >= lo_newest - 16
         assert b.weights is None and b.discount is None
     one = s.sample(8, Recent(0.1), seed=1)
