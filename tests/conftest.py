@@ -3,6 +3,7 @@
 import glob
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -45,6 +46,15 @@ def encoder_children() -> list[int]:
             pass  # exited meanwhile
     return found
 
+
+
+def wait_preloaded(store, timeout: float = 60.0) -> None:
+    """Until the background pass that fills the compressed tier has ended (while it runs, misses read
+    their chunks from the files)."""
+    deadline = time.monotonic() + timeout
+    while any(c["compressed"]["loading"] for c in store.inspect.cache_stats().values()):
+        assert time.monotonic() < deadline, "the background pass did not end"
+        time.sleep(0.01)
 
 @pytest.fixture
 def store_path(tmp_path):

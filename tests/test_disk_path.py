@@ -6,7 +6,6 @@ reference; failed, short and misplaced reads are errors naming the file that lea
 import errno
 import os
 import threading
-import time
 
 import google_crc32c
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 from gymnasium import spaces
 
 import mmreplay
-from conftest import frame_shard_file
+from conftest import frame_shard_file, wait_preloaded
 from mmreplay.reading import disk
 from mmreplay.storage.shardfile import CRC_BYTES, EMPTY, index_nbytes
 from reference import ReferenceReplay, assert_batch_matches
@@ -61,14 +60,6 @@ def blocking_reads_only(monkeypatch) -> None:
     """Every chunk read goes to the reading threads through ``os.pread``, none is served at once from the
     page cache (whose content a test does not control: the kernel may start a read for ``RWF_NOWAIT``)."""
     monkeypatch.setattr(disk, "_cached_first", False)
-
-
-def wait_preloaded(store, timeout: float = 60.0) -> None:
-    """Until the background pass that fills the compressed tier has ended."""
-    deadline = time.monotonic() + timeout
-    while any(c["compressed"]["loading"] for c in store.inspect.cache_stats().values()):
-        assert time.monotonic() < deadline, "the background pass did not end"
-        time.sleep(0.01)
 
 
 def disk_stats(store) -> dict:

@@ -5,7 +5,6 @@ import errno
 import glob
 import os
 import struct
-import time
 
 import google_crc32c
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from numcodecs import blosc, zstd
 
 import mmreplay
+from conftest import wait_preloaded
 from mmreplay.reading import native
 from mmreplay.reading.frames import FrameReader
 from mmreplay.reading.tiers import (MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, PARTIAL_RESIDENT_SHARE, TierPlan,
@@ -209,14 +209,6 @@ def expected_obs(data: np.ndarray, g: np.ndarray) -> np.ndarray:
     start = g - g % 100
     ids = np.maximum(g[:, None] + np.arange(-3, 1)[None, :], start[:, None])
     return data[ids]
-
-
-def wait_preloaded(store, timeout: float = 60.0) -> None:
-    """Until the background pass that fills the compressed tier has ended."""
-    deadline = time.monotonic() + timeout
-    while any(c["compressed"]["loading"] for c in store.inspect.cache_stats().values()):
-        assert time.monotonic() < deadline, "the background pass did not end"
-        time.sleep(0.01)
 
 
 def frame_files(path):
