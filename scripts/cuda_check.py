@@ -17,8 +17,10 @@ What it checks, on a store filled with the packaged real Atari fixture (stack 4,
    on the device).
 4. ``NStep(3, over=Prioritized())`` on the device, with ``update_priorities`` fed CUDA tensors;
    ``Sequences`` on the device.
-5. Batches per second on the device and on the CPU (information, not a target: this script is a correctness
-   check; timed targets live in scripts/bench*.py).
+5. Batches per second on the device and on the CPU, and a DQN-shaped learner (Nature CNN forward, backward
+   and Adam step on each batch) in steps per second, with the seconds the learner's thread spends inside
+   ``next()`` (information, not a target: timed targets live in scripts/bench*.py). ``--rates-only`` runs just
+   these, so that two versions of the package can be compared in one session (``PYTHONPATH``).
 
 Prints a JSON summary and exits 1 when any row is wrong or a check fails.
 """
@@ -137,11 +139,45 @@ def rate(store: Store, device, batch_size: int, seconds: float = 3.0) -> float:
         return n / (time.perf_counter() - t0)
 
 
+def learner_rate(store: Store, batch_size: int, seconds: float = 3.0) -> dict:
+    """Steps/s of a Nature-CNN DQN-shaped update on each batch, and the share of the time spent in ``next()``."""
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(4, 32, 8, 4), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 4, 2), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, 1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(3136, 512),
+        torch.nn.ReLU(), torch.nn.Linear(512, 6)).cuda()
+    opt = torch.optim.Adam(net.parameters(), 1e-4)
+
+    def step(b) -> None:
+        q = net(b.obs.float() / 255).gather(1, b.action.view(-1, 1))
+        with torch.no_grad():
+            target = b.reward.view(-1, 1) + 0.99 * net(b.next_obs.float() / 255).amax(1, keepdim=True)
+        loss = torch.nn.functional.smooth_l1_loss(q, target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    with store.sampler(batch_size, device="cuda", seed=0, name=f"learner-{batch_size}") as s:
+        for _ in range(30):
+            step(next(s))
+        torch.cuda.synchronize()
+        n, in_next, t0 = 0, 0.0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            t1 = time.perf_counter()
+            b = next(s)
+            in_next += time.perf_counter() - t1
+            step(b)
+            n += 1
+        torch.cuda.synchronize()
+        el = time.perf_counter() - t0
+    return {"steps_per_s": n / el, "next_us": 1e6 * in_next / n}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=20_000)
     p.add_argument("--batches", type=int, default=300)
     p.add_argument("--json", default=None)
+    p.add_argument("--rates-only", action="store_true")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check here (the CPU fallback is covered by the unit tests)")
@@ -155,12 +191,19 @@ def main() -> int:
                           frame_stack=4, reward_values=(-1, 0, 1)) as store:
             fill(store, fx, a.n)
             store.flush()
+            if a.rates_only:
+                for b in (32, 256):
+                    out[f"b{b}_per_s_cuda"] = rate(store, "cuda", b)
+                    out[f"b{b}_learner"] = learner_rate(store, b)
+                print(json.dumps(out))
+                return 0
             check_uniform(store, fx, a.batches, 32, out)
             check_same_stream(store, out)
             check_per_and_sequences(store, fx, out)
             for b in (32, 256):
                 out[f"b{b}_per_s_cuda"] = rate(store, "cuda", b)
                 out[f"b{b}_per_s_cpu"] = rate(store, None, b)
+                out[f"b{b}_learner"] = learner_rate(store, b)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ok = (out["host_buffers_pinned"] and out["unpinned_when_asked"] and out["seeded_stream_same_on_cuda"]
