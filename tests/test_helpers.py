@@ -1,4 +1,4 @@
-"""The codec helpers (``reading/helpers.py``): jobs shared with helper threads give exactly what the
+"""The codec helpers (``_native/helpers.py``): jobs shared with helper threads give exactly what the
 caller's thread alone gives, failures included; a caller never waits on a helper that is asleep, busy
 elsewhere or absent; and a forked child gets helpers of its own."""
 
@@ -10,8 +10,8 @@ import torch
 import pytest
 
 import mmreplay
-from mmreplay.reading import helpers, native
-from mmreplay.reading.gather import gather_stacks
+from mmreplay._native import decode as native, helpers
+from mmreplay._native.gather import gather_stacks
 from test_reading import atari_like, chunk_bytes, direct_budget, expected_obs, frames  # noqa: F401 (a fixture)
 from numcodecs import blosc
 

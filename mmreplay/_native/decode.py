@@ -22,15 +22,15 @@ import numba
 import numpy as np
 from numba import types
 
-from mmreplay.intrinsics import address, prefetch
-from mmreplay.storage import temporal
-from mmreplay import intrinsics, kernel_cache
+from mmreplay._native.intrinsics import address, prefetch
+from mmreplay._native import intrinsics, kernel_cache
+from mmreplay._native import temporal_header as temporal
 
 kernel_cache.follow(__file__, intrinsics, temporal)  # the kernels inline both (see kernel_cache)
 
 OK, BAD_CHECKSUM, BAD_SIZE, BAD_CODEC = 0, 1, 2, 3
 CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL = 0, 1, 2
-# the temporal codec's header (storage/temporal.py): magic, run length, frame bytes, one reference a frame
+# the temporal codec's header (_native/temporal_header.py): magic, run length, frame bytes, one reference a frame
 TEMPORAL_MAGIC = int.from_bytes(temporal.MAGIC, "little")
 TEMPORAL_HEADER = temporal.HEADER.size
 TEMPORAL_MAX_RUN = temporal.MAX_RUN

@@ -12,9 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mmreplay import kernel_cache
-from mmreplay.reading import cache
-from mmreplay.reading.cache import slab_row
+from mmreplay._native import cache, kernel_cache
+from mmreplay._native.cache import slab_row
 
 kernel_cache.follow(__file__, cache)  # the kernels inline slab_row (see kernel_cache)
 

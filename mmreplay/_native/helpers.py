@@ -26,16 +26,14 @@ import numba
 import numpy as np
 from numba import types
 
-from mmreplay.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
-from mmreplay.reading.gather import gather_stacks
-from mmreplay.reading.native import decode_chunks
-from mmreplay.storage import forking
-from mmreplay import intrinsics, kernel_cache, settings
-from mmreplay.reading import cache, gather, native
-from mmreplay.storage import temporal
+from mmreplay._native.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
+from mmreplay._native.gather import gather_stacks
+from mmreplay._native.decode import decode_chunks
+from mmreplay import settings
+from mmreplay._native import cache, decode as native, gather, intrinsics, kernel_cache, temporal_header
 
 # these kernels call the compiled decode and copy kernels of other modules: see kernel_cache
-kernel_cache.follow(__file__, intrinsics, gather, cache, native, temporal)
+kernel_cache.follow(__file__, intrinsics, gather, cache, native, temporal_header)
 
 # Layout of the control words (int64).
 TICKET, DONE, BAD, STOP, SLEEPING = 0, 8, 16, 24, 32   # SLEEPING + i: helper i is asleep (1) or not (0)
@@ -320,4 +318,5 @@ def _stop_helpers() -> None:
         _HELPERS.stop()
 
 
-forking.on_fork(_forget_helpers)
+if hasattr(os, "register_at_fork"):  # the child's own helpers are made on its first use
+    os.register_at_fork(after_in_child=_forget_helpers)

@@ -6,7 +6,7 @@ of that batch in the cache. Each frame passes through at most three tiers:
 
 1. the **decoded cache** (``reading/cache.py``), a hit costs a copy;
 2. the **compressed tier** (``reading/resident.py``), whole shard files held in RAM: a miss there is
-   decoded by compiled code (``reading/native.py``) with no Python per chunk and the GIL released,
+   decoded by compiled code (``_native/decode.py``) with no Python per chunk and the GIL released,
    shared with the codec helpers when a batch has many;
 3. the **file** (``reading/disk.py``): the chunks of shards the compressed tier does not hold (a store larger
    than its share of the budget: the tier then holds as many whole shards as fit), all of a batch's read
@@ -32,17 +32,17 @@ import threading
 import numpy as np
 
 from mmreplay.errors import CorruptDataError
-from mmreplay.reading import native
+from mmreplay._native import decode as native
 from mmreplay.reading.disk import FileReads
 from mmreplay.settings import DEFAULT_IO_DEPTH
-from mmreplay.reading.gather import gather_cached, gather_stacks, index_cached
-from mmreplay.reading.helpers import DECODES_PER_PIECE, STACKS_PER_PIECE, codec_helpers
+from mmreplay._native.gather import gather_cached, gather_stacks, index_cached
+from mmreplay._native.helpers import DECODES_PER_PIECE, STACKS_PER_PIECE, codec_helpers
 from mmreplay.reading.resident import EMPTY_CHUNK
 from mmreplay.reading.tiers import ColumnReader, plan_tiers
 from mmreplay.storage.frame_ring import FrameEvents, FrameRing
 
 # From this many stacks a batch's copy out of the decoded slab, and from this many decodes its decodes, are
-# shared with the codec helpers (``reading/helpers.py``: a piece of ~10-20 us costs two atomic operations
+# shared with the codec helpers (``_native/helpers.py``: a piece of ~10-20 us costs two atomic operations
 # to hand over); below, one compiled call in the caller's thread is cheaper.
 SHARED_MIN_STACKS = 2 * STACKS_PER_PIECE
 SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE

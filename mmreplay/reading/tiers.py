@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mmreplay.reading import native
+from mmreplay._native import decode as native
 from mmreplay.reading.cache import ChunkCache
 from mmreplay.reading.disk import DiskStats
 from mmreplay.reading.resident import ResidentShards
