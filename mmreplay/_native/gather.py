@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from mmreplay._native import cache, kernel_cache
+from mmreplay._native.bounds import check_array, check_indices
 from mmreplay._native.cache import slab_row
 
 kernel_cache.follow(__file__, cache)  # the kernels inline slab_row (see kernel_cache)
@@ -78,3 +79,63 @@ def gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids
     if hits >= 0:
         gather_stacks(slab, index, k, shifted, out_obs, out_next)
     return hits
+
+
+# -- entry points: shapes and indices checked before a kernel writes ----------------------------------
+def _check_outputs(width, dtype, n, k, out_obs, out_next) -> None:
+    for name, out in (("out_obs", out_obs), ("out_next", out_next)):
+        check_array(name, out, dtype, ndim=2, contiguous=False)
+        if out.shape[0] < n * k or out.shape[1] != width:
+            raise ValueError(f"{name} has shape {out.shape}, {n} stacks of {k} rows of {width} words need "
+                             f"({n * k}, {width}); nothing was written")
+
+
+def _check_index_shape(index, n, k, shifted) -> None:
+    check_array("index", index, np.int64, shape=(n, k + 1 if shifted else 2 * k), contiguous=False)
+
+
+def _check_lookup(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids) -> None:
+    """Every frame id maps to an entry of ``slot_of`` (whose slots are entries of ``last_used``: the
+    cache's invariant)."""
+    if obs_ids.ndim != 2 or next_ids.shape != obs_ids.shape:
+        raise ValueError(f"frame ids of shapes {obs_ids.shape} and {next_ids.shape} (expected the same (n, k))")
+    check_array("last_used", last_used, np.int64, ndim=1)
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    covered = slot_of.size * chunk_rows
+    if ring_rows:
+        if not 0 < ring_rows <= covered:
+            raise ValueError(f"a ring of {ring_rows} rows, but the cache's chunk table covers {covered} rows")
+    else:
+        check_indices("obs_ids", obs_ids, 0, covered)
+        check_indices("next_ids", next_ids, 0, covered)
+
+
+def checked_gather_stacks(slab, index, k, shifted, out_obs, out_next) -> None:
+    """``gather_stacks`` after checking every index is a row of ``slab`` and the outputs hold the stacks."""
+    n = index.shape[0]
+    _check_index_shape(index, n, k, shifted)
+    _check_outputs(slab.shape[1], slab.dtype, n, k, out_obs, out_next)
+    check_indices("index", index, 0, slab.shape[0])
+    gather_stacks(slab, index, k, shifted, out_obs, out_next)
+
+
+def checked_index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted, index) -> int:
+    """``index_cached`` after checking ``index`` has a row a stack and every id maps into the cache's table."""
+    n, k = obs_ids.shape
+    _check_lookup(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids)
+    _check_index_shape(index, n, k, shifted)
+    return index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted, index)
+
+
+def checked_gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted,
+                          out_obs, out_next) -> int:
+    """``gather_cached`` after checking the ids map into the cache's table, the slab has the rows of every
+    slot and the outputs hold the stacks."""
+    n, k = obs_ids.shape
+    _check_lookup(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids)
+    if slab.ndim != 2 or slab.shape[0] < last_used.size * chunk_rows:
+        raise ValueError(f"a slab of shape {slab.shape} for {last_used.size} slots of {chunk_rows} rows")
+    _check_outputs(slab.shape[1], slab.dtype, n, k, out_obs, out_next)
+    return gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted, out_obs,
+                         out_next)

@@ -1,10 +1,11 @@
 """Compiled draws and updates of proportional priorities (``sampling/priorities.py`` holds the policy).
 
-Invariant: ``draw_batch`` writes entry ``i < rand.size`` of ``slots``, ``g``, ``leaf``, ``weights``,
-``valid`` and row ``i`` of ``obs_ids`` / ``next_ids``; ``apply_update`` validates every id and priority
+Invariant: ``_draw_batch`` writes entry ``i < rand.size`` of ``slots``, ``g``, ``leaf``, ``weights``,
+``valid`` and row ``i`` of ``obs_ids`` / ``next_ids``; ``_apply_update`` validates every id and priority
 before it writes anything, then writes ``raw``, ``shard_tick``, the tree at slots of ids in
-``[oldest, head)`` only (``slot < ring_rows``, or ``< head`` when unbounded: ``Priorities`` sizes its
-arrays to the ring). ``leaf_values`` writes ``out[i]`` for ``i < raw.size``.
+``[oldest, head)`` only (``slot < ring_rows``, or ``< head`` when unbounded). ``_leaf_values`` writes
+``out[i]`` for ``i < raw.size``. Their entry points (the same names without the underscore) check that
+every array they write holds those entries before the call.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from mmreplay._native.bounds import check_array
 from mmreplay._native.ring import stack_frames_into
 from mmreplay._native.sumtree import find_one, refresh_parents, set_leaf
 from mmreplay._native import intrinsics, kernel_cache, ring, sumtree
@@ -28,13 +30,13 @@ def _leaf(raw32, alpha, eps):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def leaf_values(raw, alpha, eps, out):  # pragma: no cover (compiled)
+def _leaf_values(raw, alpha, eps, out):  # pragma: no cover (compiled)
     for i in range(raw.size):
         out[i] = _leaf(raw[i], alpha, eps)
 
 
 @numba.njit(cache=True, nogil=True)
-def draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
+def _draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
                 next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids, next_ids,
                 valid):  # pragma: no cover (compiled)
     """Draw ``i`` lands in the ``i``-th of ``rand.size`` equal slices of the total mass; slot -> global id
@@ -59,7 +61,7 @@ def draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smalle
 
 
 @numba.njit(cache=True, nogil=True)
-def apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, raw, shard_tick, drawable, sums,
+def _apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, raw, shard_tick, drawable, sums,
                   mins, offsets, b):  # pragma: no cover (compiled)
     """Validate everything first (-1: an id never added, -2: a priority < 0 or not finite; nothing
     changed), then set each kept id's raw priority and, if drawable, its leaf. Returns (updated, max)."""
@@ -84,3 +86,46 @@ def apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, ra
         n += 1
     refresh_parents(sums, mins, offsets, b, slots[:n])
     return n, top
+
+
+def leaf_values(raw, alpha, eps, out) -> None:
+    """``out[i] = (raw[i] + eps) ** alpha`` (``_leaf_values``), ``out`` checked first."""
+    check_array("out", out, np.float64, ndim=1, min_size=raw.size)
+    _leaf_values(raw, alpha, eps, out)
+
+
+def draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
+               next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids, next_ids, valid) -> int:
+    """``_draw_batch`` after checking its outputs hold ``rand.size`` draws of ``k``-frame stacks and the
+    ring columns are as long as each other; returns the number of unusable draws."""
+    n = rand.size
+    for name, out, dtype in (("slots", slots, np.int64), ("g", g, np.int64), ("leaf", leaf, np.float64),
+                             ("weights", weights, np.float64), ("valid", valid, np.bool_)):
+        check_array(name, out, dtype, ndim=1, min_size=n)
+    for name, out in (("obs_ids", obs_ids), ("next_ids", next_ids)):
+        check_array(name, out, np.int64, shape=(None, k))
+        if out.shape[0] < n:
+            raise ValueError(f"{name} has {out.shape[0]} rows for {n} draws")
+    if next_frame.size < obs_frame.size or prev_delta.size < obs_frame.size:
+        raise ValueError(f"ring columns of {obs_frame.size}, {next_frame.size} and {prev_delta.size} rows "
+                         "(obs_frame, next_frame, prev_delta must be as long)")
+    return _draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
+                       next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids, next_ids, valid)
+
+
+def apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, raw, shard_tick, drawable, sums,
+                 mins, offsets, b) -> tuple[int, float]:
+    """``_apply_update`` after checking that every slot an id in ``[oldest, head)`` maps to has an entry
+    in ``raw``, ``drawable``, ``shard_tick`` and the tree's leaves; returns ``(updated, max)`` (negative
+    ``updated``: see ``_apply_update``)."""
+    if p.size < g.size:
+        raise ValueError(f"{p.size} priorities for {g.size} ids")
+    slots = ring_rows if ring_rows else head  # the slots ids below head map to
+    shards = -(-slots // shard_rows) if shard_rows > 0 else -1
+    if shards < 0 or raw.size < slots or drawable.size < slots or shard_tick.size < shards or \
+            offsets.size < 2 or offsets[1] < slots or sums.size != mins.size:
+        raise ValueError(f"priority arrays too small for {slots} slots: raw {raw.size}, drawable {drawable.size}, "
+                         f"shard ticks {shard_tick.size} (shards of {shard_rows}), tree leaves "
+                         f"{int(offsets[1]) if offsets.size > 1 else 0}")
+    return _apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, raw, shard_tick, drawable,
+                         sums, mins, offsets, b)

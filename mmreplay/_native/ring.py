@@ -2,7 +2,8 @@
 
 Invariant: ``stack_frames_into`` reads ring rows only at slots ``< obs_frame.size`` (an id outside the
 ring is reported invalid) and writes ``obs_ids[i, :k]``, ``next_ids[i, :k]`` and ``valid[i]`` for
-``i < g.size``; the caller (``TransitionRing.stack_frames``) allocates them with ``g.size`` rows of ``k``.
+``i < g.size``; its entry point ``stack_frames`` checks that
+they have ``g.size`` rows of ``k``, that ``k >= 1`` and that the ring's columns cover ``ring_rows``.
 ``_prefetch_rows`` only asks for cache lines of rows inside the ring: it writes nothing.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from mmreplay._native.bounds import check_array
 from mmreplay._native.intrinsics import prefetch
 from mmreplay._native import intrinsics, kernel_cache
 
@@ -63,3 +65,22 @@ def stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest
         for j in range(k - 1):
             next_ids[i, j] = obs_ids[i, j + 1]
         valid[i] = ok
+
+
+def stack_frames(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids, next_ids,
+                 valid) -> None:
+    """``stack_frames_into`` after checking the outputs hold ``g.size`` stacks of ``k`` and the ring's
+    columns are as long as each other and cover ``ring_rows``."""
+    if k < 1:
+        raise ValueError(f"a frame stack of {k} frames (expected >= 1)")
+    check_array("g", g, np.int64, ndim=1)
+    for name, out in (("obs_ids", obs_ids), ("next_ids", next_ids)):
+        check_array(name, out, np.int64, shape=(None, k))
+        if out.shape[0] < g.size:
+            raise ValueError(f"{name} has {out.shape[0]} rows for {g.size} transitions")
+    check_array("valid", valid, np.bool_, ndim=1, min_size=g.size)
+    if next_frame.size < obs_frame.size or prev_delta.size < obs_frame.size or ring_rows > obs_frame.size:
+        raise ValueError(f"ring columns of {obs_frame.size}, {next_frame.size} and {prev_delta.size} rows for a "
+                         f"ring of {ring_rows} rows (obs_frame, next_frame, prev_delta must cover it)")
+    stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids,
+                      next_ids, valid)

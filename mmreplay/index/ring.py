@@ -22,7 +22,7 @@ from mmreplay.columns import packing
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.storage.layout import RingGeometry, transition_layout
 from mmreplay.storage.sharded import ShardedArray
-from mmreplay._native.ring import stack_frames_into
+from mmreplay._native import ring as kernels
 
 U32 = np.uint32
 NO_FRAME = np.iinfo(np.int64).max
@@ -270,9 +270,9 @@ class TransitionRing:
         obs_ids = np.empty((g.size, k), dtype=np.int64)
         next_ids = np.empty((g.size, k), dtype=np.int64)
         valid = np.empty(g.size, dtype=np.bool_)
-        stack_frames_into(g, k, self.arrays["obs_frame"], self.arrays["next_frame"], self.arrays["prev_delta"],
-                      0 if self.capacity is None else self.rows, self.oldest, self.head, frame_head,
-                      obs_ids, next_ids, valid)
+        kernels.stack_frames(g, k, self.arrays["obs_frame"], self.arrays["next_frame"], self.arrays["prev_delta"],
+                             0 if self.capacity is None else self.rows, self.oldest, self.head, frame_head,
+                             obs_ids, next_ids, valid)
         return obs_ids, next_ids, valid
 
     def count_valid(self, k: int, frame_head: int | None = None) -> int:

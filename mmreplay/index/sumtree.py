@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmreplay._native import sumtree as kernels
+from mmreplay._native.bounds import check_indices
 
 DEFAULT_BRANCHING = 32
 
@@ -80,10 +81,11 @@ class SumTree:
             return
         values = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64), leaves.shape))
         if leaves.size * 4 >= self.n_leaves:  # cheaper to recompute every level once
+            check_indices("leaves", leaves, 0, self.n_leaves)  # numpy would wrap a negative leaf onto the root
             self.sums[leaves] = values
             self.rebuild()
             return
-        kernels.update(self.sums, self.mins, self.offsets, self.b, leaves, values)
+        kernels.update(self.sums, self.mins, self.offsets, self.b, self.n_leaves, leaves, values)
 
     def set_all(self, values: np.ndarray) -> None:
         """Replace every leaf (``values`` has ``n_leaves`` entries)."""

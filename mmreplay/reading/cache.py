@@ -83,7 +83,8 @@ class ChunkCache:
         self.tick += 1
         slab_rows = np.empty(ids.size, dtype=np.int64)
         chunks = np.empty(ids.size, dtype=np.int64)
-        n_hit = kernels.lookup_rows(self.slot_of, self.last_used, self.tick, ids, ring_rows, chunk_rows, slab_rows, chunks)
+        n_hit = kernels.lookup_rows(self.slot_of, self.last_used, self.tick, ids, ring_rows, chunk_rows, slab_rows,
+                                    chunks)
         self.stats.hits += n_hit
         self.stats.misses += ids.size - n_hit
         return slab_rows, chunks, n_hit

@@ -107,7 +107,8 @@ class Priorities:
     # -- keeping the tree in step with the ring ----------------------------------------------------
     def leaf_values(self, raw: np.ndarray) -> np.ndarray:
         out = np.empty(raw.shape)
-        kernels.leaf_values(np.ascontiguousarray(raw, dtype=np.float32).reshape(-1), self.alpha, self.eps, out.reshape(-1))
+        kernels.leaf_values(np.ascontiguousarray(raw, dtype=np.float32).reshape(-1), self.alpha, self.eps,
+                            out.reshape(-1))
         return out
 
     def sync(self) -> None:
@@ -197,10 +198,10 @@ class Priorities:
         for _ in range(1000):
             if tree.total <= 0:
                 raise ValueError("cannot sample from an empty store (no valid transitions yet)")
-            bad = kernels.draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size), ring.head,
-                              ring.oldest, ring_rows, tree.min_positive, -beta, arrays["obs_frame"],
-                              arrays["next_frame"], arrays["prev_delta"], self.frames.head, k,
-                              slots, g, leaf, weights, obs_ids, next_ids, valid)
+            bad = kernels.draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size),
+                                     ring.head, ring.oldest, ring_rows, tree.min_positive, -beta, arrays["obs_frame"],
+                                     arrays["next_frame"], arrays["prev_delta"], self.frames.head, k,
+                                     slots, g, leaf, weights, obs_ids, next_ids, valid)
             if not bad:
                 return g, obs_ids, next_ids, weights
             # Rare: a stack reaching below ``oldest`` (its transition leaves the tree for good) or a float
@@ -223,8 +224,8 @@ class Priorities:
         self._tick += 1
         tree = self.tree
         n, top = kernels.apply_update(g, p, ring.oldest, ring.head, 0 if ring.capacity is None else ring.rows,
-                               self.shard_rows, self._tick, self.alpha, self.eps, self.raw, self._shard_tick,
-                               self.drawable, tree.sums, tree.mins, tree.offsets, tree.b)
+                                      self.shard_rows, self._tick, self.alpha, self.eps, self.raw, self._shard_tick,
+                                      self.drawable, tree.sums, tree.mins, tree.offsets, tree.b)
         if n == -1:
             bad = g[(g < 0) | (g >= ring.head)][:8].tolist()
             raise IndexError(f"transition ids {bad} were never added (ids lie in [0, {ring.head}))")

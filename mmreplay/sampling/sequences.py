@@ -69,8 +69,9 @@ def walk_windows(ring, starts: np.ndarray, seq_len: int, out: np.ndarray) -> np.
     of real steps of each."""
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     lengths = np.empty(starts.size, dtype=np.int64)
-    kernels.walk_forward(starts, seq_len, ring.arrays["prev_delta"], ring.arrays["terminated"], ring.arrays["truncated"],
-                  0 if ring.capacity is None else ring.rows, ring.head, max(1, ring.max_prev_delta), out, lengths)
+    kernels.walk_forward(starts, seq_len, ring.arrays["prev_delta"], ring.arrays["terminated"],
+                         ring.arrays["truncated"], 0 if ring.capacity is None else ring.rows, ring.head,
+                         max(1, ring.max_prev_delta), out, lengths)
     return lengths
 
 
@@ -78,7 +79,7 @@ def walk_burn_in(ring, starts: np.ndarray, burn_in: int, frame_stack: int, frame
     """``out[i]`` = the ``burn_in`` steps before ``starts[i]`` in its episode (right aligned, ``-1`` where
     there are fewer that are valid)."""
     kernels.walk_back(np.ascontiguousarray(starts, dtype=np.int64), burn_in, ring.arrays["prev_delta"],
-               0 if ring.capacity is None else ring.rows, ring.oldest, out)
+                      0 if ring.capacity is None else ring.rows, ring.oldest, out)
     real = out >= 0
     if frame_stack > 1 and real.any():
         # A burn-in step whose stack reaches below ``oldest`` is not a valid step: pad it and all before it.
@@ -118,8 +119,8 @@ def episode_table(ring, frame_stack: int, cached: EpisodeTable | None = None) ->
     n = ring.head - ring.oldest
     episode = np.empty(n, dtype=np.int64)
     first = np.empty(n, dtype=np.int64)
-    n_eps = kernels.label_episodes(ring.oldest, n, ring.arrays["prev_delta"], 0 if ring.capacity is None else ring.rows,
-                            frame_stack, episode, first)
+    n_eps = kernels.label_episodes(ring.oldest, n, ring.arrays["prev_delta"],
+                                   0 if ring.capacity is None else ring.rows, frame_stack, episode, first)
     counts = np.bincount(episode, minlength=n_eps)
     offsets = np.zeros(n_eps + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
