@@ -11,6 +11,11 @@ them), the codec itself ~1 us. The C functions come from the libraries the packa
 c-blosc and zstd inside numcodecs' extension modules, crc32c inside google-crc32c — linked by name into
 numba kernels, so a batch of misses is one call without Python per chunk. If a build of those packages
 does not export the symbols, ``AVAILABLE`` is False and the reader keeps the Python path.
+
+Entry points (end of the module): the package calls the kernels through ``checked_*`` functions that check
+every destination address and size first (``_native/bounds.py``) and, once a process, decode known chunks
+through the linked symbols (``self_test``): a symbol that decodes otherwise than numcodecs is a
+``LinkError`` naming it, never garbage returned as frames.
 """
 
 from __future__ import annotations
@@ -364,10 +369,3 @@ def ensure_linked() -> None:
             _LINK_CHECKED = True
 
 
-def available() -> bool:
-    """Whether the compiled decoder can be used: the symbols are linked (else the Python path) and decode
-    known chunks right (else ``LinkError``: garbage is never decoded)."""
-    if not AVAILABLE:
-        return False
-    ensure_linked()
-    return True

@@ -91,7 +91,7 @@ class ColumnReader:
         self.cache = cache or ChunkCache(ring.rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape),
                                          spec.np_dtype, decoded_bytes)
         kind = native.codec_kind(column.array.compressor.spec)
-        self.codec = kind if kind is not None and native.available() else None  # self-tested at first use
+        self.codec = kind if native.AVAILABLE else None  # the symbols are self-tested at the first decode
         self.resident = ResidentShards(ring.root, column.layout, ring.rows // spec.chunk_rows) \
             if resident_bytes > 0 and self.codec is not None else None
         self.tier = TierStats(capacity_bytes=resident_bytes if self.resident is not None else 0)
