@@ -80,7 +80,6 @@ class StoreState:
         self.samplers = SamplerStates(rec.get("samplers", {}))
         self.priorities = PrioritySets(path, self.ring, self.frames, self.schema.frame_stack, rec.get("priorities", {}),
                                        writable=writable)
-        self._priority_written: list[str] = []
         self._writable = writable
         if record is not None:
             self._expect_shards(record)
@@ -166,13 +165,13 @@ class StoreState:
         """Write every changed shard and priority buffer, make them durable, then replace the record."""
         self.frames.flush()
         self.ring.flush()
-        self.priorities.write(self._priority_written)
+        self.priorities.flush()
         self.log.commit(self.record(), self._take_written())
 
     def _take_written(self) -> list[str]:
         """The data files written since the last commit (each to be fsynced before the next record)."""
-        files = self.frames.written + self.ring.written + self._priority_written
-        for written in (self.frames.written, self.ring.written, self._priority_written):
+        files = self.frames.written + self.ring.written + self.priorities.written
+        for written in (self.frames.written, self.ring.written, self.priorities.written):
             written.clear()
         return files
 
