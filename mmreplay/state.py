@@ -37,6 +37,7 @@ from mmreplay.sampling.strategy import DrawStrategy, DrawView, Picked
 from mmreplay.settings import Settings
 from mmreplay.storage.commit import FORMAT_VERSION, CommitLog, CommitWatcher, read_commit
 from mmreplay.reading.frames import FrameReader
+from mmreplay.storage import priority_files
 from mmreplay.storage.frame_ring import FrameRing
 from mmreplay.storage.files import writer_active
 from mmreplay.storage.layout import RingGeometry, StoreGeometry, resize_arrays
@@ -186,8 +187,7 @@ class StoreState:
         record = dict(self.log.record)
         record.pop("sequence", None)
         record.update(head=num_added, streams=[], rollbacks=self.rollbacks + 1,
-                      priorities={name: {**entry, "head": min(entry["head"], num_added)}
-                                  for name, entry in self.priorities.entries.items()})
+                      priorities=priority_files.rolled_back(self.priorities.entries, num_added))
         return record
 
     def check_rollback(self, num_added) -> int:

@@ -47,6 +47,12 @@ def make_entry(buffer: int, max_priority: float, head: int, alpha: float, eps: f
     return {"buffer": buffer, "max_priority": max_priority, "head": head, "alpha": alpha, "eps": eps}
 
 
+def rolled_back(entries: dict[str, dict], head: int) -> dict[str, dict]:
+    """The entries of a record whose ``head`` went back to ``head`` (a rollback): no set covers transitions
+    past it any more, so those that come again enter at ``max_priority``; the buffers stay as they are."""
+    return {name: {**entry, "head": min(entry["head"], head)} for name, entry in entries.items()}
+
+
 def ensure_arrays(root: str, name: str, rows: int, shard_rows: int) -> list[str]:
     """Zarr metadata for set ``name``'s two buffers (created once, grown with an unbounded ring); returns
     the metadata files it created (to fsync before a commit names them)."""
