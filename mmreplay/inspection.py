@@ -15,8 +15,8 @@ import numpy as np
 from mmreplay.columns.spec import ColumnSpec, Schema
 from mmreplay.index.ring import TransitionRing
 from mmreplay.storage.frame_ring import FrameRing
-from mmreplay.storage.layout import RingGeometry, priority_layout
-from mmreplay.storage.sharded import ShardedArray
+from mmreplay.storage import priority_files
+from mmreplay.storage.layout import RingGeometry
 
 
 def committed_work(root: str, record: dict, ring: TransitionRing, frames: FrameRing) -> tuple[list, list]:
@@ -34,7 +34,7 @@ def committed_work(root: str, record: dict, ring: TransitionRing, frames: FrameR
         in_partial = -(-(frame_head % f_geo.shard_rows) // col.spec.chunk_rows)  # chunks of the partial shard
         work += [(col.array, shard, in_partial if shard == partial else None)
                  for shard in f_geo.shards_holding(record["frame_oldest"], frame_head)]
-    work += [(array, shard, None) for array, shard in committed_priority_shards(root, record, t_geo)]
+    work += [(array, shard, None) for array, shard in priority_files.committed_shards(root, record, t_geo)]
     layouts = ring.layouts() + [c.layout for c in frames.columns.values()] + [array.layout for array, _, _ in work]
     return list({lay.path: lay for lay in layouts}.values()), work
 
@@ -51,16 +51,6 @@ def verify(root: str, layouts: list, work: list, progress=None) -> list[str]:
         if progress:
             progress(i + 1, len(work))
     return problems
-
-
-def committed_priority_shards(root: str, record: dict, geometry: RingGeometry) -> list:
-    """(array, shard) for every shard of the priority buffers the record names that holds live rows."""
-    work = []
-    for name, entry in record.get("priorities", {}).items():
-        array = ShardedArray(root, priority_layout(name, entry["buffer"], geometry.rows, geometry.shard_rows))
-        hi = min(entry["head"], record["head"])
-        work += [(array, shard) for shard in geometry.shards_holding(min(record["oldest"], hi), hi)]
-    return work
 
 
 def store_info(root: str, meta: dict, schema: Schema, ring: TransitionRing, frames: FrameRing) -> dict:

@@ -37,6 +37,7 @@ from mmreplay.sampling.strategy import DrawStrategy, DrawView, Picked
 from mmreplay.settings import Settings
 from mmreplay.storage.commit import FORMAT_VERSION, CommitLog, CommitWatcher, read_commit
 from mmreplay.reading.frames import FrameReader
+from mmreplay.storage import priority_files
 from mmreplay.storage.frame_ring import FrameRing
 from mmreplay.storage.files import writer_active
 from mmreplay.storage.layout import RingGeometry, StoreGeometry, resize_arrays
@@ -80,7 +81,6 @@ class StoreState:
         self.samplers = SamplerStates(rec.get("samplers", {}))
         self.priorities = PrioritySets(path, self.ring, self.frames, self.schema.frame_stack, rec.get("priorities", {}),
                                        writable=writable)
-        self._priority_written: list[str] = []
         self._writable = writable
         if record is not None:
             self._expect_shards(record)
@@ -166,13 +166,13 @@ class StoreState:
         """Write every changed shard and priority buffer, make them durable, then replace the record."""
         self.frames.flush()
         self.ring.flush()
-        self.priorities.write(self._priority_written)
+        self.priorities.flush()
         self.log.commit(self.record(), self._take_written())
 
     def _take_written(self) -> list[str]:
         """The data files written since the last commit (each to be fsynced before the next record)."""
-        files = self.frames.written + self.ring.written + self._priority_written
-        for written in (self.frames.written, self.ring.written, self._priority_written):
+        files = self.frames.written + self.ring.written + self.priorities.written
+        for written in (self.frames.written, self.ring.written, self.priorities.written):
             written.clear()
         return files
 
@@ -187,8 +187,7 @@ class StoreState:
         record = dict(self.log.record)
         record.pop("sequence", None)
         record.update(head=num_added, streams=[], rollbacks=self.rollbacks + 1,
-                      priorities={name: {**entry, "head": min(entry["head"], num_added)}
-                                  for name, entry in self.priorities.entries.items()})
+                      priorities=priority_files.rolled_back(self.priorities.entries, num_added))
         return record
 
     def check_rollback(self, num_added) -> int:

@@ -1,10 +1,10 @@
 """What a store holds, episode by episode, for ``mmreplay info`` and ``mmreplay plot``.
 
 Invariants:
-- Read-only, built on the public ``Store`` API (``inspect.valid_range``, ``inspect.episode_links``) plus plain
-  zarr reads of the documented on-disk format (``docs/format.md``) for small columns (rewards, actions) and
-  committed priorities: ``inspect.get`` would decode every frame stack just to read a reward (~1,500
-  transitions/s on an image store), a packed column read is a few MB for a million transitions.
+- Read-only, built on the public ``Store`` API (``inspect.valid_range``, ``inspect.episode_links``,
+  ``inspect.read_column``: the resident index, never a frame; ``inspect.get`` would decode every frame
+  stack just to read a reward) and, for committed priorities, on the storage layer's reader of the
+  priority files (``storage/priority_files.read_committed``); nothing here parses the on-disk format.
 - Memory is bounded by the chunk (``CHUNK`` transitions) plus a few numbers per episode, never by the
   store: episodes are followed across chunks by carrying the open ones (at most one per stream).
 - An episode counts as *complete* when its first step is still kept and it has ended (terminated or
@@ -20,81 +20,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mmreplay.storage import priority_files
+from mmreplay.storage.commit import read_commit
+
 #: transitions read per step (a few MB of links, flags and rewards)
 CHUNK = 1 << 18
 
 
-# -- reading small columns with plain zarr (docs/format.md) ---------------------------------------------
+# -- committed priorities --------------------------------------------------------------------------------
 
-class ColumnReader:
-    """Values of one transition column for global ids ``[lo, hi)``, read with zarr from the store's
-    directory: slots ``g % transition_rows`` (``g`` when unbounded), packed columns decoded lsb-first."""
-
-    def __init__(self, path: str, name: str):
-        import zarr
-
-        root = zarr.open_group(str(path), mode="r")
-        meta = root.attrs["mmreplay"]
-        record = root["commit"].attrs["mmreplay_commit"]
-        self.array = root[f"transitions/{name}"]
-        self.rows = None if meta["capacity"] is None else int(record["transition_rows"])
-        attrs = self.array.attrs.get("mmreplay") or {}
-        self.bits = int(attrs.get("packed_bits", 0))
-        self.values = np.asarray(attrs["values"]) if self.bits else None
-
-    def read(self, lo: int, hi: int) -> np.ndarray:
-        if hi <= lo:
-            return self.values[:0] if self.bits else np.zeros((0, *self.array.shape[1:]), self.array.dtype)
-        return np.concatenate([self._read_slots(a, b) for a, b in self._slot_ranges(lo, hi)])
-
-    def _slot_ranges(self, lo: int, hi: int):
-        """Contiguous slot ranges covering ids ``[lo, hi)`` in id order (a ring wraps at most once a lap)."""
-        if self.rows is None:
-            return [(lo, hi)]
-        out = []
-        g = lo
-        while g < hi:
-            a = g % self.rows
-            n = min(hi - g, self.rows - a)
-            out.append((a, a + n))
-            g += n
-        return out
-
-    def _read_slots(self, a: int, b: int) -> np.ndarray:
-        if not self.bits:
-            return np.asarray(self.array[a:b])
-        first, last = (a * self.bits) // 8, ((b * self.bits) + 7) // 8
-        raw = np.asarray(self.array[first:last], dtype=np.uint8)
-        pos = np.arange(a, b, dtype=np.int64) * self.bits
-        codes = (raw[(pos // 8) - first] >> (pos % 8).astype(np.uint8)) & ((1 << self.bits) - 1)
-        return self.values[codes]
-
-
-def committed_priorities(path: str) -> dict[str, np.ndarray]:
+def committed_priorities(store) -> dict[str, np.ndarray]:
     """Raw priorities of every prioritized sampler that has committed some (by sampler name), for the
-    kept transitions: ``priorities/<name>/<buffer>`` rows as the commit record names them; transitions
-    added after the sampler's last commit have its ``max_priority`` (what sampling gives them)."""
-    import zarr
-
-    root = zarr.open_group(str(path), mode="r")
-    meta = root.attrs["mmreplay"]
-    record = root["commit"].attrs["mmreplay_commit"]
-    oldest, head = int(record["oldest"]), int(record["head"])
-    rows = None if meta["capacity"] is None else int(record["transition_rows"])
-    out = {}
-    for name, entry in record.get("priorities", {}).items():
-        array = root[f"priorities/{name}/{entry['buffer']}"]
-        covered = min(int(entry["head"]), head)
-        parts = []
-        g = oldest
-        while g < covered:
-            a = g if rows is None else g % rows
-            n = covered - g if rows is None else min(covered - g, rows - a)
-            parts.append(np.asarray(array[a:a + n], dtype=np.float32))
-            g += n
-        parts.append(np.full(head - max(covered, oldest), entry["max_priority"], np.float32))
-        out[name] = np.concatenate(parts)
-    return out
+    transitions ``[oldest, head)`` of the store's last commit, in id order: what the commit's buffers hold,
+    and the sampler's ``max_priority`` for transitions added after its last commit (what sampling gives
+    them). Read from the files (``storage/priority_files.py``): no priority set is loaded into the store."""
+    return priority_files.read_committed(store.path, read_commit(store.path), store.geometry.transitions)
 
 
 # -- episodes --------------------------------------------------------------------------------------------
@@ -127,7 +67,6 @@ class EpisodeStats:
 def episode_stats(store, chunk: int = CHUNK) -> EpisodeStats:
     """Returns and lengths of the store's episodes (see the module invariants)."""
     oldest, head = store.inspect.valid_range()
-    rewards = ColumnReader(store.path, "reward")
     # open episodes, keyed by the global id of their latest step: [return, length, cut]
     open_eps: dict[int, list] = {}
     returns, lengths, ends = [], [], []
@@ -135,7 +74,7 @@ def episode_stats(store, chunk: int = CHUNK) -> EpisodeStats:
     for lo in range(oldest, head, chunk):
         hi = min(head, lo + chunk)
         prev, term, trunc = store.inspect.episode_links(lo, hi)
-        reward = rewards.read(lo, hi).astype(np.float64)
+        reward = store.inspect.read_column("reward", lo, hi).astype(np.float64)
         n = hi - lo
         local = prev - lo
         inside = (prev >= lo)

@@ -120,21 +120,27 @@ def test_episode_stats_match_the_generated_episodes(store_path, capacity, reward
     assert summary["return"]["last_100_mean"] == pytest.approx(np.mean([e[2] for e in complete][-100:]))
 
 
-def test_column_reader_matches_store_get_across_the_ring(store_path):
-    from mmreplay.stats import ColumnReader
+def test_plot_column_values_match_store_get_across_the_ring(store_path):
+    """``plot``'s column reads (``inspect.read_column``, chunked) give what ``get`` gives, across a ring wrap."""
+    from mmreplay.cli import plot
 
     store, _ = drive_streams(store_path, 1000, 300, seed=4)
     with store:
         store.flush()
         oldest, head = store.inspect.valid_range()
-        ids = np.arange(oldest + 2, head)
-        batch = store.inspect.get(ids)
+        batch = store.inspect.get(np.arange(oldest, head))
         for name, want in (("reward", batch.reward.numpy()), ("action", batch.action.numpy())):
-            got = ColumnReader(store.path, name).read(oldest + 2, head)
-            np.testing.assert_array_equal(got.astype(want.dtype), want, err_msg=name)
+            values, counts = plot.column_values(store, name, exact=True)
+            expect_values, expect_counts = np.unique(want, return_counts=True)
+            np.testing.assert_array_equal(values.astype(want.dtype), expect_values, err_msg=name)
+            np.testing.assert_array_equal(counts, expect_counts, err_msg=name)
+            np.testing.assert_array_equal(store.inspect.read_column(name, oldest + 2, head).astype(want.dtype),
+                                          want[2:], err_msg=name)
 
 
-def test_committed_priorities_are_read_with_plain_zarr(store_path):
+def test_committed_priorities_are_the_committed_ones(store_path):
+    """``stats.committed_priorities`` reads the last commit's buffers (an update after it does not show) and
+    gives transitions added after the set's last commit its ``max_priority``."""
     from mmreplay.stats import committed_priorities
 
     store, _ = drive_streams(store_path, 700, 300, seed=5)
@@ -145,10 +151,24 @@ def test_committed_priorities_are_read_with_plain_zarr(store_path):
         values = np.arange(1, ids.size + 1, dtype=np.float32) / 4
         sampler.update_priorities(ids, values)
         sampler.close()
+        store.flush()
+        store.inspect.priorities().update(ids[:1], [100.0])  # not committed
         oldest, head = store.inspect.valid_range()
-    p = committed_priorities(store_path)["default"]
-    assert p.size == head - oldest
-    np.testing.assert_allclose(p[ids - oldest], values, rtol=1e-6)
+        p = committed_priorities(store)["default"]
+        assert p.size == head - oldest
+        np.testing.assert_allclose(p[ids - oldest], values, rtol=1e-6)
+    # closing committed the update; reopened, the set is not loaded: its entry keeps the old head
+    values[0] = 100.0
+    with mmreplay.Store.open(store_path) as store:
+        obs = np.zeros((5, 2), np.float32)
+        store.extend(obs, np.zeros(5, int), np.zeros(5, np.float32), obs, np.zeros(5, bool), np.zeros(5, bool),
+                     streams=np.full(5, 9))
+    with mmreplay.Store.open(store_path, mode="r") as store:
+        oldest, head = store.inspect.valid_range()
+        p = committed_priorities(store)["default"]
+        assert p.size == head - oldest
+        np.testing.assert_array_equal(p[-5:], 100.0)  # the set's max_priority
+        np.testing.assert_allclose(p[ids - oldest], values, rtol=1e-6)
 
 
 # -- info -------------------------------------------------------------------------------------------------

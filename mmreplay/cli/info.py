@@ -46,7 +46,7 @@ def info_figures(store) -> dict:
     info["episodes"] = episode_stats(store).summary()
     info["prioritized_samplers"] = {name: {"transitions": int(p.size), "min": float(p.min()) if p.size else None,
                                            "max": float(p.max()) if p.size else None}
-                                    for name, p in committed_priorities(store.path).items()}
+                                    for name, p in committed_priorities(store).items()}
     return info
 
 

@@ -5,7 +5,8 @@ distribution of each prioritized sampler that committed priorities. Needs matplo
 
 Invariant: read-only, memory bounded by a chunk (``stats.CHUNK`` transitions) or a capped sample, never
 by the store; counts of discrete actions and packed rewards are exact over every kept transition. Built
-on the public ``Store`` API (``inspect.valid_range``, ``inspect.get``, ``sample``, ``schema``) and ``mmreplay.stats``.
+on the public ``Store`` API (``inspect.valid_range``, ``inspect.read_column``, ``inspect.get``, ``sample``,
+``schema``) and ``mmreplay.stats``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mmreplay.stats import CHUNK, ColumnReader, committed_priorities, episode_stats
+from mmreplay.stats import CHUNK, committed_priorities, episode_stats
 
 if TYPE_CHECKING:
     from mmreplay.store import Store
@@ -53,12 +54,11 @@ def column_values(store: Store, name: str, exact: bool) -> tuple[np.ndarray, np.
     """Over the kept transitions: ``(values, counts)`` when ``exact`` (a discrete column), else an evenly
     strided sample of at most ``MAX_SAMPLE`` rows. Read in chunks of ``CHUNK``."""
     oldest, head = store.inspect.valid_range()
-    reader = ColumnReader(store.path, name)
     stride = max(1, -(-(head - oldest) // MAX_SAMPLE))
     counts: dict = {}
     sample = []
     for lo in range(oldest, head, CHUNK):
-        x = reader.read(lo, min(head, lo + CHUNK))
+        x = store.inspect.read_column(name, lo, min(head, lo + CHUNK))
         if exact:
             values, n = np.unique(x, return_counts=True)
             for v, c in zip(values.tolist(), n.tolist()):
@@ -235,7 +235,7 @@ def store_figure(store: Store, title: str):
     stats = episode_stats(store)
     key = image_key(store)
     frames, frame_ids = thumbnails(store, key) if key else (None, None)
-    priorities = committed_priorities(store.path)
+    priorities = committed_priorities(store)
     panels = [lambda ax: _returns_panel(ax, stats), lambda ax: _lengths_panel(ax, stats),
               lambda ax: _actions_panel(ax, store), lambda ax: _rewards_panel(ax, store)]
     if key is None:

@@ -9,25 +9,22 @@ Invariants (all under the store's lock):
 - ``sync`` is lazy: nothing on the add path knows about priorities. Before each draw or update the
   transitions added since the last sync enter the tree at the maximum priority and those given up
   (overwritten, or whose frame stack now reaches below ``oldest``) leave it.
-- On disk a set is two sharded float32 zarr arrays, ``priorities/<name>/0`` and ``/1`` (one inner chunk
-  per transition shard, indexed by slot like ``transitions/*``). A commit writes the shards changed
-  since the *other* buffer was last written, fsyncs, and only then names that buffer in the commit
-  record, so a crash at any point reopens the priorities of the last commit exactly.
+- Persistence is ``storage/priority_files.py`` (``PriorityFiles``: two buffers, the commit writes the one the
+  record does not name; a crash reopens the priorities of the last commit exactly). Every change to ``raw``
+  is marked there (``files.mark``, or the update kernel writing ``files.new_tick()`` into ``files.shard_tick``).
 """
 
 from __future__ import annotations
 
 import math
-import os
-
 import numpy as np
 
-from mmreplay.errors import CorruptDataError, FormatError
+from mmreplay.errors import FormatError
 from mmreplay.index.ring import TransitionRing, as_transition_ids
 from mmreplay.index.sumtree import SumTree
 from mmreplay.storage.commit import NAME_PATTERN, check_leaf_range
-from mmreplay.storage.layout import PRIORITIES_GROUP, priority_layout, resize_arrays
-from mmreplay.storage.sharded import ShardedArray
+from mmreplay.storage.layout import RingGeometry
+from mmreplay.storage.priority_files import PriorityFiles, make_entry
 from mmreplay._native import priorities as kernels
 
 INITIAL_MAX_PRIORITY = 1.0
@@ -46,24 +43,6 @@ def check_exponent(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
     return float(value)
-
-
-def ensure_arrays(root: str, name: str, rows: int, shard_rows: int) -> list[str]:
-    """Zarr metadata for set ``name``'s two buffers (created once, grown with an unbounded ring); returns
-    the metadata files it created (to fsync before a commit names them)."""
-    layouts = [priority_layout(name, b, rows, shard_rows) for b in (0, 1)]
-    missing = [lay for lay in layouts if not os.path.exists(os.path.join(root, lay.path, "zarr.json"))]
-    created = []
-    if missing:
-        import zarr
-
-        group = zarr.open_group(root, mode="r+", zarr_format=3)
-        group.require_group(PRIORITIES_GROUP).require_group(name)
-        for layout in missing:
-            layout.create(group)
-            created.append(os.path.join(root, layout.path, "zarr.json"))
-    resize_arrays(root, layouts, rows)
-    return created
 
 
 class Priorities:
@@ -87,15 +66,8 @@ class Priorities:
         self.tree = SumTree(self.rows)
         self.max_priority = INITIAL_MAX_PRIORITY
         self.synced_head = self.synced_oldest = ring.oldest
-        # Which file shards changed since each buffer was last written (a tick per change).
-        self._tick = 0
-        self._shard_tick = np.zeros(self.rows // self.shard_rows, dtype=np.int64)
-        self._written_tick = [np.full(self._shard_tick.size, -1, dtype=np.int64) for _ in range(2)]
-        self.buffer = 1  # the committed buffer; the next commit writes the other one
-        self._arrays: dict[int, ShardedArray] = {}
+        self.files = PriorityFiles(root, self.name, RingGeometry(self.rows, self.shard_rows, ring.capacity is None))
         self._draw_buffers: dict[int, tuple] = {}
-        self._metadata_rows = 0  # rows the buffers' zarr metadata covers, as far as this object made sure
-        self._created: list[str] = []  # metadata files made before a commit: fsynced before one names them
         if entry is not None:
             self._load(entry)
         self.sync()
@@ -128,7 +100,7 @@ class Priorities:
             slots = ring.slot(new)
             self.raw[slots] = self.max_priority
             self.drawable[slots] = True
-            self._mark(slots)
+            self.files.mark(slots)
             self.tree.update(slots, self.leaf_values(self.raw[slots]))
         if oldest != self.synced_oldest or new.size:
             self._drop_stacks_below_oldest()
@@ -163,11 +135,7 @@ class Priorities:
         self.raw, self.drawable, self.rows = raw, drawable, rows
         self.tree = SumTree(rows)
         self._set_leaves_from_raw()
-        n_shards = rows // self.shard_rows
-        grown = np.zeros(n_shards, dtype=np.int64)
-        grown[: self._shard_tick.size] = self._shard_tick
-        self._shard_tick = grown
-        self._written_tick = [np.full(n_shards, -1, dtype=np.int64) for _ in range(2)]  # rewrite all
+        self.files.grow(rows)
         self._drop_stacks_below_oldest()
 
     def set_alpha(self, alpha: float, eps: float) -> None:
@@ -221,11 +189,10 @@ class Priorities:
             check_leaf_range(top, self.alpha, self.eps, "update_priorities")
         ring = self.ring
         self.sync()
-        self._tick += 1
-        tree = self.tree
+        tree, files = self.tree, self.files
         n, top = kernels.apply_update(g, p, ring.oldest, ring.head, 0 if ring.capacity is None else ring.rows,
-                                      self.shard_rows, self._tick, self.alpha, self.eps, self.raw, self._shard_tick,
-                                      self.drawable, tree.sums, tree.mins, tree.offsets, tree.b)
+                                      self.shard_rows, files.new_tick(), self.alpha, self.eps, self.raw,
+                                      files.shard_tick, self.drawable, tree.sums, tree.mins, tree.offsets, tree.b)
         if n == -1:
             bad = g[(g < 0) | (g >= ring.head)][:8].tolist()
             raise IndexError(f"transition ids {bad} were never added (ids lie in [0, {ring.head}))")
@@ -258,86 +225,43 @@ class Priorities:
         self.sync()
         return float(self.tree.min_positive)
 
-    def _mark(self, slots: np.ndarray) -> None:
-        self._tick += 1
-        self._shard_tick[slots // self.shard_rows] = self._tick
-
-    # -- persistence ------------------------------------------------------------------------------
-    def _array(self, buffer: int) -> ShardedArray:
-        arr = self._arrays.get(buffer)
-        if arr is None or arr.layout.rows != self.rows:
-            if arr is not None:
-                arr.close()  # an unbounded ring grew: the layout's shape changed
-            arr = ShardedArray(self.root, priority_layout(self.name, buffer, self.rows, self.shard_rows),
-                               missing_ok=True)  # a shard never written holds no priorities yet
-            self._arrays[buffer] = arr
-        return arr
-
+    # -- persistence (storage/priority_files.py), driven by the commit --------------------------------
     def write(self) -> tuple[dict, list[str]]:
         """Write the shards the other buffer lacks; returns the record entry naming it and the files
         written (to fsync before the commit record names them)."""
         self.sync()
-        target = 1 - self.buffer
-        arr = self._array(target)
-        self.make_files()
-        created, self._created = self._created, []
-        stale = np.flatnonzero(self._shard_tick > self._written_tick[target])
-        written = [arr.write_shard(int(s), self.raw[s * self.shard_rows:(s + 1) * self.shard_rows], self.shard_rows)
-                   for s in stale]
-        self._written_tick[target][:] = self._tick
-        self.buffer = target
-        return self.entry(), created + written
+        written = self.files.flush(self.raw)
+        return self.entry(), written
 
     def make_files(self) -> None:
-        """The buffers' zarr metadata: created once (a writer does it when the set is made, so that the
-        commit at interpreter exit, when zarr's I/O threads refuse work, never has to) and grown with an
-        unbounded ring (``resize_arrays`` needs no zarr)."""
-        if self._metadata_rows != self.rows:
-            self._created += ensure_arrays(self.root, self.name, self.rows, self.shard_rows)
-            self._metadata_rows = self.rows
+        """The buffers' zarr metadata (``PriorityFiles.make_files``): a writer makes them with the set."""
+        self.files.make_files()
 
     def changed(self, committed: dict | None) -> bool:
         """Does the committed buffer (whose record entry is ``committed``) lack anything: updates, or
         transitions the tree has not seen?"""
-        return self.synced_head != self.ring.head or \
-            bool((self._shard_tick > self._written_tick[self.buffer]).any()) or committed != self.entry()
+        return self.synced_head != self.ring.head or self.files.stale() or committed != self.entry()
 
     def entry(self) -> dict:
-        return {"buffer": self.buffer, "max_priority": self.max_priority, "head": self.synced_head,
-                "alpha": self.alpha, "eps": self.eps}
+        return make_entry(self.files.buffer, self.max_priority, self.synced_head, self.alpha, self.eps)
 
     def _load(self, entry: dict) -> None:
         """Read the committed buffer; transitions the set had not seen yet enter at the max priority."""
         ring = self.ring
-        self.buffer = entry["buffer"]
         self.max_priority = entry["max_priority"]
-        live_hi = min(entry["head"], ring.head)
-        array = self._array(self.buffer)
-        for shard in sorted({int(s) for s in ring.slot(np.arange(ring.oldest, max(ring.oldest, live_hi))) //
-                             self.shard_rows}):  # a shard holding live priorities must exist
-            path = array.layout.shard_file(self.root, shard)
-            if not os.path.exists(path):
-                raise CorruptDataError(f"priorities {self.name!r}: {path} is missing, but the last commit says it "
-                                       "holds priorities of stored transitions")
-        # every other shard: one never written reads as zeros (zarr's fill value)
-        self.raw[:] = array.read_rows(0, self.rows)
-        bad = ~np.isfinite(self.raw) | (self.raw < 0)
-        if bad.any():
-            raise FormatError(f"priorities {self.name!r}: {int(bad.sum())} stored priorities are not finite and >= 0 "
-                              f"(e.g. {self.raw[bad][:4].tolist()}); the buffer {self.buffer} is damaged")
+        live_hi = max(ring.oldest, min(entry["head"], ring.head))
+        live = np.arange(ring.oldest, live_hi, dtype=np.int64)
+        self.raw[:] = self.files.load(entry["buffer"], ring.slot(live))
         check_leaf_range(max(self.max_priority, float(self.raw.max(initial=0.0))), self.alpha, self.eps,
                          f"committed priority set {self.name!r}", FormatError)
-        self._written_tick[self.buffer][:] = 0  # that buffer holds exactly raw
-        live = np.arange(ring.oldest, max(ring.oldest, live_hi), dtype=np.int64)
         self.drawable[ring.slot(live)] = True
         self._set_leaves_from_raw()
         self.synced_oldest = ring.oldest
-        self.synced_head = max(ring.oldest, live_hi)
+        self.synced_head = live_hi
         self._drop_stacks_below_oldest()
 
     def close(self) -> None:
-        for arr in self._arrays.values():
-            arr.close()
+        self.files.close()
 
 
 def _as_priorities(priorities, n: int) -> np.ndarray:

@@ -4,7 +4,8 @@ Invariants (all under the store's lock):
 - ``PrioritySets``: at most one loaded ``Priorities`` per name; a set not loaded yet is created from its
   committed record entry on first use, so an untouched set costs nothing; a writer's set has its files'
   zarr metadata from then on (the commit at interpreter exit cannot run zarr). ``entries`` is what the
-  next commit record names (the committed entry of every set, updated by ``write``).
+  next commit record names (the committed entry of every set, updated by ``flush``, which the commit drives
+  like the rings' ``flush``).
 - ``SamplerStates``: at most one open sampler per name (its RNG state is what gets committed); a second
   one while the first is open is an error naming both. ``state()`` is the committed states of samplers
   not open now, overlaid with the live state of every open one.
@@ -25,9 +26,10 @@ class PrioritySets:
     def __init__(self, root: str, ring: TransitionRing, frames, frame_stack: int, committed: dict[str, dict], *,
                  writable: bool = False):
         self.root, self.ring, self.frames, self.frame_stack = root, ring, frames, frame_stack
-        self.writable = writable  # a writer's sets make their files when made (see Priorities.make_files)
+        self.writable = writable  # a writer's sets make their files when made (see PriorityFiles.make_files)
         self.entries: dict[str, dict] = dict(committed)  # committed, maybe not loaded
         self.loaded: dict[str, Priorities] = {}
+        self.written: list[str] = []  # files written by ``flush`` since the last commit took them
 
     def get(self, name: str, alpha: float | None = None, eps: float | None = None) -> Priorities:
         """Set ``name`` (loaded, or made from its committed entry, or new); ``alpha``/``eps`` given change its
@@ -50,12 +52,13 @@ class PrioritySets:
     def changed(self) -> bool:
         return any(p.changed(self.entries.get(n)) for n, p in self.loaded.items())
 
-    def write(self, written: list[str]) -> None:
-        """Each loaded set writes its other buffer (files appended to ``written``); ``entries`` then names it."""
+    def flush(self) -> None:
+        """Each loaded set writes its other buffer (the files go to ``written``, as the rings' do, to be made
+        durable before the record); ``entries`` then names it."""
         for name, prio in self.loaded.items():
             entry, files = prio.write()
             self.entries[name] = entry
-            written.extend(files)
+            self.written.extend(files)
 
     def reload(self, ring: TransitionRing, committed: dict[str, dict]) -> None:
         """A reader loaded a newer commit: loaded sets follow the new ring (their values stay in RAM), sets

@@ -17,7 +17,7 @@ hook, so it runs after every non-daemon thread ended (a training thread's last a
 and therefore after ``concurrent.futures`` stopped taking work (its hook runs before threads are joined)
 and after zarr closed its event loop. The exit commit must not need either: frame shards are then
 written by the exiting thread (``FrameRing``), zarr metadata is grown without zarr (``resize_arrays``)
-and a writer's priority arrays exist since its set was made (``Priorities.make_files``). A store
+and a writer's priority arrays exist since its set was made (``PriorityFiles.make_files``). A store
 inherited by a forked child is closed there without a commit (``_after_fork_in_child``), so the child's
 exit never touches it.
 """
