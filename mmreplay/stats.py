@@ -1,10 +1,11 @@
 """What a store holds, episode by episode, for ``mmreplay info`` and ``mmreplay plot``.
 
 Invariants:
-- Read-only, built on the public ``Store`` API (``inspect.valid_range``, ``inspect.episode_links``) plus plain
-  zarr reads of the documented on-disk format (``docs/format.md``) for small columns (rewards, actions) and
-  committed priorities: ``inspect.get`` would decode every frame stack just to read a reward (~1,500
-  transitions/s on an image store), a packed column read is a few MB for a million transitions.
+- Read-only, built on the public ``Store`` API (``inspect.valid_range``, ``inspect.episode_links``,
+  ``inspect.read_column``: the resident index, no frame decoded) plus plain zarr reads of the documented
+  on-disk format (``docs/format.md``) for small columns (``ColumnReader``, what ``plot`` uses) and committed
+  priorities. ``episode_stats`` imports no zarr, and ``committed_priorities`` only when the commit record
+  names a priority set, so ``mmreplay info`` starts without it.
 - Memory is bounded by the chunk (``CHUNK`` transitions) plus a few numbers per episode, never by the
   store: episodes are followed across chunks by carrying the open ones (at most one per stream).
 - An episode counts as *complete* when its first step is still kept and it has ended (terminated or
@@ -74,6 +75,10 @@ def committed_priorities(path: str) -> dict[str, np.ndarray]:
     """Raw priorities of every prioritized sampler that has committed some (by sampler name), for the
     kept transitions: ``priorities/<name>/<buffer>`` rows as the commit record names them; transitions
     added after the sampler's last commit have its ``max_priority`` (what sampling gives them)."""
+    from mmreplay.storage.commit import read_commit
+
+    if not read_commit(str(path)).get("priorities"):
+        return {}  # no prioritized sampler committed: nothing to open with zarr (~0.3 s of import)
     import zarr
 
     root = zarr.open_group(str(path), mode="r")
@@ -127,7 +132,6 @@ class EpisodeStats:
 def episode_stats(store, chunk: int = CHUNK) -> EpisodeStats:
     """Returns and lengths of the store's episodes (see the module invariants)."""
     oldest, head = store.inspect.valid_range()
-    rewards = ColumnReader(store.path, "reward")
     # open episodes, keyed by the global id of their latest step: [return, length, cut]
     open_eps: dict[int, list] = {}
     returns, lengths, ends = [], [], []
@@ -135,7 +139,7 @@ def episode_stats(store, chunk: int = CHUNK) -> EpisodeStats:
     for lo in range(oldest, head, chunk):
         hi = min(head, lo + chunk)
         prev, term, trunc = store.inspect.episode_links(lo, hi)
-        reward = rewards.read(lo, hi).astype(np.float64)
+        reward = store.inspect.read_column("reward", lo, hi).astype(np.float64)  # resident: no file read
         n = hi - lo
         local = prev - lo
         inside = (prev >= lo)
