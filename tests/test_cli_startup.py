@@ -76,3 +76,40 @@ def test_numpy_buffers_read_what_tensor_buffers_read(tmp_path, padding):
         np.testing.assert_array_equal(value, getattr(want, name).numpy(), err_msg=name)
     if padding == "zeros":
         assert (got.obs[:, 0] == 0).any()  # stacks at episode starts were padded, in the numpy buffers too
+
+
+#: what numba loads at a process's first kernel call (its typing and lowering registries, ~0.5 s), never
+#: on ``import numba``: a run that lists none of them called no compiled kernel
+NUMBA_COMPILER_MODULES = ("numba.np.arraymath", "numba.np.npyimpl", "numba.core.typing.arraydecl")
+
+
+def heavy_modules_loaded_by(argv: list[str]) -> list[str]:
+    """Run ``mmreplay.cli.main(argv)`` in a fresh interpreter (exit code 0 asserted); the heavy modules it
+    loaded: torch, zarr and numba's compiler."""
+    script = ("import contextlib, io, json, sys\n"
+              "from mmreplay.cli import main\n"
+              "with contextlib.redirect_stdout(io.StringIO()):\n"
+              f"    code = main({argv!r})\n"
+              "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'zarr') "
+              f"or m in {NUMBA_COMPILER_MODULES!r}]\n"
+              "print(json.dumps([code, sorted(heavy)]))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    code, heavy = json.loads(proc.stdout.splitlines()[-1])
+    assert code == 0
+    return heavy
+
+
+def test_info_loads_neither_zarr_nor_torch_nor_numbas_compiler(tmp_path):
+    """``mmreplay info`` on a frame-stacked store that wrapped (its valid count walks stacks at the ring's
+    oldest end) reads the index in numpy: no compiled kernel runs, zarr is not imported (no prioritized
+    sampler committed: nothing for zarr to read), nor torch."""
+    path = str(tmp_path / "s")
+    with mmreplay.Store.create(path, spaces.Box(0, 255, (6, 5), np.uint8), spaces.Discrete(3), capacity=256,
+                               frame_stack=4, reward_values=(-1, 0, 1)) as s:
+        for i in range(700):
+            s.add(np.full((6, 5), i % 256, np.uint8), i % 3, 0, np.full((6, 5), (i + 1) % 256, np.uint8),
+                  i % 37 == 36, False)
+    assert heavy_modules_loaded_by(["info", path]) == []
+    assert heavy_modules_loaded_by(["info", path, "--json"]) == []

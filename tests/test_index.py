@@ -197,3 +197,31 @@ def test_decoding_a_packed_column_maps_codes_back_to_values():
     enc = ColumnEncoder(ColumnSpec.packed("reward", (-1.0, 0.0, 1.0)))
     codes = enc.encode(np.array([1.0, -1.0, 0.0]), 3)
     np.testing.assert_array_equal(enc.decode(codes), [1.0, -1.0, 0.0])
+
+
+@pytest.mark.parametrize("capacity", [None, 1000])
+def test_count_valid_in_numpy_equals_the_compiled_walk(tmp_path, capacity):
+    """``count_valid(compiled=False)`` (what ``mmreplay info`` uses: no kernel) counts exactly the transitions
+    ``stack_frames`` calls valid, over interleaved streams (long links), a wrapped ring and every oldest."""
+    rng = np.random.default_rng(0)
+    rows = 1024 if capacity else 512
+    ring = TransitionRing(str(tmp_path), [], RingGeometry(rows, 64, capacity is None), capacity=capacity)
+    head = 1500 if capacity else 500
+    g = np.arange(head, dtype=np.int64)
+    # links to the previous step of one of 5 interleaved streams, episode starts (0) now and then
+    delta = np.where(rng.random(head) < 0.05, 0, rng.integers(1, 40, head)).astype(np.uint32)
+    delta[g < delta] = 0
+    ring.arrays["prev_delta"][ring.slot(g[max(0, head - rows):])] = delta[max(0, head - rows):]
+    ring.head, ring.max_prev_delta = head, int(delta.max())
+    checked = 0
+    for oldest in range(max(0, head - (capacity or head)), head, 7):
+        ring.oldest = oldest
+        for k in (1, 2, 4, 9):
+            ring._valid_count_cache = None
+            compiled = ring.count_valid(k, 0)
+            ring._valid_count_cache = None
+            assert ring.count_valid(k, 0, compiled=False) == compiled, (oldest, k)
+            _, _, valid = ring.stack_frames(np.arange(oldest, head), k, 0)
+            assert compiled == int(valid.sum())
+            checked += compiled < head - oldest
+    assert checked > 50  # most cases had stacks cut at oldest: the walk was exercised, not only the trivial count

@@ -164,6 +164,34 @@ def test_the_frame_ring_tells_its_reader_every_write_and_overwrite(tmp_path):
     ring.close()
 
 
+def test_a_cache_is_direct_mapped_while_the_chunks_fill_only_its_first_slots_then_lru():
+    """A store created for 1M transitions holding 20k: its ring has far more chunks than the cache has
+    slots, but the chunks held all lie below the slot count: chunk c lives in slot c (the fast contiguous
+    copies) until a chunk past the slots comes; from then on an LRU cache that keeps what it held."""
+    c = ChunkCache(1000, (1, 2), np.uint8, budget_bytes=200, min_slots=8)  # 100 slots for 1000 chunks
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        missing = np.flatnonzero(c.slot_of[:100] < 0)
+        chunks = np.unique(rng.choice(missing, size=min(9, missing.size), replace=False))
+        assert (c.admit(chunks) == chunks).all()
+    assert c.direct_mapped and c.stats.evictions == 0
+    held_before = np.flatnonzero(c.slot_of >= 0)
+    low = int(np.flatnonzero(c.slot_of[:100] < 0)[0])
+    slots = c.admit(np.array([low, 500]))  # one chunk past the slots ends the direct mapping
+    assert not c.direct_mapped
+    held = np.flatnonzero(c.slot_of >= 0)
+    assert set(held_before) <= set(held) and (c.slot_of[held_before] == held_before).all()  # kept in place
+    assert (c.chunk_in[c.slot_of[held]] == held).all() and len(set(c.slot_of[held].tolist())) == held.size
+    assert slots.size and (slots < c.n_slots).all()
+    for _ in range(20):  # LRU from now on: more chunks than slots come and go, the invariant holds
+        c.tick += 1  # a new batch (lookup_rows): the slots of earlier batches may be evicted
+        missing = np.flatnonzero(c.slot_of < 0)
+        c.admit(np.unique(rng.choice(missing, size=30, replace=False)))
+        held = np.flatnonzero(c.slot_of >= 0)
+        assert (c.chunk_in[c.slot_of[held]] == held).all() and held.size <= c.n_slots
+    assert c.stats.evictions > 0
+
+
 def test_a_cache_with_a_slot_for_every_chunk_is_direct_mapped_and_keeps_its_invariant():
     c = ChunkCache(50, (1, 2), np.uint8, budget_bytes=200, min_slots=8)  # 100 slots for 50 chunks
     assert c.direct_mapped
