@@ -14,7 +14,7 @@ from numcodecs import blosc, zstd
 
 import mmreplay
 from conftest import wait_preloaded
-from mmreplay.reading import native
+from mmreplay._native import decode as native
 from mmreplay.reading.frames import FrameReader
 from mmreplay.reading.tiers import (MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, PARTIAL_RESIDENT_SHARE, TierPlan,
                                     plan_tiers)
@@ -181,6 +181,23 @@ def test_a_group_of_shards_is_read_whole_within_the_budget_each_on_its_own_pages
     res.drop([1])
     assert rss_of_mapping_pages(shared) <= before - (len(raw[1]) // mmap.PAGESIZE) * mmap.PAGESIZE
     assert res.buffers[0].tobytes() == raw[0] and res.buffers[2].tobytes() == raw[2]
+
+
+def test_reading_files_into_a_buffer_they_do_not_fit_is_refused_before_any_read(tmp_path):
+    """``bulk.read_files`` writes through raw addresses: a file that would not fit is a ValueError first."""
+    from mmreplay._native import bulk
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    fds, sizes = bulk.open_files([str(path)])
+    try:
+        buf = np.zeros(150, np.uint8)
+        with pytest.raises(ValueError, match="does not fit"):
+            bulk.read_files(fds, sizes, buf, np.array([60], np.int64), np.array([True]))
+        assert not buf.any()
+        assert bulk.read_files(fds, sizes, buf, np.array([50], np.int64), np.array([True]))[0] == 100
+        assert buf[50:].tobytes() == b"x" * 100 and not buf[:50].any()
+    finally:
+        bulk.close_files(fds)
 
 
 def test_a_group_load_that_raced_a_drop_installs_nothing_stale(tmp_path):

@@ -6,7 +6,7 @@ of that batch in the cache. Each frame passes through at most three tiers:
 
 1. the **decoded cache** (``reading/cache.py``), a hit costs a copy;
 2. the **compressed tier** (``reading/resident.py``), whole shard files held in RAM: a miss there is
-   decoded by compiled code (``reading/native.py``) with no Python per chunk and the GIL released,
+   decoded by compiled code (``_native/decode.py``) with no Python per chunk and the GIL released,
    shared with the codec helpers when a batch has many;
 3. the **file** (``reading/disk.py``): the chunks of shards the compressed tier does not hold (a store larger
    than its share of the budget: the tier then holds as many whole shards as fit), all of a batch's read
@@ -32,17 +32,18 @@ import threading
 import numpy as np
 
 from mmreplay.errors import CorruptDataError
-from mmreplay.reading import bulk, native
+from mmreplay._native import bulk
+from mmreplay._native import decode as native
 from mmreplay.reading.disk import FileReads
 from mmreplay.settings import DEFAULT_IO_DEPTH
-from mmreplay.reading.gather import gather_cached, gather_stacks, index_cached
-from mmreplay.reading.helpers import DECODES_PER_PIECE, STACKS_PER_PIECE, codec_helpers
+from mmreplay._native.gather import checked_gather_cached, checked_gather_stacks, checked_index_cached
+from mmreplay._native.helpers import DECODES_PER_PIECE, STACKS_PER_PIECE, codec_helpers
 from mmreplay.reading.resident import EMPTY_CHUNK
 from mmreplay.reading.tiers import ColumnReader, plan_tiers
 from mmreplay.storage.frame_ring import FrameEvents, FrameRing
 
 # From this many stacks a batch's copy out of the decoded slab, and from this many decodes its decodes, are
-# shared with the codec helpers (``reading/helpers.py``: a piece of ~10-20 us costs two atomic operations
+# shared with the codec helpers (``_native/helpers.py``: a piece of ~10-20 us costs two atomic operations
 # to hand over); below, one compiled call in the caller's thread is cheaper.
 SHARED_MIN_STACKS = 2 * STACKS_PER_PIECE
 SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE
@@ -354,15 +355,15 @@ class FrameReader(FrameEvents):
         # the same call (small batches) or shared with the helpers.
         cache.tick += 1
         if helpers is None:
-            hits = gather_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows, slab,
-                                 obs_ids, next_ids, shifted, obs_words, next_words)
+            hits = checked_gather_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows,
+                                         slab, obs_ids, next_ids, shifted, obs_words, next_words)
             if hits >= 0:
                 cache.stats.hits += hits
                 return
         else:
             index = np.empty((n, k + 1 if shifted else 2 * k), dtype=np.int64)
-            hits = index_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows, obs_ids,
-                                next_ids, shifted, index)
+            hits = checked_index_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows,
+                                        obs_ids, next_ids, shifted, index)
             if hits >= 0:
                 cache.stats.hits += hits
                 self._copy_stacks(helpers, slab, index, k, shifted, obs_words, next_words)
@@ -378,7 +379,7 @@ class FrameReader(FrameEvents):
         torch.index_select: its OpenMP workers spin while idle, and measured here, whenever other threads
         or processes (env workers, a trainer) wanted the cores too, the copy became 5-15x slower."""
         if helpers is None or not helpers.gather(slab, index, k, shifted, obs_words, next_words):
-            gather_stacks(slab, index, k, shifted, obs_words, next_words)
+            checked_gather_stacks(slab, index, k, shifted, obs_words, next_words)
 
     def _decode_into_batch(self, col: ColumnReader, obs_ids, next_ids, obs_words, next_words, shifted) -> None:
         """``gather_stacks`` without the decoded cache: every frame decoded from the compressed tier straight
@@ -393,16 +394,16 @@ class FrameReader(FrameEvents):
         # the decodes shared with the codec helpers when there are many.
         if decodes < SHARED_MIN_DECODES or codec_helpers() is None:
             status = np.empty(decodes, dtype=np.int8)
-            bad, rows = native.decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows,
-                                             res.chunk_addr, res.chunk_size, col.codec, status)
+            bad, rows = native.checked_decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes,
+                                                     ring_rows, res.chunk_addr, res.chunk_size, col.codec, status)
             if bad > 0:
                 self._raise_bad_chunk(col, rows, status)
             done = bad == 0
         else:
-            rows, src, sizes, dst, copies, absent = native.plan_stack_decodes(
+            rows, src, sizes, dst, copies, absent = native.checked_plan_stack_decodes(
                 obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows, res.chunk_addr, res.chunk_size)
             if absent == 0:
-                self._run_decodes(col, rows, src, sizes, dst, copies, nbytes)
+                self._run_decodes(col, rows, src, sizes, dst, copies, nbytes, (obs_words, next_words))
             done = absent == 0
         if done:
             col.tier.hits += decodes
@@ -429,7 +430,7 @@ class FrameReader(FrameEvents):
         n_held = int(np.count_nonzero(held))
         if n_held < addr.size:
             addr, dst, copies, rows = addr[held], dst[held], copies[held], rows[held]
-        self._run_decodes(col, rows, addr, res.chunk_size[rows], dst, copies, nbytes)
+        self._run_decodes(col, rows, addr, res.chunk_size[rows], dst, copies, nbytes, (obs_words, next_words))
         col.tier.hits += n_held
         col.cache.stats.misses += ids.size
 
@@ -471,13 +472,14 @@ class FrameReader(FrameEvents):
             if res.full(col.tier.capacity_bytes) or not res.load(shard, col.tier.capacity_bytes):
                 break  # full: the rest is read from the files
 
-    def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes) -> None:
-        """Compiled decodes, shared with the codec helpers when there are many; raises on the first bad one."""
+    def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes, into) -> None:
+        """Compiled decodes to addresses ``dst`` / ``copies`` inside the arrays ``into`` (checked before any is
+        written), shared with the codec helpers when there are many; raises on the first bad one."""
         status = np.empty(src.size, dtype=np.int8)
         helpers = codec_helpers() if src.size >= SHARED_MIN_DECODES else None
-        bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status)
+        bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status, into)
         if bad is None:
-            bad = native.decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status)
+            bad = native.checked_decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status, into)
         if bad:
             self._raise_bad_chunk(col, chunks, status)
 
@@ -563,7 +565,7 @@ class FrameReader(FrameEvents):
     def _decode_native(self, col: ColumnReader, chunks, src, sizes, slots) -> None:
         cache = col.cache
         dst = cache.slab.ctypes.data + slots.astype(np.int64) * cache.chunk_nbytes
-        self._run_decodes(col, chunks, src, sizes, dst, np.zeros_like(dst), cache.chunk_nbytes)
+        self._run_decodes(col, chunks, src, sizes, dst, np.zeros_like(dst), cache.chunk_nbytes, (cache.slab,))
 
     def _read_files(self, col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
         """Chunks from their files into cache slots: read together (``reading/disk.py``), then checked and
@@ -582,7 +584,7 @@ class FrameReader(FrameEvents):
         if held.any():
             dst = cache.slab.ctypes.data + slots[held].astype(np.int64) * cache.chunk_nbytes
             self._run_decodes(col, chunks[held], got.addresses()[held], got.sizes[held], dst, np.zeros_like(dst),
-                              cache.chunk_nbytes)
+                              cache.chunk_nbytes, (cache.slab,))
 
     def close(self) -> None:
         self.stop_preload()

@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from mmreplay.errors import CorruptDataError
-from mmreplay.reading import bulk
+from mmreplay._native import bulk
 from mmreplay.storage.layout import ArrayLayout
 from mmreplay.storage.shardfile import EMPTY, index_nbytes, parse_index
 
@@ -251,8 +251,7 @@ class ResidentShards:
                 return 0
             mapping = mmap.mmap(-1, end, flags=mmap.MAP_PRIVATE)
             base = np.frombuffer(mapping, dtype=np.uint8)
-            addresses = np.where(take, base.ctypes.data + offsets, 0)
-            got = bulk.read_files(opened.fds, sizes, addresses)
+            got = bulk.read_files(opened.fds, sizes, base, offsets, take)
         finally:
             opened.close()
         generations, epoch = expected

@@ -14,8 +14,9 @@ against ~100 MB/s that one plain sequential reader gets from the same files. Her
 two compiled calls; the kernel reads the next group (``WILLNEED``) while this one is copied, so the device
 keeps a queue of requests.
 
-The C functions are libc's, linked by name (as ``reading/native.py`` links the codecs), so numba's on-disk
-cache stays valid across processes. ``AVAILABLE`` is False where the platform lacks ``posix_fadvise``; the
+``read_files`` writes only inside the buffer it is given: before the kernel runs, every file it will read
+is checked to fit that buffer at its offset (``bounds``). The C functions are libc's, linked by name (as
+``decode.py`` links the codecs), so numba's on-disk cache stays valid across processes. ``AVAILABLE`` is False where the platform lacks ``posix_fadvise``; the
 caller then reads one file at a time from Python.
 """
 
@@ -26,6 +27,8 @@ import os
 import numba
 import numpy as np
 from numba import types
+
+from mmreplay._native.bounds import check_array
 
 AVAILABLE = hasattr(os, "posix_fadvise") and hasattr(os, "O_CLOEXEC")
 
@@ -106,12 +109,27 @@ def open_files(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return fds, sizes
 
 
-def read_files(fds: np.ndarray, sizes: np.ndarray, addresses: np.ndarray) -> np.ndarray:
-    """Bytes read of each file into ``addresses[i]`` (room for ``sizes[i]`` bytes; 0: skip the file);
-    -1 where a file was not read. A short count means the read failed or the file shrank."""
-    got = np.full(fds.size, -1, dtype=np.int64)
-    if fds.size:
-        _read_all(fds, sizes, np.ascontiguousarray(addresses, dtype=np.int64), _DONTNEED, got)
+def read_files(fds: np.ndarray, sizes: np.ndarray, buffer: np.ndarray, offsets: np.ndarray,
+               take: np.ndarray) -> np.ndarray:
+    """Bytes read of each file ``i`` with ``take[i]`` into ``buffer[offsets[i]:offsets[i] + sizes[i]]``;
+    -1 where a file was not read (or not taken). A short count means the read failed or the file shrank.
+    Raises ``ValueError`` before reading if a taken file would not fit ``buffer`` at its offset."""
+    n = fds.size
+    check_array("fds", fds, np.int32, ndim=1)
+    for name, arr, dtype in (("sizes", sizes, np.int64), ("offsets", offsets, np.int64), ("take", take, np.bool_)):
+        check_array(name, arr, dtype, shape=(n,))
+    check_array("buffer", buffer, np.uint8, ndim=1)
+    if take.any():
+        lo, hi = offsets[take], offsets[take] + sizes[take]
+        bad = np.flatnonzero((lo < 0) | (sizes[take] < 0) | (hi > buffer.size))
+        if bad.size:
+            i = int(np.flatnonzero(take)[bad[0]])
+            raise ValueError(f"file {i} ({int(sizes[i])} bytes at offset {int(offsets[i])}) does not fit the "
+                             f"{buffer.size}-byte buffer it is read into")
+    addresses = np.where(take, buffer.ctypes.data + offsets, 0).astype(np.int64)
+    got = np.full(n, -1, dtype=np.int64)
+    if n:
+        _read_all(fds, sizes, addresses, _DONTNEED, got)
     return got
 
 
