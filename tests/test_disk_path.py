@@ -141,20 +141,21 @@ def test_reads_are_merged_and_issued_together(store_path, atari_frames, monkeypa
 
 
 class FailingPread:
-    """``os.pread`` that fails (``mode``) on the chunk reads numbered in ``fail_on`` (reads of a shard's tail,
-    its index, are left alone), and works otherwise."""
+    """``os.preadv`` (what the reading threads read chunks with) that fails (``mode``) on the chunk reads
+    numbered in ``fail_on`` (reads of a shard's tail, its index, are left alone), and works otherwise."""
 
     def __init__(self, fail_on, mode="eio"):
-        self.calls, self.fail_on, self.mode, self.real = 0, set(fail_on), mode, os.pread
+        self.calls, self.fail_on, self.mode, self.real = 0, set(fail_on), mode, os.preadv
 
-    def __call__(self, fd, n, offset):
+    def __call__(self, fd, buffers, offset, *flags):
+        n = sum(len(b) for b in buffers)
         if offset + n != os.fstat(fd).st_size:  # not the tail
             self.calls += 1  # the reading threads count under the GIL; which read fails does not matter
             if self.calls in self.fail_on:
                 if self.mode == "eio":
                     raise OSError(errno.EIO, "Input/output error (injected)")
-                return b""  # end of file: the file is shorter than its index says
-        return self.real(fd, n, offset)
+                return 0  # end of file: the file is shorter than its index says
+        return self.real(fd, buffers, offset, *flags)
 
 
 @pytest.mark.parametrize("mode", ["eio", "short"])
@@ -168,7 +169,7 @@ def test_a_read_that_fails_once_names_the_file_and_poisons_nothing(store_path, a
         ids = valid[:64]
         blocking_reads_only(monkeypatch)
         failing = FailingPread(fail_on={1}, mode=mode)
-        monkeypatch.setattr(disk.os, "pread", failing)
+        monkeypatch.setattr(disk.os, "preadv", failing)
         expected = OSError if mode == "eio" else mmreplay.CorruptDataError
         with pytest.raises(expected) as info:
             s.inspect.get(ids)

@@ -44,16 +44,24 @@ def frame_shards(path):
 
 
 class FailingPread:
-    """``os.pread`` that raises EIO on calls number ``fail_on`` (a set), and works otherwise."""
+    """``os.pread`` (and ``preadv``, ``.vectored``: the disk path's reading threads) that raise EIO on calls
+    number ``fail_on`` (a set, counted over both), and work otherwise."""
 
     def __init__(self, fail_on):
-        self.calls, self.fail_on, self.real = 0, set(fail_on), os.pread
+        self.calls, self.fail_on, self.real, self.real_v = 0, set(fail_on), os.pread, os.preadv
 
-    def __call__(self, fd, n, offset):
+    def _count(self) -> None:
         self.calls += 1
         if self.calls in self.fail_on:
             raise OSError(errno.EIO, "Input/output error (injected)")
+
+    def __call__(self, fd, n, offset):
+        self._count()
         return self.real(fd, n, offset)
+
+    def vectored(self, fd, buffers, offset, *flags):
+        self._count()
+        return self.real_v(fd, buffers, offset, *flags)
 
 
 @pytest.mark.parametrize("mode", ["r", "a"])
@@ -61,6 +69,7 @@ def test_a_read_that_fails_once_leaves_no_garbage_in_the_cache(filled, monkeypat
     with mmreplay.Store.open(filled, mode=mode, cache_bytes=1 << 14) as s:  # a tiny cache: many misses
         failing = FailingPread(fail_on={3, 4, 5, 40})
         monkeypatch.setattr(sharded.os, "pread", failing)
+        monkeypatch.setattr(sharded.os, "preadv", failing.vectored)
         monkeypatch.setattr(disk, "_cached_first", False)  # every chunk read is a (failing) blocking pread
         raised = 0
         for _ in range(40):

@@ -3,6 +3,7 @@ three tiers (decoded cache, compressed shards in RAM, files) checked against gro
 
 import errno
 import glob
+import mmap
 import os
 import struct
 
@@ -138,6 +139,105 @@ def test_resident_shards_refuse_what_does_not_fit_or_is_not_a_shard(tmp_path):
         f.write(b"\xff\xff")
     assert not res.load(0, budget=1 << 20)
     assert res.nbytes == 0 and not res.chunk_addr.any()
+
+
+def rss_of_mapping_pages(buf: np.ndarray) -> int:
+    """Resident pages (bytes) of the process's mapping that holds ``buf`` (/proc/self/smaps)."""
+    addr = buf.ctypes.data
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no mapping holds the buffer")
+
+
+def test_a_group_of_shards_is_read_whole_within_the_budget_each_on_its_own_pages(tmp_path):
+    """``open_many``/``load_many`` (the background pass's reads): what fits the budget is held, byte for
+    byte as the files are, the rest refused; a missing file is skipped; a shard dropped later gives its
+    pages back although the others of its group stay."""
+    lay = layout(tmp_path, rows=96)
+    data = {shard: frames(16, seed=shard) for shard in (0, 1, 2, 3, 5)}
+    raw = {shard: shard_of(d) for shard, d in data.items()}
+    for shard, b in raw.items():
+        write(lay, tmp_path, shard, b)
+    res = ResidentShards(str(tmp_path), lay, 96)
+    budget = len(raw[0]) + len(raw[1]) + len(raw[2]) + len(raw[3]) // 2  # room for three of them
+    opened = res.open_many([0, 4, 1, 2, 3, 5])  # shard 4 has no file
+    assert opened.sizes[1] == -1 and opened.fds[1] == -1
+    assert res.load_many(opened, budget, res.generations(range(6))) == 3
+    assert (opened.fds == -1).all()  # every descriptor closed
+    assert sorted(res.buffers) == [0, 1, 2] and res.nbytes <= budget and res.full(budget)
+    for shard in (0, 1, 2):
+        assert res.buffers[shard].tobytes() == raw[shard]
+        assert res.buffers[shard].ctypes.data % mmap.PAGESIZE == 0  # its pages are its own
+    assert not res.chunk_addr[48:].any()
+    shared = res.buffers[1]
+    before = rss_of_mapping_pages(shared)
+    res.drop([1])
+    assert rss_of_mapping_pages(shared) <= before - (len(raw[1]) // mmap.PAGESIZE) * mmap.PAGESIZE
+    assert res.buffers[0].tobytes() == raw[0] and res.buffers[2].tobytes() == raw[2]
+
+
+def test_reading_files_into_a_buffer_they_do_not_fit_is_refused_before_any_read(tmp_path):
+    """``bulk.read_files`` writes through raw addresses: a file that would not fit is a ValueError first."""
+    from mmreplay._native import bulk
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    fds, sizes = bulk.open_files([str(path)])
+    try:
+        buf = np.zeros(150, np.uint8)
+        with pytest.raises(ValueError, match="does not fit"):
+            bulk.read_files(fds, sizes, buf, np.array([60], np.int64), np.array([True]))
+        assert not buf.any()
+        assert bulk.read_files(fds, sizes, buf, np.array([50], np.int64), np.array([True]))[0] == 100
+        assert buf[50:].tobytes() == b"x" * 100 and not buf[:50].any()
+    finally:
+        bulk.close_files(fds)
+
+
+def test_a_group_load_that_raced_a_drop_installs_nothing_stale(tmp_path):
+    """A shard the writer changed after the loader listed it (its generation moved on) is not held."""
+    lay = layout(tmp_path)
+    for shard in (0, 1):
+        write(lay, tmp_path, shard, shard_of(frames(16, seed=shard)))
+    res = ResidentShards(str(tmp_path), lay, 64)
+    listed = res.generations([0, 1])
+    opened = res.open_many([0, 1])
+    res.drop([1])  # what the writer's replacement of the file does meanwhile
+    assert res.load_many(opened, 1 << 20, listed) == 1
+    assert sorted(res.buffers) == [0]
+
+
+def test_the_background_pass_lets_go_of_the_file_indexes_of_what_it_holds(atari_like, monkeypatch):
+    """A shard held whole is never read from its file again: the index the disk path cached for it (read
+    while the pass was starting) is let go, as is its descriptor (~3 KB a shard: ~30 MB for 10M Atari)."""
+    import threading
+    path, data = atari_like
+    hold, real = threading.Event(), FrameReader._preload
+
+    def paused(self, shards, listed):
+        hold.wait(60)
+        return real(self, shards, listed)
+
+    monkeypatch.setattr(FrameReader, "_preload", paused)
+    with mmreplay.Store.open(path, mode="r") as s:
+        col = s._state.reader.columns["obs"]
+        array = col.column.array
+        g = np.arange(*s.inspect.valid_range())
+        try:
+            np.testing.assert_array_equal(s.inspect.get(g).obs.numpy(), expected_obs(data, g))  # chunk reads
+            assert len(array._indexes) > 1
+        finally:
+            hold.set()
+        wait_preloaded(s)
+        held = set(col.resident.buffers)
+        assert len(held) > 1 and not held & set(array._indexes) and not held & set(array._fds)
+        np.testing.assert_array_equal(s.inspect.get(g).obs.numpy(), expected_obs(data, g))
 
 
 def test_a_load_that_raced_a_drop_is_not_installed(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import mmreplay
+from mmreplay._native import bulk
 from mmreplay._native import decode as native
 from mmreplay.reading.resident import ResidentShards
 from torture import resume_budget, resume_create, resume_cycle, resume_transition, resume_wrong_rows
@@ -81,27 +82,44 @@ def test_the_loader_never_installs_a_shard_the_resumed_writer_entered(wrapped, m
     def in_loader() -> bool:
         return threading.current_thread().name == "mmreplay-preload"
 
+    def hold_if(hit: bool) -> None:
+        if in_loader() and hit:
+            held.set()
+            assert go.wait(WAIT)
+
+    # The loader reads groups of files through ``bulk`` (``load_many``), or one file at a time (``load``)
+    # where that is not available: both are held.
     if pause == "before-reading":
-        real_load = ResidentShards.load
+        real_load, real_load_many = ResidentShards.load, ResidentShards.load_many
 
         def load(self, shard, *args, **kw):
-            if in_loader() and shard == target.get("shard"):
-                held.set()
-                assert go.wait(WAIT)
+            hold_if(shard == target.get("shard"))
             return real_load(self, shard, *args, **kw)
 
+        def load_many(self, opened, *args, **kw):
+            hold_if(target.get("shard") in opened.shards)
+            return real_load_many(self, opened, *args, **kw)
+
         monkeypatch.setattr(ResidentShards, "load", load)
+        monkeypatch.setattr(ResidentShards, "load_many", load_many)
     else:
-        real_preadv = os.preadv
+        real_preadv, real_read_files = os.preadv, bulk.read_files
+
+        def is_target(fd) -> bool:
+            return fd >= 0 and os.readlink(f"/proc/self/fd/{fd}") == target.get("path")
 
         def preadv(fd, buffers, offset):
             got = real_preadv(fd, buffers, offset)
-            if in_loader() and os.readlink(f"/proc/self/fd/{fd}") == target.get("path"):
-                held.set()
-                assert go.wait(WAIT)
+            hold_if(is_target(fd))
+            return got
+
+        def read_files(fds, *args):
+            got = real_read_files(fds, *args)
+            hold_if(any(is_target(int(fd)) for fd in fds))  # read, not yet installed (nor closed)
             return got
 
         monkeypatch.setattr(os, "preadv", preadv)
+        monkeypatch.setattr(bulk, "read_files", read_files)
     # Which shard the writer enters next is known once the store is open: the loader is held at start-up
     # (it lists the shards, then waits here) until it is named.
     from mmreplay.reading.frames import FrameReader

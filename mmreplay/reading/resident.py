@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 
 from mmreplay.errors import CorruptDataError
+from mmreplay._native import bulk
 from mmreplay.storage.layout import ArrayLayout
 from mmreplay.storage.shardfile import EMPTY, index_nbytes, parse_index
 
@@ -47,6 +48,21 @@ def _allocate(size: int) -> np.ndarray:
     """A buffer of its own pages: freed to the system when dropped. (From malloc, shards loaded by
     several threads landed in per-thread arenas whose freed space the process kept: +60 MB of RSS each.)"""
     return np.frombuffer(mmap.mmap(-1, max(1, size)), dtype=np.uint8)[:size]
+
+
+def _page_round(n: int) -> int:
+    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+class OpenedShards:
+    """Shard files of one column opened together (``ResidentShards.open_many``), the kernel already
+    reading them (``bulk.open_files``); ``load_many`` reads, holds and closes them."""
+
+    def __init__(self, shards: list[int], fds: np.ndarray, sizes: np.ndarray):
+        self.shards, self.fds, self.sizes = shards, fds, sizes
+
+    def close(self) -> None:
+        bulk.close_files(self.fds)
 
 
 class ResidentShards:
@@ -63,12 +79,18 @@ class ResidentShards:
         self.nbytes = 0
         self.loads = 0  # shards read from their files
         self.refused = 0  # size of the last file refused for want of room (a partial tier is full)
+        # shard -> (mapping, offset, bytes) of a shard loaded by ``load_many`` into a mapping it shares with
+        # others of its group: released, its own pages are given back at once (``_release``)
+        self._spans: dict[int, tuple[mmap.mmap, int, int]] = {}
         self._generation: dict[int, int] = {}  # shard -> writer-side changes so far (drops and installs)
         self._epoch = 0  # drops of everything so far
         # Reentrant: a decode holding it (``reading``) may load a missing shard whole (``load``).
         self._lock = threading.RLock()
         # ``ShardedArray.check_file``: a loaded file must be the one the commit expects (storage/sharded.py)
         self.check_file: Callable[[int, np.ndarray], None] | None = None
+        # ``ShardedArray.forget``: a shard held here is not read from its file, so the file's cached index
+        # (~3 KB a shard, ~30 MB for the 10,000 shards of 10M Atari transitions) is let go once it is held
+        self.forget_files: Callable[[list[int]], None] | None = None
 
     def full(self, budget: int) -> bool:
         """No room for another shard within ``budget`` (judged by the last file refused: shards of one store
@@ -107,7 +129,7 @@ class ResidentShards:
         return False
 
     def _install(self, shard: int, raw, generation: int, epoch: int, *, replace: bool,
-                 budget: int | None = None) -> bool:
+                 budget: int | None = None, span: tuple[mmap.mmap, int, int] | None = None) -> bool:
         buf = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
         try:
             index = self._parse(shard, buf)
@@ -135,6 +157,8 @@ class ResidentShards:
             self.chunk_addr[lo:lo + self.per_shard] = addr
             self.buffers[shard] = buf
             self.nbytes += buf.nbytes
+            if span is not None:
+                self._spans[shard] = span
         return True
 
     def _parse(self, shard: int, buf: np.ndarray) -> np.ndarray:
@@ -191,7 +215,67 @@ class ResidentShards:
                 self.check_file(shard, buf)
             except CorruptDataError:
                 return False  # not held: the file path reads it and reports what it is
-        return self._install(shard, buf, generation, epoch, replace=False, budget=budget)
+        if not self._install(shard, buf, generation, epoch, replace=False, budget=budget):
+            return False
+        if self.forget_files is not None:
+            self.forget_files([shard])
+        return True
+
+    def open_many(self, shards: list[int]) -> OpenedShards:
+        """Open the files of ``shards`` (to be read by ``load_many``): the kernel starts reading them now, so
+        the device works on this group while the previous one is copied. No Python runs per file."""
+        fds, sizes = bulk.open_files([self.layout.shard_file(self.root, s) for s in shards])
+        return OpenedShards(list(shards), fds, sizes)
+
+    def load_many(self, opened: OpenedShards, budget: int, expected: tuple[dict[int, int], int]) -> int:
+        """``load`` for a group of opened files (then closed): those that fit ``budget`` are read whole into
+        one mapping (each at a page boundary, its pages its own) by one compiled call with the GIL released,
+        then checked and held like ``load``'s. ``expected``: (generations, epoch) as ``generations`` gave
+        them when the caller listed the shards; a shard changed since is not held. Returns how many were held."""
+        try:
+            sizes = opened.sizes
+            room = budget - self.nbytes
+            offsets = np.zeros(sizes.size, dtype=np.int64)
+            take = np.zeros(sizes.size, dtype=bool)
+            end = 0
+            for i, size in enumerate(sizes.tolist()):
+                if size < 0:
+                    continue  # no file: the chunk-by-chunk path reads (and reports) it
+                if size > room:
+                    self.refused = size
+                    break  # full: the rest is read from the files
+                take[i], offsets[i] = True, end
+                room -= size
+                end += _page_round(max(1, size))
+            if not take.any():
+                return 0
+            mapping = mmap.mmap(-1, end, flags=mmap.MAP_PRIVATE)
+            base = np.frombuffer(mapping, dtype=np.uint8)
+            got = bulk.read_files(opened.fds, sizes, base, offsets, take)
+        finally:
+            opened.close()
+        generations, epoch = expected
+        held: list[int] = []
+        for i in np.flatnonzero(take).tolist():
+            shard, size, offset = opened.shards[i], int(sizes[i]), int(offsets[i])
+            span = (mapping, offset, _page_round(max(1, size)))
+            buf = base[offset:offset + size]
+            ok = got[i] == size
+            if ok:
+                self.loads += 1
+                try:
+                    if self.check_file is not None:
+                        self.check_file(shard, buf)
+                except CorruptDataError:
+                    ok = False  # not held: the file path reads it and reports what it is
+            if ok and self._install(shard, buf, generations.get(shard, 0), epoch, replace=False, budget=budget,
+                                    span=span) and self.buffers.get(shard) is buf:
+                held.append(shard)
+            else:  # not held (refused, or another thread's copy is): its pages are given back
+                mapping.madvise(mmap.MADV_DONTNEED, span[1], span[2])
+        if held and self.forget_files is not None:
+            self.forget_files(held)
+        return len(held)
 
     def drop(self, shards=None) -> None:
         """Forget shards (all when None): their files changed, the writer entered them again, or the tier
@@ -210,3 +294,6 @@ class ResidentShards:
             self.chunk_addr[lo:lo + self.per_shard] = 0
             self.chunk_size[lo:lo + self.per_shard] = 0
             self.nbytes -= buf.nbytes
+        span = self._spans.pop(shard, None)
+        if span is not None:  # its mapping lives on while other shards of its group are held: free its pages
+            span[0].madvise(mmap.MADV_DONTNEED, span[1], span[2])

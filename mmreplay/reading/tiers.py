@@ -33,7 +33,9 @@ MIN_DECODED_SHARE = 0.65
 # before their frames are copied out: it would hold under ~3% of the frames (10M Atari in 1.4 GB: 0.4% hits
 # measured, with 268 MB), so it gets this much and the rest of the budget stays unspent (the index ring,
 # the batches and the interpreter need RAM too: peak RSS was 520 MB over a 1.4 GB budget without this cap).
-PARTIAL_DECODED_BYTES = 64 << 20
+# 32 MiB holds one Atari batch-256's runs (<= 512 runs of 8 frames, 29 MB); a batch that needs more grows
+# the slab to fit it (``ChunkCache``), as DMC's runs of 16 colour frames do at either size.
+PARTIAL_DECODED_BYTES = 32 << 20
 
 
 @dataclass

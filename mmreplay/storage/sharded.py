@@ -73,7 +73,7 @@ class ShardedArray:
         self.compressor = numcodecs_compressor(layout.codec, layout.np_dtype)
         self.chunk_shape = (layout.chunk_rows, *layout.row_shape)
         self._indexes: dict[int, np.ndarray | None] = {}  # shard -> index; None = no file (all empty)
-        self._chunk_crcs: dict[int, tuple | None] = {}  # shard -> crc32c of each chunk, from its checked tag
+        self._chunk_crcs: dict[int, np.ndarray | None] = {}  # shard -> crc32c of each chunk, from its checked tag
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._lock = threading.Lock()
         self.identities: dict[int, int] = {}  # file shard -> identity of its file (expected, or written here)
@@ -222,7 +222,7 @@ class ShardedArray:
                     raise CorruptDataError(f"{self.where(shard, inner)}: read {len(raw)} of {nbytes} bytes "
                                            "(truncated shard file?)")
                 crcs = self._chunk_crcs.get(shard)
-                if crcs is not None and raw[-CRC_BYTES:] != crcs[inner].to_bytes(CRC_BYTES, "little"):
+                if crcs is not None and raw[-CRC_BYTES:] != int(crcs[inner]).to_bytes(CRC_BYTES, "little"):
                     raise CorruptDataError(f"{self.where(shard, inner)}: chunk checksum differs from the one the "
                                            "shard's identity tag lists (the chunk was replaced)")
         if raw is None:
@@ -330,7 +330,8 @@ class ShardedArray:
         tail = read_tail(fd, size, n)
         crcs = self._check_tail(shard, tail)
         index = _as_columns(index_from_tail(tail, size, n, f"array {self.layout.path!r}, shard {shard}"))
-        self._chunk_crcs[shard] = crcs
+        # 4 bytes a chunk (a tuple of ints costs ~36): a reader keeps these for every shard it read from
+        self._chunk_crcs[shard] = None if crcs is None else np.asarray(crcs, dtype=np.uint32)
         return index
 
     def _close_fd(self, shard: int) -> None:
