@@ -116,7 +116,7 @@ class Settings:
       flight (one thread each; ``reading/disk.py``). An SSD or a virtio disk serves several times more
       random reads per second at depth 32 than at depth 1; 1 reads one chunk after another.
     - ``codec_threads``: helper threads that share a batch's frame decodes and copies with the sampling
-      thread, one set per process (``reading/helpers.py``); ``None`` (default): one fewer than the cores the
+      thread, one set per process (``_native/helpers.py``); ``None`` (default): one fewer than the cores the
       process may use, none in a DataLoader worker; ``0`` turns them off. Overridden by
       ``MMREPLAY_CODEC_THREADS``. Per process: the first batch decoded makes them, with the value in effect then.
     - ``encoder``: where a writer compresses its image shards: ``"process"`` (default: a child process, so

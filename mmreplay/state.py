@@ -31,7 +31,7 @@ from mmreplay.columns.spec import Schema
 from mmreplay.errors import FormatError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
-from mmreplay.sampling.draw import lowest_read
+from mmreplay._native.draw import lowest_read
 from mmreplay.sampling.registry import PrioritySets, SamplerStates
 from mmreplay.sampling.strategy import DrawStrategy, DrawView, Picked
 from mmreplay.settings import Settings

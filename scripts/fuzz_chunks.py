@@ -195,7 +195,7 @@ def _crc_of_views() -> None:
 def codec_batch(path: str, seed: int, n: int, recompute: float = 0.9) -> dict:
     """``n`` mutated chunks through one read path (``file`` or ``compiled``): counts by outcome."""
     from mmreplay.errors import CorruptDataError
-    from mmreplay.reading import native
+    from mmreplay._native import decode as native
     from mmreplay.storage.codecs import Compressor
     from mmreplay.storage.shardfile import crc32c, decode_chunk
 
@@ -268,7 +268,7 @@ def store_batch(path: str, seed: int, n: int, store: str) -> dict:
     """``n`` mutated committed shard files read the way the store reads them, through one path."""
     import mmreplay
     from mmreplay.errors import CorruptDataError
-    from mmreplay.reading import native
+    from mmreplay._native import decode as native
     from mmreplay.reading.resident import ResidentShards
     from mmreplay.storage.shardfile import CRC_BYTES, crc32c, index_nbytes, tag_nbytes
 

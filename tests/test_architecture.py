@@ -150,7 +150,7 @@ def test_no_import_cycles_in_the_package():
 
 # -- docstrings: every class of the data path says what it is ------------------------------------------
 
-DATA_PATH = ("reading", "storage", "sampling", "index", "columns")
+DATA_PATH = ("reading", "storage", "sampling", "index", "columns", "_native")
 
 
 def test_every_data_path_class_has_a_docstring():
@@ -172,3 +172,66 @@ def test_clock_ids_come_from_the_time_module():
                 names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id.startswith("CLOCK_")]
                 literals += [f"{path.relative_to(ROOT)}:{node.lineno} {name}" for name in names]
     assert not literals, f"clock ids given as literals: {literals}"
+
+
+def _compiled_functions(path: pathlib.Path) -> list[str]:
+    """Functions of a file decorated with numba (``njit``, ``jit``, ``intrinsic``, ...) or compiled by a call."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef):
+            for deco in node.decorator_list:
+                text = ast.unparse(deco)
+                if "numba" in text or "njit" in text or "intrinsic" in text or text.startswith("_typed"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_compiled_code_lives_in_the_native_package():
+    """Every numba kernel and intrinsic is in ``mmreplay/_native`` (one place to audit raw writes), and
+    every module there states its invariant."""
+    outside = [f for path in sorted(PACKAGE.rglob("*.py")) if "_native" not in path.parts
+               for f in _compiled_functions(path)]
+    assert not outside, f"compiled code outside mmreplay/_native: {outside}"
+    inside = [f for path in sorted((PACKAGE / "_native").rglob("*.py")) for f in _compiled_functions(path)]
+    assert len(inside) > 40, inside  # it found the kernels
+    for path in sorted((PACKAGE / "_native").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        assert "Invariant" in doc, f"{path.relative_to(ROOT)} has no docstring stating its invariant"
+
+
+def _kernel_names() -> dict[str, set[str]]:
+    """``mmreplay._native.<module>`` -> the names of its compiled functions."""
+    kernels = {}
+    for path in sorted((PACKAGE / "_native").glob("*.py")):
+        names = {entry.rsplit(" ", 1)[1] for entry in _compiled_functions(path)}
+        kernels[f"mmreplay._native.{path.stem}"] = names
+    return kernels
+
+
+def test_the_package_reaches_kernels_only_through_checked_entry_points():
+    """Outside ``mmreplay/_native`` no module names a compiled function: it calls the Python entry point
+    that checks bounds before the kernel writes (imported by name, or as an attribute of the module)."""
+    kernels = _kernel_names()
+    used = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "_native" in path.parts:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}  # a local name -> the _native module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mmreplay._native"):
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in kernels:
+                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    elif alias.name in kernels.get(node.module, ()):
+                        used.append(f"{path.relative_to(ROOT)}:{node.lineno} {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in kernels and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                    and node.attr in kernels[aliases[node.value.id]]:
+                used.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value.id}.{node.attr}")
+    assert sum(len(names) for names in kernels.values()) > 40  # it found the kernels
+    assert not used, f"kernels called without their checked entry point: {used}"

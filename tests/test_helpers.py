@@ -1,4 +1,4 @@
-"""The codec helpers (``reading/helpers.py``): jobs shared with helper threads give exactly what the
+"""The codec helpers (``_native/helpers.py``): jobs shared with helper threads give exactly what the
 caller's thread alone gives, failures included; a caller never waits on a helper that is asleep, busy
 elsewhere or absent; and a forked child gets helpers of its own."""
 
@@ -10,8 +10,8 @@ import torch
 import pytest
 
 import mmreplay
-from mmreplay.reading import helpers, native
-from mmreplay.reading.gather import gather_stacks
+from mmreplay._native import decode as native, helpers
+from mmreplay._native.gather import gather_stacks
 from test_reading import atari_like, chunk_bytes, direct_budget, expected_obs, frames  # noqa: F401 (a fixture)
 from numcodecs import blosc
 
@@ -60,14 +60,16 @@ def test_shared_decodes_land_where_asked_and_a_corrupt_chunk_is_reported(two_hel
     dst = out.ctypes.data + np.arange(n, dtype=np.int64) * out[0].nbytes
     copies = np.where(np.arange(n) % 3 == 0, copies_out.ctypes.data + np.arange(n) * out[0].nbytes, 0).astype(np.int64)
     status = np.full(n, -1, np.int8)
-    assert two_helpers.decode(src, sizes, dst, copies, out[0].nbytes, native.CODEC_BLOSC, status) == 0
+    assert two_helpers.decode(src, sizes, dst, copies, out[0].nbytes, native.CODEC_BLOSC, status,
+                              (out, copies_out)) == 0
     assert (status == native.OK).all()
     np.testing.assert_array_equal(out, data)
     np.testing.assert_array_equal(copies_out[::3], data[::3])
     # one flipped byte in chunk 150 (a piece that either thread may take): that chunk fails, the rest decode
     buf[src[150] - buf.ctypes.data + 5] ^= 0xFF
     out[:] = 0
-    assert two_helpers.decode(src, sizes, dst, copies, out[0].nbytes, native.CODEC_BLOSC, status) == 1
+    assert two_helpers.decode(src, sizes, dst, copies, out[0].nbytes, native.CODEC_BLOSC, status,
+                              (out, copies_out)) == 1
     assert status[150] == native.BAD_CHECKSUM and np.count_nonzero(status) == 1
     np.testing.assert_array_equal(np.delete(out, 150, 0), np.delete(data, 150, 0))
 
@@ -147,7 +149,10 @@ def test_arrays_a_helper_could_not_rebuild_are_left_to_the_caller(two_helpers):
     assert not two_helpers.gather(slab.astype(np.int32), index, 4, True, out, out)  # a dtype not copied
     assert not two_helpers.gather(slab, index, 3, True, out, out)  # an index that is not of stacks of 3
     a = np.zeros(40, np.int64)
-    assert two_helpers.decode(a[::2], a[:20], a[:20], a[:20], 8, 0, np.zeros(20, np.int8)) is None
-    assert two_helpers.decode(a[:20], a[:19], a[:20], a[:20], 8, 0, np.zeros(20, np.int8)) is None
-    assert two_helpers.decode(a[:20], a[:20], a[:20], a[:20], 8, 0, np.zeros(20, np.int32)) is None
+    room = np.zeros((20, 8), np.uint8)
+    dst = room.ctypes.data + np.arange(20, dtype=np.int64) * 8
+    assert two_helpers.decode(a[::2], a[:20], dst, a[:20], 8, 0, np.zeros(20, np.int8), (room,)) is None
+    assert two_helpers.decode(a[:20], a[:20], dst, a[:20], 8, 0, np.zeros(20, np.int32), (room,)) is None
+    with pytest.raises(ValueError, match="disagree in length: 20 sources, 19 sizes"):  # a caller's bug
+        two_helpers.decode(a[:20], a[:19], dst, a[:20], 8, 0, np.zeros(20, np.int8), (room,))
     assert two_helpers.gather(slab, index, 4, True, out, out)  # and a plain job still runs

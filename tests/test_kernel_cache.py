@@ -2,7 +2,7 @@
 
 import os
 
-from mmreplay import kernel_cache
+from mmreplay._native import kernel_cache
 
 
 def _module_with_cache(tmp_path, cache_mtime):

@@ -17,7 +17,7 @@ import mmreplay
 import synthetic as syn
 from conftest import encoder_children
 from mmreplay.storage import encoder as encoder_module
-from mmreplay.reading import helpers
+from mmreplay._native import helpers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATARI = spaces.Box(0, 255, (84, 84), np.uint8)

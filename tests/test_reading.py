@@ -13,7 +13,7 @@ from numcodecs import blosc, zstd
 
 import mmreplay
 from conftest import wait_preloaded
-from mmreplay.reading import native
+from mmreplay._native import decode as native
 from mmreplay.reading.frames import FrameReader
 from mmreplay.reading.tiers import (MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, PARTIAL_RESIDENT_SHARE, TierPlan,
                                     plan_tiers)

@@ -10,7 +10,7 @@ from gymnasium import spaces
 import mmreplay
 from conftest import encoder_children, frame
 from mmreplay import settings
-from mmreplay.reading import helpers
+from mmreplay._native import helpers
 from mmreplay.settings import CODEC_THREADS_ENV, ENCODER_ENV, Settings
 from mmreplay.storage.encoder import MIN_ROW_BYTES, ShardEncoder
 

@@ -13,7 +13,7 @@ from gymnasium import spaces
 import mmreplay
 import synthetic as syn
 from mmreplay.errors import CorruptDataError
-from mmreplay.reading import native
+from mmreplay._native import decode as native
 from mmreplay.storage import temporal
 from mmreplay.storage.codecs import validate_codec
 from reference import ReferenceReplay, assert_batch_matches

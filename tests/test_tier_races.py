@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import mmreplay
-from mmreplay.reading import native
+from mmreplay._native import decode as native
 from mmreplay.reading.resident import ResidentShards
 from torture import resume_budget, resume_create, resume_cycle, resume_transition, resume_wrong_rows
 
@@ -145,7 +145,7 @@ WINDOW = textwrap.dedent("""
     sys.path.insert(0, {here!r})
     import numpy as np
     import mmreplay
-    from mmreplay.reading import native
+    from mmreplay._native import decode as native
     from mmreplay.reading.frames import FrameReader
     from torture import resume_transition, resume_wrong_rows
     WAIT = 60

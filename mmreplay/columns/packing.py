@@ -8,8 +8,9 @@ set of positions is a handful of vectorised numpy operations (no per-element Pyt
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from mmreplay._native import packing as kernels
 
 PACKABLE_BITS = (1, 2, 4)
 
@@ -51,29 +52,13 @@ def read_codes(buf: np.ndarray, bits: int, positions: np.ndarray) -> np.ndarray:
 
 def decode_into(buf: np.ndarray, bits: int, positions: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
     """``out[i] = table[code at positions[i]]``: read and decode in one pass (the sampler's hot path)."""
-    _decode_into(buf, bits, positions, table, out)  # 1-D int64 positions and out (the sampler's own arrays)
-
-
-@numba.njit(cache=True, nogil=True)
-def _decode_into(buf, bits, positions, table, out):  # pragma: no cover (compiled)
-    mask = (1 << bits) - 1
-    for i in range(positions.size):
-        bit_pos = positions[i] * bits
-        out[i] = table[(buf[bit_pos >> 3] >> (bit_pos & 7)) & mask]
+    kernels.decode_into(buf, bits, positions, table, out)  # 1-D int64 positions and out (the sampler's own arrays)
 
 
 def bits_into(first: np.ndarray, second: np.ndarray, positions: np.ndarray, out_first: np.ndarray,
               out_second: np.ndarray) -> None:
     """Two 1-bit columns at the same positions as booleans, in one pass (a batch's two episode flags)."""
-    _bits_into(first, second, positions, out_first, out_second)
-
-
-@numba.njit(cache=True, nogil=True)
-def _bits_into(first, second, positions, out_first, out_second):  # pragma: no cover (compiled)
-    for i in range(positions.size):
-        p = positions[i]
-        out_first[i] = (first[p >> 3] >> (p & 7)) & 1
-        out_second[i] = (second[p >> 3] >> (p & 7)) & 1
+    kernels.bits_into(first, second, positions, out_first, out_second)
 
 
 def write_codes(buf: np.ndarray, bits: int, positions: np.ndarray, codes: np.ndarray) -> None:

@@ -18,16 +18,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-import numba
-
 from mmreplay.columns import packing
 from mmreplay.columns.spec import ColumnSpec
-from mmreplay.intrinsics import prefetch
 from mmreplay.storage.layout import RingGeometry, transition_layout
 from mmreplay.storage.sharded import ShardedArray
-from mmreplay import intrinsics, kernel_cache
-
-kernel_cache.follow(__file__, packing, intrinsics)  # the kernels inline both (see kernel_cache)
+from mmreplay._native import ring as kernels
 
 U32 = np.uint32
 NO_FRAME = np.iinfo(np.int64).max
@@ -275,9 +270,9 @@ class TransitionRing:
         obs_ids = np.empty((g.size, k), dtype=np.int64)
         next_ids = np.empty((g.size, k), dtype=np.int64)
         valid = np.empty(g.size, dtype=np.bool_)
-        stack_frames_into(g, k, self.arrays["obs_frame"], self.arrays["next_frame"], self.arrays["prev_delta"],
-                      0 if self.capacity is None else self.rows, self.oldest, self.head, frame_head,
-                      obs_ids, next_ids, valid)
+        kernels.stack_frames(g, k, self.arrays["obs_frame"], self.arrays["next_frame"], self.arrays["prev_delta"],
+                             0 if self.capacity is None else self.rows, self.oldest, self.head, frame_head,
+                             obs_ids, next_ids, valid)
         return obs_ids, next_ids, valid
 
     def count_valid(self, k: int, frame_head: int | None = None) -> int:
@@ -306,51 +301,3 @@ def as_transition_ids(indices) -> np.ndarray:
         raise TypeError(f"expected integer transition ids (e.g. Batch.indices), got dtype {g.dtype}: "
                         f"{g.reshape(-1)[:4].tolist()}")
     return np.ascontiguousarray(g, dtype=np.int64).reshape(-1)
-
-
-@numba.njit(cache=True, nogil=True)
-def _prefetch_rows(g, ring_rows, obs_frame, next_frame, prev_delta):  # pragma: no cover (compiled)
-    """Ask for the index rows of transitions ``g`` (and the line before, where a stack walks back) before
-    they are read: random rows of a 1M ring are cache misses, and asked for all at once they overlap
-    instead of being waited for one after the other (Atari batch-256: stack walk 55-73 -> 13-16 us)."""
-    obs_at, next_at, prev_at = obs_frame.ctypes.data, next_frame.ctypes.data, prev_delta.ctypes.data
-    for i in range(g.size):
-        slot = g[i] % ring_rows if ring_rows else g[i]
-        if 0 <= slot < obs_frame.size:
-            prefetch(obs_at + slot * obs_frame.itemsize)
-            prefetch(next_at + slot * next_frame.itemsize)
-            prefetch(prev_at + slot * prev_delta.itemsize)
-            back = max(slot - 8, 0)  # a stack of 4 reads up to 3 rows back: maybe the previous line
-            prefetch(obs_at + back * obs_frame.itemsize)
-            prefetch(prev_at + back * prev_delta.itemsize)
-
-
-@numba.njit(cache=True, nogil=True)
-def stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head,
-                  obs_ids, next_ids, valid):  # pragma: no cover (compiled)
-    """``stack_frames`` per transition: walk ``prev_delta`` back ``k - 1`` steps (staying put at an
-    episode start), turning each 32-bit frame id into its global id (within 2**32 of ``frame_head``)."""
-    _prefetch_rows(g, ring_rows, obs_frame, next_frame, prev_delta)
-    head32 = np.uint32(frame_head & 0xFFFFFFFF)
-    for i in range(g.size):
-        cur = g[i]
-        ok = oldest <= cur < head
-        slot = cur % ring_rows if ring_rows else cur
-        if not 0 <= slot < obs_frame.size:
-            slot = 0  # an id outside the ring: reported invalid, any frame will do
-            ok = False
-        obs_ids[i, k - 1] = frame_head - np.int64(np.uint32(head32 - obs_frame[slot]))
-        next_ids[i, k - 1] = frame_head - np.int64(np.uint32(head32 - next_frame[slot]))
-        for j in range(1, k):
-            delta = np.int64(prev_delta[slot])
-            if delta > 0:
-                prev = cur - delta
-                if prev >= oldest:
-                    cur = prev
-                    slot = cur % ring_rows if ring_rows else cur
-                else:
-                    ok = False  # the stack needs a transition the ring gave up
-            obs_ids[i, k - 1 - j] = frame_head - np.int64(np.uint32(head32 - obs_frame[slot]))
-        for j in range(k - 1):
-            next_ids[i, j] = obs_ids[i, j + 1]
-        valid[i] = ok

@@ -20,8 +20,10 @@ run.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from mmreplay._native import sumtree as kernels
+from mmreplay._native.bounds import check_indices
 
 DEFAULT_BRANCHING = 32
 
@@ -68,7 +70,7 @@ class SumTree:
         """Leaf indices whose cumulative intervals contain ``u`` (each in ``[0, total)``)."""
         u = np.ascontiguousarray(u, dtype=np.float64).reshape(-1)
         out = np.empty(u.size, dtype=np.int64)
-        _find(self.sums, self.offsets, self.b, self.n_leaves, u, out)
+        kernels.find(self.sums, self.offsets, self.b, self.n_leaves, u, out)
         return out
 
     # -- writing ----------------------------------------------------------------------------------
@@ -79,10 +81,11 @@ class SumTree:
             return
         values = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64), leaves.shape))
         if leaves.size * 4 >= self.n_leaves:  # cheaper to recompute every level once
+            check_indices("leaves", leaves, 0, self.n_leaves)  # numpy would wrap a negative leaf onto the root
             self.sums[leaves] = values
             self.rebuild()
             return
-        _update(self.sums, self.mins, self.offsets, self.b, leaves, values)
+        kernels.update(self.sums, self.mins, self.offsets, self.b, self.n_leaves, leaves, values)
 
     def set_all(self, values: np.ndarray) -> None:
         """Replace every leaf (``values`` has ``n_leaves`` entries)."""
@@ -103,56 +106,3 @@ class SumTree:
             self.mins[here] = np.inf
             self.sums[off[level]: off[level] + n] = self.sums[below].reshape(-1, b).sum(axis=1)
             self.mins[off[level]: off[level] + n] = self.mins[below].reshape(-1, b).min(axis=1)
-
-
-@numba.njit(cache=True, nogil=True)
-def _find(sums, offsets, b, n_leaves, u, out):  # pragma: no cover (compiled)
-    for i in range(u.size):
-        out[i] = find_one(sums, offsets, b, n_leaves, u[i])
-
-
-@numba.njit(cache=True, nogil=True)
-def _update(sums, mins, offsets, b, leaves, values):  # pragma: no cover (compiled)
-    for i in range(leaves.size):  # every leaf first, so repeated parents are recomputed from final values
-        set_leaf(sums, mins, leaves[i], values[i])
-    refresh_parents(sums, mins, offsets, b, leaves)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def set_leaf(sums, mins, leaf, value):  # pragma: no cover (compiled)
-    sums[leaf] = value
-    mins[leaf] = value if value > 0 else np.inf
-
-
-@numba.njit(cache=True, nogil=True)
-def refresh_parents(sums, mins, offsets, b, leaves):  # pragma: no cover (compiled)
-    """Recompute every ancestor of ``leaves`` from its children (after the leaves were set)."""
-    top = offsets.size - 2
-    for i in range(leaves.size):
-        node = leaves[i]
-        for level in range(top):
-            parent = node // b
-            start = offsets[level] + parent * b
-            s = 0.0
-            m = np.inf
-            for c in range(b):
-                s += sums[start + c]
-                if mins[start + c] < m:
-                    m = mins[start + c]
-            sums[offsets[level + 1] + parent] = s
-            mins[offsets[level + 1] + parent] = m
-            node = parent
-
-
-@numba.njit(cache=True, nogil=True)
-def find_one(sums, offsets, b, n_leaves, x):  # pragma: no cover (compiled)
-    """The leaf whose cumulative interval contains ``x``."""
-    node = 0
-    for level in range(offsets.size - 3, -1, -1):
-        start = offsets[level] + node * b
-        j = 0
-        while j < b - 1 and x >= sums[start + j]:
-            x -= sums[start + j]
-            j += 1
-        node = node * b + j
-    return min(node, n_leaves - 1)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
+
+from mmreplay._native import cache as kernels
 
 
 @dataclass
@@ -82,7 +83,8 @@ class ChunkCache:
         self.tick += 1
         slab_rows = np.empty(ids.size, dtype=np.int64)
         chunks = np.empty(ids.size, dtype=np.int64)
-        n_hit = _lookup_rows(self.slot_of, self.last_used, self.tick, ids, ring_rows, chunk_rows, slab_rows, chunks)
+        n_hit = kernels.lookup_rows(self.slot_of, self.last_used, self.tick, ids, ring_rows, chunk_rows, slab_rows,
+                                    chunks)
         self.stats.hits += n_hit
         self.stats.misses += ids.size - n_hit
         return slab_rows, chunks, n_hit
@@ -167,25 +169,3 @@ class ChunkCache:
         self.stats.capacity_bytes = self.n_slots * self.chunk_nbytes
         self.n_used = self.n_slots
         return np.arange(old, old + extra)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def slab_row(slot_of, ring_rows, chunk_rows, frame_id):  # pragma: no cover (compiled)
-    """Row of the flat slab holding frame ``frame_id`` (array row ``id % ring_rows``, or ``id`` when
-    ``ring_rows`` is 0), or -1 if its chunk is not cached."""
-    row = frame_id % ring_rows if ring_rows else frame_id
-    slot = slot_of[row // chunk_rows]
-    return np.int64(slot) * chunk_rows + row % chunk_rows if slot >= 0 else np.int64(-1)
-
-
-@numba.njit(cache=True, nogil=True)
-def _lookup_rows(slot_of, last_used, tick, ids, ring_rows, chunk_rows, slab_rows, chunks):  # pragma: no cover
-    n_hit = 0
-    for i in range(ids.size):
-        row = ids[i] % ring_rows if ring_rows else ids[i]
-        chunks[i] = row // chunk_rows
-        slab_rows[i] = slab_row(slot_of, ring_rows, chunk_rows, ids[i])
-        if slab_rows[i] >= 0:
-            last_used[slab_rows[i] // chunk_rows] = tick
-            n_hit += 1
-    return n_hit

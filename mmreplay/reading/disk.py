@@ -5,7 +5,7 @@ the commit expects holds them (the file's identity checked when its index was re
 matching the one its identity tag lists), or "empty" where the index marks the chunk empty and
 ``ShardedArray.check_empty_chunk`` allows it; otherwise it raises (``OSError`` naming the file for a failed
 read, ``CorruptDataError`` for a short read, a missing or misplaced file, a replaced chunk). Nothing is
-decoded here: the caller checks and decodes the bytes with the compiled decoders (``reading/native.py``).
+decoded here: the caller checks and decodes the bytes with the compiled decoders (``_native/decode.py``).
 
 How: each shard's index is parsed once and kept (``ShardedArray``); chunks of one file lying within
 ``MERGE_GAP`` bytes of each other (a sample's stack spans consecutive chunks) are one read; the reads are

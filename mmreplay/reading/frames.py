@@ -6,7 +6,7 @@ of that batch in the cache. Each frame passes through at most three tiers:
 
 1. the **decoded cache** (``reading/cache.py``), a hit costs a copy;
 2. the **compressed tier** (``reading/resident.py``), whole shard files held in RAM: a miss there is
-   decoded by compiled code (``reading/native.py``) with no Python per chunk and the GIL released,
+   decoded by compiled code (``_native/decode.py``) with no Python per chunk and the GIL released,
    shared with the codec helpers when a batch has many;
 3. the **file** (``reading/disk.py``): the chunks of shards the compressed tier does not hold (a store larger
    than its share of the budget: the tier then holds as many whole shards as fit), all of a batch's read
@@ -32,17 +32,17 @@ import threading
 import numpy as np
 
 from mmreplay.errors import CorruptDataError
-from mmreplay.reading import native
+from mmreplay._native import decode as native
 from mmreplay.reading.disk import FileReads
 from mmreplay.settings import DEFAULT_IO_DEPTH
-from mmreplay.reading.gather import gather_cached, gather_stacks, index_cached
-from mmreplay.reading.helpers import DECODES_PER_PIECE, RUNS_PER_PIECE, STACKS_PER_PIECE, codec_helpers
+from mmreplay._native.gather import checked_gather_cached, checked_gather_stacks, checked_index_cached
+from mmreplay._native.helpers import DECODES_PER_PIECE, RUNS_PER_PIECE, STACKS_PER_PIECE, codec_helpers
 from mmreplay.reading.resident import EMPTY_CHUNK
 from mmreplay.reading.tiers import ColumnReader, decodes_direct, plan_tiers
 from mmreplay.storage.frame_ring import FrameEvents, FrameRing
 
 # From this many stacks a batch's copy out of the decoded slab, and from this many decodes its decodes, are
-# shared with the codec helpers (``reading/helpers.py``: a piece of ~10-20 us costs two atomic operations
+# shared with the codec helpers (``_native/helpers.py``: a piece of ~10-20 us costs two atomic operations
 # to hand over); below, one compiled call in the caller's thread is cheaper.
 SHARED_MIN_STACKS = 2 * STACKS_PER_PIECE
 SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE
@@ -307,15 +307,15 @@ class FrameReader(FrameEvents):
         # the same call (small batches) or shared with the helpers.
         cache.tick += 1
         if helpers is None:
-            hits = gather_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows, slab,
-                                 obs_ids, next_ids, shifted, obs_words, next_words)
+            hits = checked_gather_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows,
+                                         slab, obs_ids, next_ids, shifted, obs_words, next_words)
             if hits >= 0:
                 cache.stats.hits += hits
                 return
         else:
             index = np.empty((n, k + 1 if shifted else 2 * k), dtype=np.int64)
-            hits = index_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows, obs_ids,
-                                next_ids, shifted, index)
+            hits = checked_index_cached(cache.slot_of, cache.last_used, cache.tick, ring_rows, col.spec.chunk_rows,
+                                        obs_ids, next_ids, shifted, index)
             if hits >= 0:
                 cache.stats.hits += hits
                 self._copy_stacks(helpers, slab, index, k, shifted, obs_words, next_words)
@@ -331,7 +331,7 @@ class FrameReader(FrameEvents):
         torch.index_select: its OpenMP workers spin while idle, and measured here, whenever other threads
         or processes (env workers, a trainer) wanted the cores too, the copy became 5-15x slower."""
         if helpers is None or not helpers.gather(slab, index, k, shifted, obs_words, next_words):
-            gather_stacks(slab, index, k, shifted, obs_words, next_words)
+            checked_gather_stacks(slab, index, k, shifted, obs_words, next_words)
 
     def _decode_runs_into_batch(self, col: ColumnReader, obs_ids, next_ids, obs_words, next_words, shifted) -> None:
         """``_decode_into_batch`` for runs of frames (the temporal codec): every frame the batch needs decoded
@@ -348,7 +348,7 @@ class FrameReader(FrameEvents):
         pos = np.arange(n * k, dtype=np.int64) * nbytes
         dsts = np.concatenate([obs_words.ctypes.data + pos, next_words.ctypes.data + pos])
         ring_rows = 0 if self.ring.unbounded else self.ring.rows
-        chunks, starts, js, dsts, order = native.group_frame_requests(ids, dsts, ring_rows, run_rows)
+        chunks, starts, js, dsts, order = native.checked_group_frame_requests(ids, dsts, ring_rows, run_rows)
         held = chunks < res.chunk_addr.size
         src = np.zeros(chunks.size, dtype=np.int64)
         src[held] = res.chunk_addr[chunks[held]]
@@ -371,13 +371,14 @@ class FrameReader(FrameEvents):
                 src[from_files[read]] = keep.addresses()[read]
                 sizes[from_files[read]] = keep.sizes[read]
                 through_cache = src <= 0
+        into = (obs_words, next_words)
         decode = np.flatnonzero(~through_cache)
         if decode.size:
-            self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, decode, nbytes, run_rows)
+            self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, decode, nbytes, run_rows, into)
         for g in np.flatnonzero(through_cache).tolist():  # the writer's RAM, or a chunk the index marks empty
             lo, hi = starts[g], starts[g + 1]
             slab_rows = self._slab_index(col, ids[order[lo:hi]])
-            native.copy_rows_to(col.cache.slab.ctypes.data, slab_rows.astype(np.int64), nbytes, dsts[lo:hi])
+            native.checked_copy_rows_to(col.cache.slab, slab_rows.astype(np.int64), nbytes, dsts[lo:hi], into)
         del keep
 
     def _in_ram_shards(self, col: ColumnReader, chunks: np.ndarray) -> np.ndarray:
@@ -386,7 +387,7 @@ class FrameReader(FrameEvents):
         shards = list(self.ring.ram_shards(col.spec.name))
         return np.isin(chunks // per, shards) if shards else np.zeros(chunks.size, dtype=bool)
 
-    def _run_frame_decodes(self, col, chunks, src, sizes, starts, js, dsts, groups, nbytes, run_rows) -> None:
+    def _run_frame_decodes(self, col, chunks, src, sizes, starts, js, dsts, groups, nbytes, run_rows, into) -> None:
         """``native.decode_frame_groups`` over ``groups`` (all of them, or those held: then the requests are
         regrouped), shared with the codec helpers when there are many; raises on the first bad run."""
         if groups.size < chunks.size:
@@ -397,9 +398,9 @@ class FrameReader(FrameEvents):
         status = np.empty(src.size, dtype=np.int8)
         helpers = codec_helpers() if src.size >= SHARED_MIN_RUNS else None
         bad = None if helpers is None else helpers.decode_frames(src, sizes, starts, js, dsts, nbytes, run_rows,
-                                                                 status)
+                                                                 status, into)
         if bad is None:
-            bad = native.decode_frame_groups(src, sizes, starts, js, dsts, nbytes, run_rows, status)
+            bad = native.checked_decode_frame_groups(src, sizes, starts, js, dsts, nbytes, run_rows, status, into)
         if bad:
             self._raise_bad_chunk(col, chunks, status)
 
@@ -418,16 +419,16 @@ class FrameReader(FrameEvents):
         # the decodes shared with the codec helpers when there are many.
         if decodes < SHARED_MIN_DECODES or codec_helpers() is None:
             status = np.empty(decodes, dtype=np.int8)
-            bad, rows = native.decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows,
-                                             res.chunk_addr, res.chunk_size, col.codec, status)
+            bad, rows = native.checked_decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes,
+                                                     ring_rows, res.chunk_addr, res.chunk_size, col.codec, status)
             if bad > 0:
                 self._raise_bad_chunk(col, rows, status)
             done = bad == 0
         else:
-            rows, src, sizes, dst, copies, absent = native.plan_stack_decodes(
+            rows, src, sizes, dst, copies, absent = native.checked_plan_stack_decodes(
                 obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows, res.chunk_addr, res.chunk_size)
             if absent == 0:
-                self._run_decodes(col, rows, src, sizes, dst, copies, nbytes)
+                self._run_decodes(col, rows, src, sizes, dst, copies, nbytes, (obs_words, next_words))
             done = absent == 0
         if done:
             col.tier.hits += decodes
@@ -454,7 +455,7 @@ class FrameReader(FrameEvents):
         n_held = int(np.count_nonzero(held))
         if n_held < addr.size:
             addr, dst, copies, rows = addr[held], dst[held], copies[held], rows[held]
-        self._run_decodes(col, rows, addr, res.chunk_size[rows], dst, copies, nbytes)
+        self._run_decodes(col, rows, addr, res.chunk_size[rows], dst, copies, nbytes, (obs_words, next_words))
         col.tier.hits += n_held
         col.cache.stats.misses += ids.size
 
@@ -496,13 +497,14 @@ class FrameReader(FrameEvents):
             if res.full(col.tier.capacity_bytes) or not res.load(shard, col.tier.capacity_bytes):
                 break  # full: the rest is read from the files
 
-    def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes) -> None:
-        """Compiled decodes, shared with the codec helpers when there are many; raises on the first bad one."""
+    def _run_decodes(self, col: ColumnReader, chunks, src, sizes, dst, copies, nbytes, into) -> None:
+        """Compiled decodes to addresses ``dst`` / ``copies`` inside the arrays ``into`` (checked before any is
+        written), shared with the codec helpers when there are many; raises on the first bad one."""
         status = np.empty(src.size, dtype=np.int8)
         helpers = codec_helpers() if src.size >= SHARED_MIN_DECODES else None
-        bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status)
+        bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status, into)
         if bad is None:
-            bad = native.decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status)
+            bad = native.checked_decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status, into)
         if bad:
             self._raise_bad_chunk(col, chunks, status)
 
@@ -588,7 +590,7 @@ class FrameReader(FrameEvents):
     def _decode_native(self, col: ColumnReader, chunks, src, sizes, slots) -> None:
         cache = col.cache
         dst = cache.slab.ctypes.data + slots.astype(np.int64) * cache.chunk_nbytes
-        self._run_decodes(col, chunks, src, sizes, dst, np.zeros_like(dst), cache.chunk_nbytes)
+        self._run_decodes(col, chunks, src, sizes, dst, np.zeros_like(dst), cache.chunk_nbytes, (cache.slab,))
 
     def _read_files(self, col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
         """Chunks from their files into cache slots: read together (``reading/disk.py``), then checked and
@@ -607,7 +609,7 @@ class FrameReader(FrameEvents):
         if held.any():
             dst = cache.slab.ctypes.data + slots[held].astype(np.int64) * cache.chunk_nbytes
             self._run_decodes(col, chunks[held], got.addresses()[held], got.sizes[held], dst, np.zeros_like(dst),
-                              cache.chunk_nbytes)
+                              cache.chunk_nbytes, (cache.slab,))
 
     def close(self) -> None:
         self.stop_preload()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mmreplay.reading import native
+from mmreplay._native import decode as native
 from mmreplay.reading.cache import ChunkCache
 from mmreplay.reading.disk import DiskStats
 from mmreplay.reading.resident import ResidentShards
@@ -96,7 +96,7 @@ class ColumnReader:
         self.cache = cache or ChunkCache(ring.rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape),
                                          spec.np_dtype, decoded_bytes)
         kind = native.codec_kind(column.array.compressor.spec)
-        self.codec = kind if native.AVAILABLE else None
+        self.codec = kind if kind is not None and native.available() else None  # self-tested at first use
         self.resident = ResidentShards(ring.root, column.layout, ring.rows // spec.chunk_rows) \
             if resident_bytes > 0 and self.codec is not None else None
         self.tier = TierStats(capacity_bytes=resident_bytes if self.resident is not None else 0)

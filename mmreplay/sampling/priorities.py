@@ -19,20 +19,16 @@ from __future__ import annotations
 
 import math
 import os
-import numba
+
 import numpy as np
 
 from mmreplay.errors import CorruptDataError, FormatError
-from mmreplay.index.ring import TransitionRing, as_transition_ids, stack_frames_into
-from mmreplay.index.sumtree import SumTree, find_one, refresh_parents, set_leaf
+from mmreplay.index.ring import TransitionRing, as_transition_ids
+from mmreplay.index.sumtree import SumTree
 from mmreplay.storage.commit import NAME_PATTERN, check_leaf_range
 from mmreplay.storage.layout import PRIORITIES_GROUP, priority_layout, resize_arrays
 from mmreplay.storage.sharded import ShardedArray
-from mmreplay import intrinsics, kernel_cache
-from mmreplay.columns import packing
-from mmreplay.index import ring, sumtree
-
-kernel_cache.follow(__file__, ring, sumtree, packing, intrinsics)  # kernels of these are inlined
+from mmreplay._native import priorities as kernels
 
 INITIAL_MAX_PRIORITY = 1.0
 DEFAULT_ALPHA = 0.6
@@ -111,7 +107,8 @@ class Priorities:
     # -- keeping the tree in step with the ring ----------------------------------------------------
     def leaf_values(self, raw: np.ndarray) -> np.ndarray:
         out = np.empty(raw.shape)
-        _leaf_values(np.ascontiguousarray(raw, dtype=np.float32).reshape(-1), self.alpha, self.eps, out.reshape(-1))
+        kernels.leaf_values(np.ascontiguousarray(raw, dtype=np.float32).reshape(-1), self.alpha, self.eps,
+                            out.reshape(-1))
         return out
 
     def sync(self) -> None:
@@ -201,10 +198,10 @@ class Priorities:
         for _ in range(1000):
             if tree.total <= 0:
                 raise ValueError("cannot sample from an empty store (no valid transitions yet)")
-            bad = _draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size), ring.head,
-                              ring.oldest, ring_rows, tree.min_positive, -beta, arrays["obs_frame"],
-                              arrays["next_frame"], arrays["prev_delta"], self.frames.head, k,
-                              slots, g, leaf, weights, obs_ids, next_ids, valid)
+            bad = kernels.draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, rng.random(batch_size),
+                                     ring.head, ring.oldest, ring_rows, tree.min_positive, -beta, arrays["obs_frame"],
+                                     arrays["next_frame"], arrays["prev_delta"], self.frames.head, k,
+                                     slots, g, leaf, weights, obs_ids, next_ids, valid)
             if not bad:
                 return g, obs_ids, next_ids, weights
             # Rare: a stack reaching below ``oldest`` (its transition leaves the tree for good) or a float
@@ -220,15 +217,15 @@ class Priorities:
         g = as_transition_ids(indices)
         p = _as_priorities(priorities, g.size)
         top = float(p.max(initial=0.0))
-        if top == top:  # NaN is refused by _apply_update, with the others that are not finite and >= 0
+        if top == top:  # NaN is refused by kernels.apply_update, with the others that are not finite and >= 0
             check_leaf_range(top, self.alpha, self.eps, "update_priorities")
         ring = self.ring
         self.sync()
         self._tick += 1
         tree = self.tree
-        n, top = _apply_update(g, p, ring.oldest, ring.head, 0 if ring.capacity is None else ring.rows,
-                               self.shard_rows, self._tick, self.alpha, self.eps, self.raw, self._shard_tick,
-                               self.drawable, tree.sums, tree.mins, tree.offsets, tree.b)
+        n, top = kernels.apply_update(g, p, ring.oldest, ring.head, 0 if ring.capacity is None else ring.rows,
+                                      self.shard_rows, self._tick, self.alpha, self.eps, self.raw, self._shard_tick,
+                                      self.drawable, tree.sums, tree.mins, tree.offsets, tree.b)
         if n == -1:
             bad = g[(g < 0) | (g >= ring.head)][:8].tolist()
             raise IndexError(f"transition ids {bad} were never added (ids lie in [0, {ring.head}))")
@@ -349,69 +346,5 @@ def _as_priorities(priorities, n: int) -> np.ndarray:
     p = np.ascontiguousarray(priorities, dtype=np.float64).reshape(-1)
     if p.size != n:
         raise ValueError(f"got {p.size} priorities for {n} indices (expected one priority per index)")
-    return p  # range checked by _apply_update before anything changes
+    return p  # range checked by kernels.apply_update before anything changes
 
-
-# -- compiled kernels: one pass each over the batch (see index/sumtree.py for why numba) ---------------
-@numba.njit(cache=True, nogil=True, inline="always")
-def _leaf(raw32, alpha, eps):  # pragma: no cover (compiled)
-    return (np.float64(raw32) + eps) ** alpha
-
-
-@numba.njit(cache=True, nogil=True)
-def _leaf_values(raw, alpha, eps, out):  # pragma: no cover (compiled)
-    for i in range(raw.size):
-        out[i] = _leaf(raw[i], alpha, eps)
-
-
-@numba.njit(cache=True, nogil=True)
-def _draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
-                next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids, next_ids,
-                valid):  # pragma: no cover (compiled)
-    """Draw ``i`` lands in the ``i``-th of ``rand.size`` equal slices of the total mass; slot -> global id
-    is the newest id in the ring living in that slot; weight = (leaf / smallest leaf) ** -beta; then the
-    frame stacks (``TransitionRing.stack_frames``). Returns how many draws are unusable: an empty leaf
-    (float rounding) or a stack reaching below ``oldest``."""
-    n = rand.size
-    width = sums[sums.size - 1] / n
-    for i in range(n):
-        slot = find_one(sums, offsets, b, n_leaves, (i + rand[i]) * width)
-        slots[i] = slot
-        leaf[i] = sums[slot]
-        weights[i] = (leaf[i] / smallest) ** minus_beta
-        g[i] = head - 1 - (head - 1 - slot) % ring_rows if ring_rows else slot
-    stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids,
-                      next_ids, valid)
-    bad = 0
-    for i in range(n):
-        if leaf[i] <= 0 or not valid[i]:
-            bad += 1
-    return bad
-
-
-@numba.njit(cache=True, nogil=True)
-def _apply_update(g, p, oldest, head, ring_rows, shard_rows, tick, alpha, eps, raw, shard_tick, drawable, sums,
-                  mins, offsets, b):  # pragma: no cover (compiled)
-    """Validate everything first (-1: an id never added, -2: a priority < 0 or not finite; nothing
-    changed), then set each kept id's raw priority and, if drawable, its leaf. Returns (updated, max)."""
-    for i in range(g.size):
-        if g[i] < 0 or g[i] >= head:
-            return -1, 0.0
-        if not (p[i] >= 0.0 and p[i] < np.inf):
-            return -2, 0.0
-    slots = np.empty(g.size, dtype=np.int64)
-    n = 0
-    top = 0.0
-    for i in range(g.size):
-        if g[i] < oldest:
-            continue  # given up since it was sampled
-        slot = g[i] % ring_rows if ring_rows else g[i]
-        raw[slot] = p[i]
-        shard_tick[slot // shard_rows] = tick
-        if drawable[slot]:  # stacks that reach below oldest stay out of the tree
-            set_leaf(sums, mins, slot, _leaf(raw[slot], alpha, eps))
-        top = max(top, np.float64(raw[slot]))
-        slots[n] = slot
-        n += 1
-    refresh_parents(sums, mins, offsets, b, slots[:n])
-    return n, top

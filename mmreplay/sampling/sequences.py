@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-import numba
 import numpy as np
 
 if TYPE_CHECKING:
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
 
 from mmreplay.sampling.batch import FLAG_TABLE, _torch_dtype, as_numpy, check_host_memory
 from mmreplay.reading.frames import FrameReader
+from mmreplay._native import sequences as kernels
 
 SAMPLE_FROM = ("steps", "episodes")
 DEFAULT_ETA = 0.9  # R2D2's mix of max and mean |TD| over a sequence
@@ -69,16 +69,17 @@ def walk_windows(ring, starts: np.ndarray, seq_len: int, out: np.ndarray) -> np.
     of real steps of each."""
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     lengths = np.empty(starts.size, dtype=np.int64)
-    _walk_forward(starts, seq_len, ring.arrays["prev_delta"], ring.arrays["terminated"], ring.arrays["truncated"],
-                  0 if ring.capacity is None else ring.rows, ring.head, max(1, ring.max_prev_delta), out, lengths)
+    kernels.walk_forward(starts, seq_len, ring.arrays["prev_delta"], ring.arrays["terminated"],
+                         ring.arrays["truncated"], 0 if ring.capacity is None else ring.rows, ring.head,
+                         max(1, ring.max_prev_delta), out, lengths)
     return lengths
 
 
 def walk_burn_in(ring, starts: np.ndarray, burn_in: int, frame_stack: int, frame_head: int, out: np.ndarray) -> None:
     """``out[i]`` = the ``burn_in`` steps before ``starts[i]`` in its episode (right aligned, ``-1`` where
     there are fewer that are valid)."""
-    _walk_back(np.ascontiguousarray(starts, dtype=np.int64), burn_in, ring.arrays["prev_delta"],
-               0 if ring.capacity is None else ring.rows, ring.oldest, out)
+    kernels.walk_back(np.ascontiguousarray(starts, dtype=np.int64), burn_in, ring.arrays["prev_delta"],
+                      0 if ring.capacity is None else ring.rows, ring.oldest, out)
     real = out >= 0
     if frame_stack > 1 and real.any():
         # A burn-in step whose stack reaches below ``oldest`` is not a valid step: pad it and all before it.
@@ -87,59 +88,6 @@ def walk_burn_in(ring, starts: np.ndarray, burn_in: int, frame_stack: int, frame
         bad[real] = ~ok
         cut = np.where(bad.any(axis=1), out.shape[1] - np.argmax(bad[:, ::-1], axis=1), 0)
         out[np.arange(out.shape[1]) < cut[:, None]] = -1
-
-
-@numba.njit(cache=True, nogil=True)
-def _successor(cur, prev_delta, ring_rows, head, max_delta):  # pragma: no cover (compiled)
-    """The next step of ``cur``'s episode, or -1 if it has not been added. Vector envs usually keep one
-    distance between a stream's steps, so the step at ``cur``'s own link distance is tried first."""
-    slot = cur % ring_rows if ring_rows else cur
-    own = np.int64(prev_delta[slot])
-    guess = cur + (own if own > 0 else 1)
-    if guess < head:
-        s = guess % ring_rows if ring_rows else guess
-        if np.int64(prev_delta[s]) > 0 and guess - np.int64(prev_delta[s]) == cur:
-            return guess
-    last = min(head - 1, cur + max_delta)
-    for cand in range(cur + 1, last + 1):
-        s = cand % ring_rows if ring_rows else cand
-        d = np.int64(prev_delta[s])
-        if d > 0 and cand - d == cur:
-            return cand
-    return -1
-
-
-@numba.njit(cache=True, nogil=True)
-def _walk_forward(starts, seq_len, prev_delta, term, trunc, ring_rows, head, max_delta, out,
-                  lengths):  # pragma: no cover (compiled)
-    for i in range(starts.size):
-        cur = starts[i]
-        n = 0
-        while True:
-            out[i, n] = cur
-            n += 1
-            if n == seq_len:
-                break
-            slot = cur % ring_rows if ring_rows else cur
-            if (term[slot >> 3] >> (slot & 7)) & 1 or (trunc[slot >> 3] >> (slot & 7)) & 1:
-                break  # the episode ended here (flags are 1-bit packed, least significant bit first)
-            cur = _successor(cur, prev_delta, ring_rows, head, max_delta)
-            if cur < 0:
-                break
-        lengths[i] = n
-        for j in range(n, seq_len):
-            out[i, j] = -1
-
-
-@numba.njit(cache=True, nogil=True)
-def _walk_back(starts, burn_in, prev_delta, ring_rows, oldest, out):  # pragma: no cover (compiled)
-    for i in range(starts.size):
-        cur = starts[i]
-        for j in range(burn_in - 1, -1, -1):
-            if cur >= 0:
-                d = np.int64(prev_delta[cur % ring_rows if ring_rows else cur])
-                cur = cur - d if d > 0 and cur - d >= oldest else -1
-            out[i, j] = cur
 
 
 # -- the exact table of drawable starts ------------------------------------------------------------------
@@ -171,41 +119,14 @@ def episode_table(ring, frame_stack: int, cached: EpisodeTable | None = None) ->
     n = ring.head - ring.oldest
     episode = np.empty(n, dtype=np.int64)
     first = np.empty(n, dtype=np.int64)
-    n_eps = _label_episodes(ring.oldest, n, ring.arrays["prev_delta"], 0 if ring.capacity is None else ring.rows,
-                            frame_stack, episode, first)
+    n_eps = kernels.label_episodes(ring.oldest, n, ring.arrays["prev_delta"],
+                                   0 if ring.capacity is None else ring.rows, frame_stack, episode, first)
     counts = np.bincount(episode, minlength=n_eps)
     offsets = np.zeros(n_eps + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     members = np.empty(n, dtype=np.int64)
-    _group_by_episode(episode, offsets, ring.oldest, members)
+    kernels.group_by_episode(episode, offsets, ring.oldest, members)
     return EpisodeTable(key, members, offsets, first[:n_eps])
-
-
-@numba.njit(cache=True, nogil=True)
-def _group_by_episode(episode, offsets, oldest, members):  # pragma: no cover (compiled)
-    """A counting sort: each episode's steps, in order, at ``members[offsets[e]:offsets[e+1]]`` (O(n), where
-    an argsort of a million steps took ~40 ms here, on every batch while the store grows)."""
-    fill = offsets[:-1].copy()
-    for i in range(episode.size):
-        e = episode[i]
-        members[fill[e]] = oldest + i
-        fill[e] += 1
-
-
-@numba.njit(cache=True, nogil=True)
-def _label_episodes(oldest, n, prev_delta, ring_rows, k, episode, first):  # pragma: no cover (compiled)
-    """``episode[g - oldest]``: the episode number of each step (numbered by their first step)."""
-    n_eps = 0
-    for i in range(n):
-        g = oldest + i
-        d = np.int64(prev_delta[g % ring_rows if ring_rows else g])
-        if d > 0 and g - d >= oldest:
-            episode[i] = episode[i - d]
-        else:
-            episode[i] = n_eps
-            first[n_eps] = 0 if d == 0 or k == 1 else k - 1  # a cut episode's first stacks reach below oldest
-            n_eps += 1
-    return n_eps
 
 
 def draw_from_table(table: EpisodeTable, spec: SequenceSpec, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -60,24 +60,21 @@ names its own by its magic).
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numcodecs import zstd
 
+from mmreplay._native.temporal_header import HEADER, MAGIC, MAGIC2, MAX_RUN  # one header for encoder and decoder
+
 if TYPE_CHECKING:  # zarr is imported lazily: the storage layer's readers never need it
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer
 
-MAGIC = b"MRT1"
-MAGIC2 = b"MRT2"
-HEADER = struct.Struct("<4sII")
 LAYOUTS = (1, 2)  # 1: one zstd frame for the run (``MAGIC``); 2: one zstd frame per frame (``MAGIC2``)
 DEFAULT_LAYOUT = 1
 CODEC_NAME = "mmreplay.temporal"
-MAX_RUN = 255  # references are one byte; runs are short anyway (a random frame decodes from the run's start)
 DEFAULT_LEVEL = 3
 DEFAULT_RUN = 8  # frames per chunk: a stack of 4 and its next frame mostly fall in one run
 DEFAULT_SEARCH = 8  # covers vector envs of up to 8 interleaved streams

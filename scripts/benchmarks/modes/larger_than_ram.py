@@ -85,7 +85,7 @@ def codec_rate(path: str, n_shards: int = 40, frame_bytes: int = 84 * 84) -> tup
     blosc/lz4, into a small buffer), on one thread and on every core at once; chunks of ``n_shards`` shard
     files read whole."""
     import glob
-    from mmreplay.reading import native
+    from mmreplay._native import decode as native
     from mmreplay.storage.shardfile import EMPTY, index_nbytes, parse_index
     with open(os.path.join(path, "frames", "obs", "zarr.json")) as f:  # plain zarr v3 metadata
         meta = json.load(f)

@@ -26,16 +26,15 @@ import numba
 import numpy as np
 from numba import types
 
-from mmreplay.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
-from mmreplay.reading.gather import gather_stacks
-from mmreplay.reading.native import decode_chunks, decode_frame_groups
-from mmreplay.storage import forking
-from mmreplay import intrinsics, kernel_cache, settings
-from mmreplay.reading import cache, gather, native
-from mmreplay.storage import temporal
+from mmreplay._native.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
+from mmreplay._native.gather import gather_stacks
+from mmreplay._native.bounds import check_indices
+from mmreplay._native.decode import check_decodes, check_frame_decodes, decode_chunks, decode_frame_groups, ensure_linked
+from mmreplay import settings
+from mmreplay._native import cache, decode as native, gather, intrinsics, kernel_cache, temporal_header
 
 # these kernels call the compiled decode and copy kernels of other modules: see kernel_cache
-kernel_cache.follow(__file__, intrinsics, gather, cache, native, temporal)
+kernel_cache.follow(__file__, intrinsics, gather, cache, native, temporal_header)
 
 # Layout of the control words (int64).
 TICKET, DONE, BAD, STOP, SLEEPING = 0, 8, 16, 24, 32   # SLEEPING + i: helper i is asleep (1) or not (0)
@@ -52,7 +51,7 @@ STACKS_PER_PIECE = 4
 # Runs of frames (``native.decode_frame_groups``): a run's frames for a batch take ~5-10 frame decodes.
 RUNS_PER_PIECE = 2
 SPIN_SECONDS = 300e-6
-ENV = "MMREPLAY_CODEC_THREADS"
+ENV = settings.CODEC_THREADS_ENV
 
 
 sched_yield = types.ExternalFunction("sched_yield", types.intc())
@@ -198,9 +197,13 @@ class CodecHelpers:
         for event in self._wake:
             event.set()
 
-    def decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status) -> int | None:
-        """``native.decode_chunks`` shared with the helpers; the number of failures, or None if the
-        helpers are busy with another caller's job or the arrays are not plain (then decode alone)."""
+    def decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status, into) -> int | None:
+        """``decode.decode_chunks`` shared with the helpers; the number of failures, or None if the
+        helpers are busy with another caller's job or the arrays are not plain (then decode alone).
+        Every destination and copy address is first checked to have ``nbytes`` of room in ``into`` (the
+        arrays they point into; ``decode.check_decodes``): a ``ValueError`` then, and nothing written."""
+        check_decodes(src, sizes, dst, copies, nbytes, codec, status, into)
+        ensure_linked()
         if not self._busy.acquire(blocking=False):
             return None
         try:
@@ -212,8 +215,12 @@ class CodecHelpers:
         finally:
             self._busy.release()
 
-    def decode_frames(self, src, sizes, starts, js, dsts, frame_nbytes: int, run_rows: int, status) -> int | None:
-        """``native.decode_frame_groups`` shared with the helpers (as ``decode``)."""
+    def decode_frames(self, src, sizes, starts, js, dsts, frame_nbytes: int, run_rows: int, status,
+                      into) -> int | None:
+        """``decode.decode_frame_groups`` shared with the helpers (as ``decode``; the requests first checked by
+        ``decode.check_frame_decodes``)."""
+        check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into)
+        ensure_linked()
         if not self._busy.acquire(blocking=False):
             return None
         try:
@@ -228,7 +235,9 @@ class CodecHelpers:
 
     def gather(self, slab, index, k: int, shifted: bool, out_obs, out_next) -> bool:
         """``gather.gather_stacks`` shared with the helpers; False if they are busy or the arrays are not
-        plain (then copy alone)."""
+        plain (then copy alone). Every index is first checked to be a row of ``slab`` (the helpers check
+        the shapes, ``_post_gather``): a ``ValueError`` then, and nothing written."""
+        check_indices("index", index, 0, slab.shape[0])
         if not self._busy.acquire(blocking=False):
             return False
         try:
@@ -364,4 +373,5 @@ def _stop_helpers() -> None:
         _HELPERS.stop()
 
 
-forking.on_fork(_forget_helpers)
+if hasattr(os, "register_at_fork"):  # the child's own helpers are made on its first use
+    os.register_at_fork(after_in_child=_forget_helpers)

@@ -16,21 +16,23 @@ does not export the symbols, ``AVAILABLE`` is False and the reader keeps the Pyt
 from __future__ import annotations
 
 import importlib
+import threading
 
 import llvmlite.binding as llvm
 import numba
 import numpy as np
 from numba import types
 
-from mmreplay.intrinsics import address, prefetch
-from mmreplay.storage import temporal
-from mmreplay import intrinsics, kernel_cache
+from mmreplay._native.bounds import check_addresses, check_array, check_indices, span
+from mmreplay._native.intrinsics import address, prefetch
+from mmreplay._native import intrinsics, kernel_cache
+from mmreplay._native import temporal_header as temporal
 
 kernel_cache.follow(__file__, intrinsics, temporal)  # the kernels inline both (see kernel_cache)
 
 OK, BAD_CHECKSUM, BAD_SIZE, BAD_CODEC = 0, 1, 2, 3
 CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL = 0, 1, 2
-# the temporal codec's header (storage/temporal.py): magic, run length, frame bytes, one reference a frame
+# the temporal codec's header (_native/temporal_header.py): magic, run length, frame bytes, one reference a frame
 TEMPORAL_MAGIC = int.from_bytes(temporal.MAGIC, "little")
 TEMPORAL_MAGIC2 = int.from_bytes(temporal.MAGIC2, "little")
 TEMPORAL_HEADER = temporal.HEADER.size
@@ -429,3 +431,178 @@ def codec_kind(spec) -> int | None:
     if spec.get("name") == "temporal":
         return CODEC_TEMPORAL
     return None
+
+
+# -- entry points: every address and size checked before a kernel writes -------------------------------
+CODECS = (CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL)
+
+
+def check_decodes(src, sizes, dst, copies, nbytes, codec, status, into) -> None:
+    """Raise ``ValueError`` unless ``decode_chunks`` with these arguments writes only inside ``into`` (the
+    one or two arrays the destination addresses point into): one size, destination and copy address
+    (0: none) and status entry a chunk, each destination and copy with ``nbytes`` bytes of room."""
+    n = src.size
+    if sizes.size != n or dst.size != n or copies.size != n:
+        raise ValueError(f"decode arrays disagree in length: {n} sources, {sizes.size} sizes, {dst.size} "
+                         f"destinations, {copies.size} copies")
+    check_array("status", status, ndim=1, min_size=n, contiguous=False)
+    if codec not in CODECS:
+        raise ValueError(f"codec {codec!r} is none of the compiled decoder's {CODECS}")
+    check_addresses("dst", dst, nbytes, into)
+    check_addresses("copies", copies, nbytes, into, allow_zero=True)
+
+
+def check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into) -> None:
+    """Raise ``ValueError`` unless ``decode_frame_groups`` with these arguments writes only inside ``into``:
+    one size and status entry a group, group starts that tile the requests, every frame in ``[0, run_rows)``
+    and every destination with ``frame_nbytes`` bytes of room."""
+    n = src.size
+    if sizes.size != n or starts.size != n + 1 or js.size != dsts.size:
+        raise ValueError(f"frame-decode arrays disagree: {n} sources, {sizes.size} sizes, {starts.size} group starts, "
+                         f"{js.size} frames, {dsts.size} destinations")
+    if starts[0] != 0 or starts[-1] != js.size or (np.diff(starts) < 0).any():
+        raise ValueError(f"group starts {starts[:4]}...{starts[-2:]} do not tile the {js.size} requests")
+    check_array("status", status, ndim=1, min_size=n, contiguous=False)
+    check_indices("js", js, 0, run_rows)
+    check_addresses("dsts", dsts, frame_nbytes, into)
+
+
+def checked_decode_frame_groups(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into) -> int:
+    """``decode_frame_groups`` after ``check_frame_decodes`` (and the linking self-test)."""
+    check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into)
+    ensure_linked()
+    return decode_frame_groups(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status)
+
+
+def checked_group_frame_requests(ids, dsts, ring_rows, run_rows):
+    """``group_frame_requests`` after checking its inputs (it writes only the arrays it returns)."""
+    if ids.ndim != 1 or dsts.shape != ids.shape or ids.dtype != np.int64 or dsts.dtype != np.int64:
+        raise ValueError(f"frame requests: ids {ids.dtype}{ids.shape} and dsts {dsts.dtype}{dsts.shape} must be "
+                         "int64 vectors of one length")
+    if run_rows < 1 or ring_rows < 0 or (ids.size and ids.min() < 0):
+        raise ValueError(f"frame requests: run_rows {run_rows} (>= 1), ring_rows {ring_rows} (>= 0), ids >= 0")
+    return group_frame_requests(ids, dsts, ring_rows, run_rows)
+
+
+def checked_copy_rows_to(source: np.ndarray, rows, row_nbytes, dsts, into) -> None:
+    """``copy_rows_to`` from the rows of ``source`` (C-contiguous) after checking each row is inside it and
+    each destination has ``row_nbytes`` of room in ``into``."""
+    lo, hi = span(source, "source")
+    check_indices("rows", rows, 0, (hi - lo) // max(1, row_nbytes))
+    check_addresses("dsts", dsts, row_nbytes, into)
+    copy_rows_to(lo, rows, row_nbytes, dsts)
+
+
+def checked_decode_chunks(src, sizes, dst, copies, nbytes, codec, status, into) -> int:
+    """``decode_chunks`` after ``check_decodes`` (and, at the first call, the linking self-test); the
+    number of failed chunks."""
+    check_decodes(src, sizes, dst, copies, nbytes, codec, status, into)
+    ensure_linked()
+    return decode_chunks(src, sizes, dst, copies, nbytes, codec, status)
+
+
+def _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, chunk_addr, chunk_size) -> int:
+    """The number of decodes of a batch's stacks, after checking the outputs have room for ``n * k``
+    frames of ``nbytes`` each and the chunk table's sizes cover its addresses."""
+    if obs_ids.ndim != 2 or next_ids.shape != obs_ids.shape:
+        raise ValueError(f"frame ids of shapes {obs_ids.shape} and {next_ids.shape} (expected the same (n, k))")
+    n, k = obs_ids.shape
+    for name, out in (("obs_out", obs_out), ("next_out", next_out)):
+        lo, hi = span(out, name)
+        if hi - lo < n * k * nbytes:
+            raise ValueError(f"{name} holds {hi - lo} bytes, {n} stacks of {k} frames of {nbytes} bytes need "
+                             f"{n * k * nbytes}; nothing was written")
+    if chunk_size.size < chunk_addr.size:
+        raise ValueError(f"a chunk table of {chunk_addr.size} addresses but {chunk_size.size} sizes")
+    return n * k + (n if shifted else n * k)
+
+
+def checked_plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
+                               chunk_size):
+    """``plan_stack_decodes`` for outputs checked to hold the batch (its destinations then lie inside them)."""
+    _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, chunk_addr, chunk_size)
+    return plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
+                              chunk_size)
+
+
+def checked_decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
+                          chunk_size, codec, status):
+    """``decode_stacks`` after checking the outputs hold the batch and ``status`` has an entry a decode."""
+    total = _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, chunk_addr, chunk_size)
+    check_array("status", status, ndim=1, min_size=total, contiguous=False)
+    if codec not in CODECS:
+        raise ValueError(f"codec {codec!r} is none of the compiled decoder's {CODECS}")
+    ensure_linked()
+    return decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
+                         codec, status)
+
+
+# -- the C symbols checked once, at first use ----------------------------------------------------------
+class LinkError(RuntimeError):
+    """The C functions linked into the kernels do not decode a known chunk to its bytes (a build of
+    numcodecs or google-crc32c whose exported symbols do something else than their names say)."""
+
+
+_LINK_CHECKED = False
+_LINK_LOCK = threading.Lock()
+
+
+def _known_chunks() -> list[tuple[int, str, bytes, bytes]]:
+    """``(codec, what, chunk, expected)``: a small frame run coded by numcodecs (and by hand for the
+    temporal codec), checksum appended as zarr does, and the bytes numcodecs decodes it to."""
+    import google_crc32c
+    from numcodecs import Blosc, Zstd, zstd
+
+    frames = (np.arange(2 * 96, dtype=np.int64) * 7 % 251).astype(np.uint8).reshape(2, 96)
+    frames[1] = frames[0] + 3  # a second frame close to the first, as a temporal run's are
+    raw = frames.tobytes()
+
+    def sealed(body: bytes) -> bytes:
+        return body + int(google_crc32c.value(body)).to_bytes(4, "little")
+
+    blosc = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE)
+    run = b"".join((temporal.HEADER.pack(temporal.MAGIC, 2, frames.shape[1]), bytes([0, 1]),
+                    zstd.compress(np.stack([frames[0], frames[1] - frames[0]]).tobytes(), 3)))
+    return [(CODEC_BLOSC, "numcodecs.blosc: blosc_decompress_ctx / blosc_cbuffer_validate (lz4)",
+             sealed(blosc.encode(raw)), bytes(blosc.decode(blosc.encode(raw)))),
+            (CODEC_ZSTD, "numcodecs.zstd: ZSTD_decompress / ZSTD_isError",
+             sealed(Zstd(level=1).encode(raw)), bytes(Zstd(level=1).decode(Zstd(level=1).encode(raw)))),
+            (CODEC_TEMPORAL, "numcodecs.zstd: ZSTD_decompress (temporal run)", sealed(run), raw)]
+
+
+def self_test() -> None:
+    """Decode each known chunk through the linked symbols and compare with numcodecs' bytes; raises
+    ``LinkError`` naming the library and symbol whose result differs."""
+    for codec, what, chunk, expected in _known_chunks():
+        src = np.frombuffer(chunk, dtype=np.uint8).copy()
+        out = np.zeros(len(expected), dtype=np.uint8)
+        status = np.zeros(1, dtype=np.int8)
+        decode_chunks(np.array([src.ctypes.data], np.int64), np.array([src.size], np.int64),
+                      np.array([out.ctypes.data], np.int64), np.zeros(1, np.int64), out.size, codec, status)
+        if status[0] == BAD_CHECKSUM:
+            raise LinkError("google_crc32c._crc32c: crc32c_value computed another checksum of a known chunk "
+                            "than google_crc32c.value; the compiled decoder cannot be used")
+        if status[0] != OK or out.tobytes() != expected:
+            got = STATUS_TEXT.get(int(status[0]), "bytes that differ")
+            raise LinkError(f"{what}: a known {len(expected)}-byte chunk decoded through the linked symbol "
+                            f"gave {got}, not numcodecs' bytes; the compiled decoder cannot be used")
+
+
+def ensure_linked() -> None:
+    """``self_test`` once a process (a no-op after it passed)."""
+    global _LINK_CHECKED
+    if _LINK_CHECKED:
+        return
+    with _LINK_LOCK:
+        if not _LINK_CHECKED:
+            self_test()
+            _LINK_CHECKED = True
+
+
+def available() -> bool:
+    """Whether the compiled decoder can be used: the symbols are linked (else the Python path) and decode
+    known chunks right (else ``LinkError``: garbage is never decoded)."""
+    if not AVAILABLE:
+        return False
+    ensure_linked()
+    return True

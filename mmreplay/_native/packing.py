@@ -1,0 +1,50 @@
+"""Compiled reads of bit-packed columns (``columns/packing.py`` holds the format and the checked entry points).
+
+Invariant: ``_decode_into`` and ``_bits_into`` read byte ``(p * bits) >> 3`` of each packed buffer for every
+position ``p`` and write ``out[i]`` for ``i < positions.size`` only; their entry points ``decode_into``
+and ``bits_into`` check first that the buffers hold those bytes and the outputs those entries.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from mmreplay._native.bounds import check_array, check_indices
+
+
+@numba.njit(cache=True, nogil=True)
+def _decode_into(buf, bits, positions, table, out):  # pragma: no cover (compiled)
+    mask = (1 << bits) - 1
+    for i in range(positions.size):
+        bit_pos = positions[i] * bits
+        out[i] = table[(buf[bit_pos >> 3] >> (bit_pos & 7)) & mask]
+
+
+@numba.njit(cache=True, nogil=True)
+def _bits_into(first, second, positions, out_first, out_second):  # pragma: no cover (compiled)
+    for i in range(positions.size):
+        p = positions[i]
+        out_first[i] = (first[p >> 3] >> (p & 7)) & 1
+        out_second[i] = (second[p >> 3] >> (p & 7)) & 1
+
+
+def decode_into(buf, bits, positions, table, out) -> None:
+    """``out[i] = table[code at positions[i]]`` (``_decode_into``) after checking every position lies in
+    ``buf`` and ``out`` holds ``positions.size`` entries. The codes are the column's own, each below its
+    table's size since it was written (a table may be shorter than ``2 ** bits``: 3 actions in 2 bits)."""
+    check_array("positions", positions, np.int64, ndim=1)
+    check_array("out", out, ndim=1, min_size=positions.size, contiguous=False)
+    if bits not in (1, 2, 4):
+        raise ValueError(f"bits must be 1, 2 or 4, got {bits!r}")
+    check_indices("positions", positions, 0, buf.size * 8 // bits)
+    _decode_into(buf, bits, positions, table, out)
+
+
+def bits_into(first, second, positions, out_first, out_second) -> None:
+    """Two 1-bit columns at ``positions`` as booleans (``_bits_into``), after the same checks."""
+    check_array("positions", positions, np.int64, ndim=1)
+    for name, out in (("out_first", out_first), ("out_second", out_second)):
+        check_array(name, out, ndim=1, min_size=positions.size, contiguous=False)
+    check_indices("positions", positions, 0, min(first.size, second.size) * 8)
+    _bits_into(first, second, positions, out_first, out_second)
