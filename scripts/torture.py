@@ -29,6 +29,11 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # this checkout's mmreplay, 
 from torture import concurrent_readers, kill_trials, reader_race, resume_trials  # noqa: E402
 
 
+def _codec_arg(value: str):
+    """A frame codec name, or a codec dict given as JSON."""
+    return json.loads(value) if value.lstrip().startswith("{") else value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200)
@@ -40,8 +45,11 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="reader race, resume: how long")
     parser.add_argument("--adds", type=int, default=None, help="resume: adds per reopen (default capacity / 4)")
     parser.add_argument("--commit-every", type=int, default=30, help="reader race: commit after 1..N adds")
-    parser.add_argument("--frame-codec", default="lz4hc", help="reader race: the writer's frame_codec "
-                        "(e.g. delta-zstd: a writer rewriting runs of frames that readers decode)")
+    parser.add_argument("--frame-codec", default="lz4hc", type=_codec_arg, help="reader race: the writer's "
+                        "frame_codec (e.g. delta-zstd: a writer rewriting runs of frames that readers decode), a name "
+                        "or a JSON codec dict (e.g. '{\"name\": \"temporal\", \"run\": 8, \"layout\": 2}')")
+    parser.add_argument("--cache-bytes", type=int, default=1 << 16, help="reader race: the readers' cache_bytes "
+                        "(below the compressed frames, e.g. 2048: runs decode straight into batches)")
     args = parser.parse_args()
     shutil.rmtree(args.path, ignore_errors=True)
     if args.resume:
@@ -50,7 +58,8 @@ def main() -> int:
     if args.reader_race:
         t0 = time.monotonic()
         results = reader_race(args.path, readers=args.readers, seconds=args.minutes * 60, capacity=args.capacity,
-                              max_commit_batch=args.commit_every, frame_codec=args.frame_codec)
+                              max_commit_batch=args.commit_every, frame_codec=args.frame_codec,
+                              cache_bytes=args.cache_bytes)
         rows, wrong = sum(r["rows"] for r in results), sum(r["wrong"] for r in results)
         for r in results:
             print("reader:", json.dumps(r))

@@ -130,8 +130,140 @@ def test_malformed_chunks_are_refused_by_the_compiled_path(atari_frames):
             assert bad == 1 and status[0] != native.OK, what
 
 
+# -- layout 2: a zstd frame per frame, chains from the run's middle ---------------------------------------
+LAYOUT2 = {"name": "temporal", "level": 3, "run": 8, "search": 8, "layout": 2}
+
+
+@pytest.mark.parametrize("run", [1, 2, 8, 16])
+def test_layout2_real_frames_round_trip_bit_exact(atari_frames, run):
+    for lo in range(0, 320 - run + 1, run):
+        chunk = atari_frames[lo:lo + run]
+        coded = temporal.encode_frames_run(chunk)
+        assert coded[:4] == temporal.MAGIC2
+        out = np.empty_like(chunk)
+        temporal.decode_run(coded, out)
+        assert np.array_equal(out, chunk)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "float32"])
+def test_layout2_any_dtype_round_trips(dtype):
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 200, (8, 3, 7, 5)).astype(dtype)
+    base[1::2] = base[::2]
+    out = np.empty_like(base)
+    temporal.decode_run(temporal.encode_frames_run(base, search=3), out)
+    assert out.tobytes() == base.tobytes()
+
+
+def test_layout2_chains_run_outward_from_the_middle():
+    """Drifting frames: every frame is coded against its neighbour on the key's side, so frame ``i``'s chain
+    is ``|i - key|`` long (a random frame decodes with at most half the run, not all of it)."""
+    run = drifting_frames(16, 4)
+    n, _, refs, _ = temporal.parse_header2(temporal.encode_frames_run(run), run.nbytes)
+    key = temporal.key_position(n)
+    assert key == 7 and refs[key] == 0
+    assert refs.tolist() == [-1] * 7 + [0] + [1] * 8
+    assert temporal.chain_depths(refs).tolist() == [abs(i - key) for i in range(16)]
+
+
+def test_layout2_an_episode_start_inside_the_run_is_coded_alone():
+    """A frame unlike every frame it may reference (another episode's) costs less coded alone: it is."""
+    gradient = np.add.outer(np.arange(24), np.arange(20))[None] * np.ones((3, 1, 1), np.int64)
+    a = np.stack([(gradient + t) % 256 for t in range(5)]).astype(np.uint8)  # smooth: small coded alone
+    b = drifting_frames(11, 2)  # noise
+    run = np.concatenate([a, b])
+    _, _, refs, _ = temporal.parse_header2(temporal.encode_frames_run(run), run.nbytes)
+    # frames 0..4 lie before the key (7): frame 4, a's last, may only reference b's frames
+    assert refs[4] == 0 and refs[:4].tolist() == [-1] * 4 and refs[8:].tolist() == [1] * 8
+    out = np.empty_like(run)
+    temporal.decode_run(temporal.encode_frames_run(run), out)
+    assert np.array_equal(out, run)
+
+
+def _with_crc(data: bytes) -> np.ndarray:
+    return np.frombuffer(data + struct.pack("<I", google_crc32c.value(data)), np.uint8).copy()
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="compiled codec symbols not available")
+@pytest.mark.parametrize("layout", [1, 2])
+def test_compiled_partial_decode_writes_exactly_the_frames_asked_for(atari_frames, layout):
+    """``decode_frame_groups``: frames of several runs, some asked for twice, each to its own address."""
+    runs = [atari_frames[i:i + 16] for i in range(0, 160, 16)]
+    coded = [_with_crc(temporal.encode(r, 3, 8, layout)) for r in runs]
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 160, 300)
+    ids[::7] = ids[1::7][:ids[::7].size]  # duplicates
+    out = np.zeros((ids.size, 84, 84), np.uint8)
+    dsts = out.ctypes.data + np.arange(ids.size, dtype=np.int64) * out[0].nbytes
+    chunks, starts, js, gdsts, order = native.group_frame_requests(ids.astype(np.int64), dsts, 0, 16)
+    assert np.array_equal(ids[order] // 16, np.repeat(chunks, np.diff(starts)))
+    status = np.zeros(chunks.size, np.int8)
+    bad = native.decode_frame_groups(np.array([coded[c].ctypes.data for c in chunks]),
+                                     np.array([coded[c].size for c in chunks]), starts, js, gdsts, 84 * 84, 16, status)
+    assert bad == 0 and (status == native.OK).all()
+    assert np.array_equal(out, atari_frames[ids])
+
+
+def _hostile_layout2(coded: bytes):
+    n = struct.unpack_from("<I", coded, 4)[0]
+    h = temporal.HEADER.size
+    yield "magic", b"MRT9" + coded[4:]
+    yield "more frames", coded[:4] + struct.pack("<I", n + 1) + coded[8:]
+    yield "frame bytes", coded[:8] + struct.pack("<I", 7055) + coded[12:]
+    body = bytearray(coded)
+    body[h + 6] = 7  # frame 6 refers to frame -1
+    yield "reference before the run", bytes(body)
+    body = bytearray(coded)
+    body[h + 1] = 0xFF  # frame 1 refers to frame 2, which refers to 3 ... : ok; make 3 refer back to 1
+    body[h + 3] = 2
+    body[h + 2] = 0xFF
+    yield "cycle", bytes(body)
+    ends = np.frombuffer(coded, "<u4", n, h + n).copy()
+    swapped = ends.copy()
+    swapped[2], swapped[3] = ends[3], ends[2]
+    yield "ends decrease", coded[:h + n] + swapped.tobytes() + coded[h + 5 * n:]
+    shorter = ends.copy()
+    shorter[-1] -= 1
+    yield "ends short of the payload", coded[:h + n] + shorter.tobytes() + coded[h + 5 * n:]
+    yield "truncated payload", coded[:len(coded) - 5]
+    yield "header only", coded[:temporal.header2_nbytes(n)]
+    small = temporal.encode_frames_run(np.zeros((n, 84, 83), np.uint8))
+    yield "frames of another size", coded[:h] + small[h:]
+
+
+def test_layout2_malformed_chunks_are_refused_by_the_python_path(atari_frames):
+    coded = temporal.encode_frames_run(atari_frames[:8])
+    for what, data in _hostile_layout2(coded):
+        out = np.zeros((8, 84, 84), np.uint8)
+        with pytest.raises(ValueError):
+            temporal.decode_run(data, out)
+            pytest.fail(f"{what}: accepted")
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="compiled codec symbols not available")
+def test_layout2_malformed_chunks_are_refused_by_the_compiled_paths(atari_frames):
+    coded = temporal.encode_frames_run(atari_frames[:8])
+    for what, data in [("intact", coded)] + list(_hostile_layout2(coded)):
+        chunk = _with_crc(data)
+        out = np.zeros((8, 84, 84), np.uint8)
+        status = np.zeros(1, np.int8)
+        whole = native.decode_chunks(np.array([chunk.ctypes.data]), np.array([chunk.size]),
+                                     np.array([out.ctypes.data]), np.zeros(1, np.int64), out.nbytes,
+                                     native.CODEC_TEMPORAL, status)
+        part = np.zeros((3, 84, 84), np.uint8)
+        dsts = part.ctypes.data + np.arange(3, dtype=np.int64) * part[0].nbytes
+        partial = native.decode_frame_groups(np.array([chunk.ctypes.data]), np.array([chunk.size]),
+                                             np.array([0, 3]), np.array([0, 6, 7]), dsts, 84 * 84, 8, status)
+        if what == "intact":
+            assert whole == 0 and np.array_equal(out, atari_frames[:8])
+            assert partial == 0 and np.array_equal(part, atari_frames[[0, 6, 7]])
+        else:
+            assert whole == 1 and partial == 1 and status[0] != native.OK, what
+
+
 def test_codec_spec_is_validated():
     for bad in ({"name": "temporal", "run": 6}, {"name": "temporal", "run": 0}, {"name": "temporal", "level": 40},
+                {"name": "temporal", "layout": 3}, {"name": "temporal", "layout": 2, "run": 128},
                 {"name": "temporal", "search": -1}, {"name": "temporal", "run": 512}, {"name": "temporal", "run": 8.0}):
         with pytest.raises(ValueError, match="temporal codec"):
             validate_codec(bad)
@@ -153,23 +285,38 @@ def _record(store, ref, fixture_frames, n, episode_len):
         ref.add(0, *row)
 
 
+LAYOUT1 = {"name": "temporal", "level": 3, "run": 8, "search": 8}
+
+
+@pytest.mark.parametrize("codec", ["delta-zstd", LAYOUT1, LAYOUT2], ids=["named", "layout1", "layout2"])
 @pytest.mark.parametrize("episode_len", [3, 5, 13])
-def test_runs_holding_episode_starts_and_ring_wraps_read_back_exactly(store_path, atari_frames, episode_len):
+@pytest.mark.parametrize("cache_bytes", [None, 24 << 10], ids=["default", "direct"])
+def test_runs_holding_episode_starts_and_ring_wraps_read_back_exactly(store_path, atari_frames, episode_len, codec,
+                                                                      cache_bytes):
+    """``direct``: a budget below the compressed frames, so runs decode straight into batches (only the frames
+    asked for: ``_decode_runs_into_batch``) from the compressed tier, the files and the writer's RAM."""
+    if codec == "delta-zstd" and cache_bytes:
+        pytest.skip("the named codec is layout 1 for gray frames: covered by layout1")
     capacity = 256  # the ring wraps three times while recording
     ref = ReferenceReplay(4, capacity)
     space = spaces.Box(0, 255, (84, 84), np.uint8)
+    session = {"cache_bytes": cache_bytes} if cache_bytes else {}
     with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=capacity, frame_stack=4,
-                               reward_values=(-1, 0, 1), frame_codec="delta-zstd", durable=False) as s:
+                               reward_values=(-1, 0, 1), frame_codec=codec, durable=False, **session) as s:
         _record(s, ref, atari_frames, 3 * capacity + 37, episode_len)
         ids = ref.valid_ids()[-capacity // 2:]
         assert_batch_matches(s.inspect.get(ids), ref, ids)  # partly from the writer's RAM
-    with mmreplay.Store.open(store_path, mode="r") as s:
+        for _ in range(3):
+            batch = s.sample(32)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+    with mmreplay.Store.open(store_path, mode="r", **session) as s:
         ids = [g for g in ref.valid_ids() if g >= s.inspect.valid_range()[0]]
         assert_batch_matches(s.inspect.get(ids), ref, ids)
         assert s.verify() == []
         for _ in range(5):
             batch = s.sample(32)
             assert_batch_matches(batch, ref, batch.indices.tolist())
+        assert s.inspect.cache_stats()["obs"]["compressed"]["direct"] == bool(cache_bytes)
 
 
 def test_compiled_and_python_paths_give_identical_batches(store_path, atari_frames, monkeypatch):
@@ -220,10 +367,12 @@ def test_a_corrupt_run_is_an_error_naming_the_chunk(store_path, atari_frames):
         assert np.array_equal(s.inspect.get([100]).obs.numpy()[0, -1], atari_frames[100])  # the rest stays readable
 
 
-def test_readers_racing_a_writer_that_rewrites_runs(tmp_path):
+@pytest.mark.parametrize("codec", ["delta-zstd", LAYOUT2], ids=["layout1", "layout2"])
+def test_readers_racing_a_writer_that_rewrites_runs(tmp_path, codec):
     """The writer commits every 1..30 adds on a 200-row ring (runs of 8 rewritten as it wraps), readers with
-    a tiny cache check every row they get against the ground truth."""
-    results = reader_race(str(tmp_path / "race"), readers=2, seconds=6.0, frame_codec="delta-zstd",
+    a tiny cache check every row they get against the ground truth (synthetic 6x5 frames do not compress, so
+    the readers decode whole runs through the decoded cache; the direct path is covered above with real frames)."""
+    results = reader_race(str(tmp_path / "race"), readers=2, seconds=6.0, frame_codec=codec,
                           min_rows=500)
     assert sum(r["rows"] for r in results) > 1000
     assert [r["wrong"] for r in results] == [0, 0], [r["examples"] for r in results]
@@ -249,6 +398,6 @@ def test_colour_frames_get_longer_runs(store_path):
     meta = mmreplay.Store.open(store_path, mode="r")
     try:
         spec = meta.schema.observations[0]
-        assert spec.chunk_rows == 16 and spec.codec["level"] == 5
+        assert spec.chunk_rows == 16 and spec.codec["level"] == 6 and spec.codec["layout"] == 2
     finally:
         meta.close()

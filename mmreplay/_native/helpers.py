@@ -29,7 +29,7 @@ from numba import types
 from mmreplay._native.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
 from mmreplay._native.gather import gather_stacks
 from mmreplay._native.bounds import check_indices
-from mmreplay._native.decode import check_decodes, decode_chunks, ensure_linked
+from mmreplay._native.decode import check_decodes, check_frame_decodes, decode_chunks, decode_frame_groups, ensure_linked
 from mmreplay import settings
 from mmreplay._native import cache, decode as native, gather, intrinsics, kernel_cache, temporal_header
 
@@ -43,11 +43,13 @@ PARAMS = 64
 KIND, TOTAL, PER_PIECE = PARAMS, PARAMS + 1, PARAMS + 2
 ARG = PARAMS + 3  # the kind's own arguments from here
 CONTROL_WORDS = PARAMS + 16
-DECODE, GATHER_WORDS, GATHER_BYTES = 1, 2, 3
+DECODE, GATHER_WORDS, GATHER_BYTES, DECODE_FRAMES = 1, 2, 3, 4
 MAX_PIECES = 0xFFFF
 # A piece: ~10-20 us of work, small enough that the last one held by a helper is a short wait.
 DECODES_PER_PIECE = 16
 STACKS_PER_PIECE = 4
+# Runs of frames (``native.decode_frame_groups``): a run's frames for a batch take ~5-10 frame decodes.
+RUNS_PER_PIECE = 2
 SPIN_SECONDS = 300e-6
 ENV = settings.CODEC_THREADS_ENV
 
@@ -69,6 +71,19 @@ def _run_piece(ctrl, piece):  # pragma: no cover (compiled)
     kind, total, per = ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE]
     lo = piece * per
     hi = min(total, lo + per)
+    if kind == DECODE_FRAMES:
+        src = numba.carray(address(ctrl[ARG]), (total,), np.int64)
+        sizes = numba.carray(address(ctrl[ARG + 1]), (total,), np.int64)
+        starts = numba.carray(address(ctrl[ARG + 2]), (total + 1,), np.int64)
+        n_requests = starts[total]
+        js = numba.carray(address(ctrl[ARG + 3]), (n_requests,), np.int64)
+        dsts = numba.carray(address(ctrl[ARG + 4]), (n_requests,), np.int64)
+        status = numba.carray(address(ctrl[ARG + 5]), (total,), np.int8)
+        bad = decode_frame_groups(src[lo:hi], sizes[lo:hi], starts[lo:hi + 1], js, dsts, ctrl[ARG + 6], ctrl[ARG + 7],
+                                  status[lo:hi])
+        if bad:
+            atomic_add(ctrl, BAD, bad)
+        return
     if kind == DECODE:
         src = numba.carray(address(ctrl[ARG]), (total,), np.int64)
         sizes = numba.carray(address(ctrl[ARG + 1]), (total,), np.int64)
@@ -200,6 +215,24 @@ class CodecHelpers:
         finally:
             self._busy.release()
 
+    def decode_frames(self, src, sizes, starts, js, dsts, frame_nbytes: int, run_rows: int, status,
+                      into) -> int | None:
+        """``decode.decode_frame_groups`` shared with the helpers (as ``decode``; the requests first checked by
+        ``decode.check_frame_decodes``)."""
+        check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into)
+        ensure_linked()
+        if not self._busy.acquire(blocking=False):
+            return None
+        try:
+            try:
+                posted = _post_decode_frames(self.ctrl, src, sizes, starts, js, dsts, status, frame_nbytes, run_rows,
+                                             self.n)
+            except TypeError:
+                return None
+            return self._finish(posted)
+        finally:
+            self._busy.release()
+
     def gather(self, slab, index, k: int, shifted: bool, out_obs, out_next) -> bool:
         """``gather.gather_stacks`` shared with the helpers; False if they are busy or the arrays are not
         plain (then copy alone). Every index is first checked to be a row of ``slab`` (the helpers check
@@ -257,6 +290,21 @@ def _post_decode(ctrl, src, sizes, dst, copies, status, nbytes, codec, n_helpers
     ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE] = DECODE, total, per
     ctrl[ARG], ctrl[ARG + 1], ctrl[ARG + 2] = src.ctypes.data, sizes.ctypes.data, dst.ctypes.data
     ctrl[ARG + 3], ctrl[ARG + 4], ctrl[ARG + 5], ctrl[ARG + 6] = copies.ctypes.data, status.ctypes.data, nbytes, codec
+    return 1 if _post(ctrl, (total + per - 1) // per, n_helpers) else 0
+
+
+@_typed(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, int64)")
+def _post_decode_frames(ctrl, src, sizes, starts, js, dsts, status, frame_nbytes, run_rows, n_helpers):  # pragma: no cover
+    """Parameters of a ``decode_frame_groups`` job, then post it (as ``_post_decode``)."""
+    total = src.size
+    if sizes.size != total or starts.size != total + 1 or status.size < total or js.size != dsts.size or \
+            starts[total] != js.size:
+        return -1
+    per = max(RUNS_PER_PIECE, (total + MAX_PIECES - 1) // MAX_PIECES)
+    ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE] = DECODE_FRAMES, total, per
+    ctrl[ARG], ctrl[ARG + 1], ctrl[ARG + 2] = src.ctypes.data, sizes.ctypes.data, starts.ctypes.data
+    ctrl[ARG + 3], ctrl[ARG + 4], ctrl[ARG + 5] = js.ctypes.data, dsts.ctypes.data, status.ctypes.data
+    ctrl[ARG + 6], ctrl[ARG + 7] = frame_nbytes, run_rows
     return 1 if _post(ctrl, (total + per - 1) // per, n_helpers) else 0
 
 

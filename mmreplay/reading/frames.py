@@ -37,9 +37,9 @@ from mmreplay._native import decode as native
 from mmreplay.reading.disk import FileReads
 from mmreplay.settings import DEFAULT_IO_DEPTH
 from mmreplay._native.gather import checked_gather_cached, checked_gather_stacks, checked_index_cached
-from mmreplay._native.helpers import DECODES_PER_PIECE, STACKS_PER_PIECE, codec_helpers
+from mmreplay._native.helpers import DECODES_PER_PIECE, RUNS_PER_PIECE, STACKS_PER_PIECE, codec_helpers
 from mmreplay.reading.resident import EMPTY_CHUNK
-from mmreplay.reading.tiers import ColumnReader, plan_tiers
+from mmreplay.reading.tiers import ColumnReader, decodes_direct, plan_tiers
 from mmreplay.storage.frame_ring import FrameEvents, FrameRing
 
 # From this many stacks a batch's copy out of the decoded slab, and from this many decodes its decodes, are
@@ -53,6 +53,7 @@ SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE
 # reader of ~100 KB files already, and with 4 MB groups batches ran slower while the tier filled.
 PRELOAD_GROUP_BYTES = 1 << 20
 PRELOAD_GROUP_FILES = 64
+SHARED_MIN_RUNS = 2 * RUNS_PER_PIECE
 # What a frame compresses to before any shard of it was written (Atari frames: ~13x with lz4).
 ASSUMED_RATIO = 8.0
 
@@ -109,7 +110,7 @@ class FrameReader(FrameEvents):
             old = self.columns.get(name)
             # the decoded cache stays (warm, and sized when the store opened) unless its role changed
             keep = old is not None and old.direct == (self.plan.direct and old.resident is not None
-                                                      and col.spec.chunk_rows == 1)
+                                                      and decodes_direct(old.codec, col.spec.chunk_rows))
             new = ColumnReader(col, ring, decoded, resident, self.plan.direct, cache=old.cache if keep else None)
             if new.resident is not None:
                 new.resident.check_file = col.array.check_file  # only the files the commit expects are held
@@ -381,10 +382,83 @@ class FrameReader(FrameEvents):
         if helpers is None or not helpers.gather(slab, index, k, shifted, obs_words, next_words):
             checked_gather_stacks(slab, index, k, shifted, obs_words, next_words)
 
+    def _decode_runs_into_batch(self, col: ColumnReader, obs_ids, next_ids, obs_words, next_words, shifted) -> None:
+        """``_decode_into_batch`` for runs of frames (the temporal codec): every frame the batch needs decoded
+        from its run straight into its place, with only the frames of the run its references lead to
+        (``native.decode_frame_groups``; layout-1 runs decode whole into a scratch buffer). A frame that
+        several places need (a shifted pair of stacks, overlapping samples) is decoded once and copied. Runs
+        the compressed tier lacks are loaded with their shards while it has room, else read from their files;
+        runs still in the writer's RAM (or marked empty) come through the decoded cache."""
+        n, k = obs_ids.shape
+        nbytes, run_rows = col.row_nbytes, col.spec.chunk_rows
+        res = col.resident
+        next_req = np.concatenate([obs_ids[:, 1:], next_ids[:, -1:]], axis=1) if shifted else next_ids
+        ids = np.concatenate([obs_ids.reshape(-1), next_req.reshape(-1)]).astype(np.int64, copy=False)
+        pos = np.arange(n * k, dtype=np.int64) * nbytes
+        dsts = np.concatenate([obs_words.ctypes.data + pos, next_words.ctypes.data + pos])
+        ring_rows = 0 if self.ring.unbounded else self.ring.rows
+        chunks, starts, js, dsts, order = native.checked_group_frame_requests(ids, dsts, ring_rows, run_rows)
+        held = chunks < res.chunk_addr.size
+        src = np.zeros(chunks.size, dtype=np.int64)
+        src[held] = res.chunk_addr[chunks[held]]
+        if not (src > 0).all():
+            self._load_whole(col, chunks[src == 0])
+            src[held] = res.chunk_addr[chunks[held]]
+        sizes = np.zeros(chunks.size, dtype=np.int64)
+        sizes[held] = res.chunk_size[chunks[held]]
+        col.tier.hits += int(np.count_nonzero(src > 0))
+        col.cache.stats.misses += ids.size
+        keep = None  # the bytes read from the files, alive until decoded
+        through_cache = src <= 0
+        if through_cache.any():
+            in_ram = self._in_ram_shards(col, chunks)
+            from_files = np.flatnonzero(through_cache & ~in_ram & (src == 0))
+            if from_files.size:
+                col.tier.misses += int(from_files.size)
+                keep = self.disk.read(col.column.array, chunks[from_files], col.disk)
+                read = ~keep.empty
+                src[from_files[read]] = keep.addresses()[read]
+                sizes[from_files[read]] = keep.sizes[read]
+                through_cache = src <= 0
+        into = (obs_words, next_words)
+        decode = np.flatnonzero(~through_cache)
+        if decode.size:
+            self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, decode, nbytes, run_rows, into)
+        for g in np.flatnonzero(through_cache).tolist():  # the writer's RAM, or a chunk the index marks empty
+            lo, hi = starts[g], starts[g + 1]
+            slab_rows = self._slab_index(col, ids[order[lo:hi]])
+            native.checked_copy_rows_to(col.cache.slab, slab_rows.astype(np.int64), nbytes, dsts[lo:hi], into)
+        del keep
+
+    def _in_ram_shards(self, col: ColumnReader, chunks: np.ndarray) -> np.ndarray:
+        """Which of ``chunks`` lie in shards whose rows the writer holds in RAM."""
+        per = col.column.layout.chunks_per_shard
+        shards = list(self.ring.ram_shards(col.spec.name))
+        return np.isin(chunks // per, shards) if shards else np.zeros(chunks.size, dtype=bool)
+
+    def _run_frame_decodes(self, col, chunks, src, sizes, starts, js, dsts, groups, nbytes, run_rows, into) -> None:
+        """``native.decode_frame_groups`` over ``groups`` (all of them, or those held: then the requests are
+        regrouped), shared with the codec helpers when there are many; raises on the first bad run."""
+        if groups.size < chunks.size:
+            lo, hi = starts[groups], starts[groups + 1]
+            take = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())])
+            starts = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
+            js, dsts, chunks, src, sizes = js[take], dsts[take], chunks[groups], src[groups], sizes[groups]
+        status = np.empty(src.size, dtype=np.int8)
+        helpers = codec_helpers() if src.size >= SHARED_MIN_RUNS else None
+        bad = None if helpers is None else helpers.decode_frames(src, sizes, starts, js, dsts, nbytes, run_rows,
+                                                                 status, into)
+        if bad is None:
+            bad = native.checked_decode_frame_groups(src, sizes, starts, js, dsts, nbytes, run_rows, status, into)
+        if bad:
+            self._raise_bad_chunk(col, chunks, status)
+
     def _decode_into_batch(self, col: ColumnReader, obs_ids, next_ids, obs_words, next_words, shifted) -> None:
         """``gather_stacks`` without the decoded cache: every frame decoded from the compressed tier straight
         into its place in the batch (frames not held there go through the cache). In a shifted pair of
         stacks, frame ``j > 0`` of the obs stack is frame ``j - 1`` of the next stack: decoded once, copied."""
+        if col.spec.chunk_rows > 1:
+            return self._decode_runs_into_batch(col, obs_ids, next_ids, obs_words, next_words, shifted)
         n, k = obs_ids.shape
         nbytes = col.row_nbytes
         res = col.resident

@@ -3,7 +3,7 @@ frames; and the column's reader state that follows from it.
 
 Invariant: ``plan_tiers`` never plans more than ``total`` bytes; a ``ColumnReader`` holds a compressed tier
 only when the compiled decoder exists for its codec, and decodes straight into batches (``direct``) only
-when that tier exists and a chunk is one frame. The tier holds whole shards, all of them when they fit
+when that tier exists and a chunk is one frame or a run of the temporal codec. The tier holds whole shards, all of them when they fit
 its share, else as many as fit (a *partial* tier): the other shards' frames are read from their files
 (``reading/disk.py``).
 """
@@ -81,6 +81,11 @@ def plan_tiers(total: int, compressed_bytes: int, decoded_bytes: int) -> TierPla
     return TierPlan(compressed_bytes, 0, True)
 
 
+def decodes_direct(codec: int | None, chunk_rows: int) -> bool:
+    """Can a column's frames be decoded straight into a batch (given a compressed tier)?"""
+    return chunk_rows == 1 or codec == native.CODEC_TEMPORAL
+
+
 class ColumnReader:
     """One observation key's decoded cache and compressed tier."""
 
@@ -98,8 +103,9 @@ class ColumnReader:
             if resident_bytes > 0 and self.codec is not None else None
         self.tier = TierStats(capacity_bytes=resident_bytes if self.resident is not None else 0)
         self.disk = DiskStats()
-        # frames decoded straight into batches (only for one-frame chunks: images)
-        self.direct = direct and self.resident is not None and spec.chunk_rows == 1
+        # frames decoded straight into batches: one-frame chunks (images), or runs of the temporal codec (only
+        # the frames a batch needs, ``native.decode_frame_groups``)
+        self.direct = direct and self.resident is not None and decodes_direct(self.codec, spec.chunk_rows)
 
     def stats(self, loading: bool = False) -> dict:
         """``cache_stats()`` of this key: the decoded cache, and under ``"compressed"`` the tier below it

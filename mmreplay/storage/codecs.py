@@ -48,7 +48,12 @@ def validate_temporal(spec: Mapping[str, Any]) -> None:
     """A temporal codec spec (``storage/temporal.py``): zstd level, frames per run, reference search."""
     level, run = spec.get("level", temporal.DEFAULT_LEVEL), spec.get("run", temporal.DEFAULT_RUN)
     search = spec.get("search", temporal.DEFAULT_SEARCH)
-    for key, value, lo, hi in (("level", level, -7, 22), ("run", run, 1, temporal.MAX_RUN),
+    layout = spec.get("layout", temporal.DEFAULT_LAYOUT)
+    if layout not in temporal.LAYOUTS or isinstance(layout, bool):
+        raise ValueError(f"temporal codec {dict(spec)} invalid: layout must be one of {temporal.LAYOUTS}, "
+                         f"got {layout!r}")
+    max_run = temporal.MAX_RUN if layout == 1 else 64  # layout 2: references are signed bytes
+    for key, value, lo, hi in (("level", level, -7, 22), ("run", run, 1, max_run),
                                ("search", search, 0, temporal.MAX_RUN)):
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
             raise ValueError(f"temporal codec {dict(spec)} invalid: {key} must be an integer in {lo}..{hi}, "
@@ -74,7 +79,8 @@ class Compressor:
         if spec["name"] == "temporal":
             level = int(spec.get("level", temporal.DEFAULT_LEVEL))
             search = int(spec.get("search", temporal.DEFAULT_SEARCH))
-            self.encode = lambda arr: temporal.encode_run(arr, level, search)
+            layout = int(spec.get("layout", temporal.DEFAULT_LAYOUT))
+            self.encode = lambda arr: temporal.encode(arr, level, search, layout)
             self._decompress = None
         elif spec["name"] == "blosc":
             self.format_code = BLOSC_FORMAT_CODE[spec.get("cname", "lz4")]
@@ -173,7 +179,8 @@ def zarr_compressor(spec: Mapping[str, Any], dtype: np.dtype):
     if spec["name"] == "temporal":
         temporal.register_with_zarr()
         return temporal.zarr_codec_class()(level=int(spec.get("level", temporal.DEFAULT_LEVEL)),
-                                           search=int(spec.get("search", temporal.DEFAULT_SEARCH)))
+                                           search=int(spec.get("search", temporal.DEFAULT_SEARCH)),
+                                           layout=int(spec.get("layout", temporal.DEFAULT_LAYOUT)))
     if spec["name"] == "blosc":
         return BloscCodec(cname=spec.get("cname", "lz4"), clevel=int(spec.get("clevel", 5)),
                           shuffle="noshuffle" if dtype.itemsize == 1 else "shuffle", typesize=dtype.itemsize,
