@@ -122,6 +122,9 @@ class Settings:
     - ``encoder``: where a writer compresses its image shards: ``"process"`` (default: a child process, so
       compression runs beside the adds) or ``"thread"`` (the store's writer thread; e.g. when /dev/shm is too
       small for the shared buffers). Overridden by ``MMREPLAY_ENCODER``.
+    - ``preload``: at open, a background pass reads the compressed shards the RAM tier holds (default).
+      ``False`` leaves them to be read as batches need them: for a process that reads no frames, or few
+      (``mmreplay info``, ``verify``), which would otherwise pay for reading the tier and then wait for it.
 
     An environment variable, when set, wins over the field (see the module docstring).
     """
@@ -133,6 +136,7 @@ class Settings:
     codec_threads: int | None = None
     encoder: str = "process"
     io_depth: int = DEFAULT_IO_DEPTH
+    preload: bool = True
 
     def __post_init__(self) -> None:
         for name in ("cache_bytes", "commit_every"):
@@ -147,6 +151,9 @@ class Settings:
         if self.durable not in (True, False):
             raise ValueError(f"durable must be True or False, got {self.durable!r}")
         object.__setattr__(self, "durable", bool(self.durable))
+        if not isinstance(self.preload, bool):
+            raise ValueError(f"preload must be True or False, got {self.preload!r}")
+        object.__setattr__(self, "preload", bool(self.preload))
         depth = self.io_depth
         if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or not 1 <= depth <= MAX_IO_DEPTH:
             raise ValueError(f"io_depth must be an integer from 1 to {MAX_IO_DEPTH} (reads in flight), got {depth!r}")

@@ -67,12 +67,12 @@ class StoreState:
         self._view: DrawView | None = None  # what strategies read, made by view()
         self.watcher: CommitWatcher | None = None  # readers: made by _load
         try:
-            self._load(record, writable=writable, durable=settings.durable)
+            self._load(record, writable=writable, durable=settings.durable, preload=settings.preload)
         except BaseException:  # release the files (and the encoder child) of a state that could not load
             self.close()
             raise
 
-    def _load(self, record: dict | None, *, writable: bool, durable: bool) -> None:
+    def _load(self, record: dict | None, *, writable: bool, durable: bool, preload: bool = True) -> None:
         rec, path = record or {}, self.path
         self.streams = Streams(self.schema.observations)
         self._decode_reward = ColumnEncoder(self.schema.reward).decode  # n-step returns sum stored rewards
@@ -97,7 +97,8 @@ class StoreState:
         self.frames.on_invalidate = self.ring.advance_past_frames
         self.frames.on_grow = lambda rows: resize_arrays(path, [c.layout for c in self.frames.columns.values()], rows)
         self.ring.on_grow = lambda rows: resize_arrays(path, self.ring.layouts(), rows)
-        self.reader.start_preload()
+        if preload:
+            self.reader.start_preload()
 
     def _identified_arrays(self) -> list:
         return [c.array for c in self.frames.columns.values()] + list(self.ring.disk.values())

@@ -2,6 +2,7 @@
 others, with their environment variables as overrides: environment, then field, then the automatic default."""
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -106,3 +107,36 @@ def _add_and_check(store) -> None:
     got = store.inspect.get(np.arange(40))
     np.testing.assert_array_equal(got.obs.numpy(), np.stack(obs[:40]))
     np.testing.assert_array_equal(got.next_obs.numpy(), np.stack(obs[1:41]))
+
+
+@pytest.mark.parametrize("bad", [0, 1, "no", None])
+def test_preload_must_be_a_bool(bad):
+    with pytest.raises(ValueError, match=f"preload must be True or False, got {bad!r}"):
+        Settings(preload=bad)
+
+
+def big(i: int) -> np.ndarray:
+    """An 84x84 frame named by ``i``: its first row holds ``i``'s bytes, the rest ``i % 251``."""
+    f = np.full((84, 84), i % 251, np.uint8)
+    f[0, :8] = np.frombuffer(np.int64(i).tobytes(), np.uint8)
+    return f
+
+
+def test_preload_false_reads_no_shard_until_a_batch_needs_it(tmp_path):
+    """``preload=False`` (what ``mmreplay info`` opens with): no background pass at open; the tier is then
+    filled by the reads that batches make, and every row read is the frame that was added."""
+    path = str(tmp_path / "s")
+    with mmreplay.Store.create(path, ATARI, spaces.Discrete(4), capacity=4096) as s:
+        for i in range(3000):
+            s.add(big(i), i % 4, 0.0, big(i + 1), i % 500 == 499, False)
+    with mmreplay.Store.open(path, mode="r", settings=Settings(preload=False)) as s:
+        time.sleep(0.5)  # a pass started at open would have loaded these few small shards by now
+        stats = s.inspect.cache_stats()["obs"]["compressed"]
+        assert not stats["loading"] and stats["bytes"] == 0, stats
+        got = s.inspect.get(np.arange(0, 3000, 7))
+        want = np.stack([big(i) for i in range(0, 3000, 7)])
+        assert (got.obs.numpy() == want).all()
+    with mmreplay.Store.open(path, mode="r") as s:  # the default: the pass runs at open
+        from conftest import wait_preloaded
+        wait_preloaded(s)
+        assert s.inspect.cache_stats()["obs"]["compressed"]["bytes"] > 0

@@ -51,9 +51,10 @@ def info_figures(store) -> dict:
 
 
 def cmd_info(args) -> int:
+    from mmreplay.settings import Settings
     from mmreplay.store import Store
 
-    with Store.open(args.path, mode="r") as store:
+    with Store.open(args.path, mode="r", settings=Settings(preload=False)) as store:
         if args.json:
             print(json.dumps(info_figures(store), indent=2))
             return 0
@@ -98,9 +99,10 @@ def _print_info(info: dict) -> None:
 
 
 def cmd_verify(args) -> int:
+    from mmreplay.settings import Settings
     from mmreplay.store import Store
 
-    with Store.open(args.path, mode="r") as store:
+    with Store.open(args.path, mode="r", settings=Settings(preload=False)) as store:
         problems = store.verify(progress=Progress("verifying", unit="shards"))
     for p in problems:
         print(f"BAD: {p}")

@@ -19,6 +19,7 @@ import numpy as np
 from mmreplay.stats import CHUNK, committed_priorities, episode_stats
 
 if TYPE_CHECKING:
+    from mmreplay.settings import Settings
     from mmreplay.store import Store
 
 #: rows of a float column (continuous actions, float rewards) histogrammed: an evenly strided sample
@@ -216,9 +217,10 @@ def plot_store(path: str, out: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mmreplay.settings import Settings
     from mmreplay.store import Store
 
-    with Store.open(path, mode="r") as store:
+    with Store.open(path, mode="r", settings=Settings(preload=False)) as store:
         fig = store_figure(store, title=str(path))
     try:
         fig.savefig(out, dpi=90)
