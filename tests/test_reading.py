@@ -240,6 +240,34 @@ def test_the_background_pass_lets_go_of_the_file_indexes_of_what_it_holds(atari_
         np.testing.assert_array_equal(s.inspect.get(g).obs.numpy(), expected_obs(data, g))
 
 
+def test_a_group_load_that_fails_leaks_no_descriptor_and_the_rows_stay_true(atari_like, monkeypatch):
+    """The background pass opens the next group of files before it reads the previous one: if that read
+    raises (an ``mmap`` refused for want of memory), the group already opened is closed all the same, and
+    what the tier lacks is read from the files."""
+    from mmreplay.reading import frames as frames_module
+    path, data = atari_like
+    monkeypatch.setattr(frames_module, "PRELOAD_GROUP_FILES", 1)  # one file a group: several groups
+    real, calls = ResidentShards.load_many, []
+
+    def fails_first(self, opened, *args, **kw):
+        calls.append(len(opened.shards))
+        if len(calls) == 1:
+            opened.close()
+            raise OSError(errno.ENOMEM, "mmap refused")
+        return real(self, opened, *args, **kw)
+
+    monkeypatch.setattr(ResidentShards, "load_many", fails_first)
+    before = set(os.listdir("/proc/self/fd"))
+    with mmreplay.Store.open(path, mode="r") as s:
+        s._state.reader._preloader.join(60)
+        assert len(calls) == 1  # the pass stopped at the failure, with the next group opened
+        g = np.arange(*s.inspect.valid_range())
+        np.testing.assert_array_equal(s.inspect.get(g).obs.numpy(), expected_obs(data, g))
+    leaked = [os.readlink(f"/proc/self/fd/{fd}") for fd in set(os.listdir("/proc/self/fd")) - before
+              if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert not [p for p in leaked if p.startswith(path)], leaked
+
+
 def test_a_load_that_raced_a_drop_is_not_installed(tmp_path, monkeypatch):
     """The file changed while a background load was reading it: its bytes are stale and must not be held."""
     lay = layout(tmp_path)

@@ -244,9 +244,10 @@ class FrameReader(FrameEvents):
         GIL released for every system call), the next group opened (the kernel reading it) before this one
         is copied; one file at a time from Python where ``bulk`` is not available."""
         pending: dict[str, object] = {}
+        step = self._group_size()  # once: a group size that changed mid-pass would skip or repeat shards
         try:
-            for lo in range(0, len(shards), self._group_size()):
-                group = shards[lo:lo + self._group_size()]
+            for lo in range(0, len(shards), step):
+                group = shards[lo:lo + step]
                 for name, col in list(self.columns.items()):
                     if self._stop.is_set():
                         return
@@ -257,12 +258,11 @@ class FrameReader(FrameEvents):
                         self._preload_one_by_one(col, group, listed[name][1])
                         continue
                     wanted = self._to_load(name, col, group)
-                    opened = res.open_many(wanted) if wanted else None
                     previous = pending.pop(name, None)
+                    if wanted:  # pending at once: closed by the ``finally`` whatever the load below raises
+                        pending[name] = res.open_many(wanted)
                     if previous is not None:
                         res.load_many(previous, col.tier.capacity_bytes, listed[name][1])
-                    if opened is not None:
-                        pending[name] = opened
             for name, opened in list(pending.items()):
                 pending.pop(name)
                 col = self.columns.get(name)
@@ -270,6 +270,8 @@ class FrameReader(FrameEvents):
                     col.resident.load_many(opened, col.tier.capacity_bytes, listed[name][1])
                 else:
                     opened.close()
+        except OSError:
+            return  # e.g. no memory for a group's mapping: the tier stays partial, the rest is read from files
         finally:
             for opened in pending.values():
                 opened.close()
