@@ -246,3 +246,51 @@ def test_a_symbol_that_decodes_otherwise_is_named(monkeypatch):
     monkeypatch.setattr(decode, "_known_chunks", lambda: real)
     decode.ensure_linked()
     assert decode._LINK_CHECKED  # passed once: not run again
+
+
+# -- frame decodes (layout-2 runs decoded straight into a batch) ------------------------------------------
+def frame_requests(out: np.ndarray, nbytes: int = 16):
+    """Requests for 3 runs, 2 frames each, to consecutive ``nbytes`` slots of ``out``: all within bounds."""
+    src, sizes = np.zeros(3, np.int64), np.ones(3, np.int64)
+    starts = np.array([0, 2, 4, 6], np.int64)
+    js = np.array([0, 1, 5, 6, 14, 15], np.int64)
+    dsts = out.ctypes.data + np.arange(6, dtype=np.int64) * nbytes
+    return src, sizes, starts, js, dsts, nbytes, 16, np.zeros(3, np.int8), (out,)
+
+
+def test_frame_decode_requests_inside_their_buffers_pass():
+    out = np.zeros(6 * 16, np.uint8)
+    decode.check_frame_decodes(*frame_requests(out))
+    args = list(frame_requests(out))
+    args[3] = args[3].astype(np.int32)  # other integer types: the slower checks, which pass too
+    decode.check_frame_decodes(*args)
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("js_high", r"js holds 16 at flat position 2, outside \[0, 16\)"),
+    ("js_negative", r"js holds -1 at flat position 0"),
+    ("dst_past_end", r"dsts\[5\] = .* fall outside the destination buffer"),
+    ("dst_before", r"dsts\[0\] = .* fall outside the destination buffer"),
+    ("starts_decrease", r"group starts .* do not tile the 6 requests"),
+    ("starts_short", r"group starts .* do not tile the 6 requests"),
+    ("sizes", r"frame-decode arrays disagree: 3 sources, 2 sizes"),
+])
+def test_frame_decode_requests_that_would_write_outside_are_named(fault, message):
+    out = np.zeros(6 * 16, np.uint8)
+    src, sizes, starts, js, dsts, nbytes, run_rows, status, into = frame_requests(out)
+    if fault == "js_high":
+        js[2] = 16
+    elif fault == "js_negative":
+        js[0] = -1
+    elif fault == "dst_past_end":
+        dsts[5] += 1
+    elif fault == "dst_before":
+        dsts[0] -= 1
+    elif fault == "starts_decrease":
+        starts[:] = [0, 4, 2, 6]
+    elif fault == "starts_short":
+        starts[-1] = 5
+    elif fault == "sizes":
+        sizes = sizes[:2]
+    with pytest.raises(ValueError, match=message):
+        decode.check_frame_decodes(src, sizes, starts, js, dsts, nbytes, run_rows, status, into)

@@ -457,17 +457,43 @@ def check_decodes(src, sizes, dst, copies, nbytes, codec, status, into) -> None:
     check_addresses("copies", copies, nbytes, into, allow_zero=True)
 
 
+@numba.njit(cache=True, nogil=True)
+def _frame_requests_fit(starts, js, run_rows, dsts, nbytes, lo0, hi0, lo1, hi1):  # pragma: no cover (compiled)
+    """``check_frame_decodes``'s per-entry tests in one pass: starts never decrease, every frame is in
+    ``[0, run_rows)`` and every destination has ``nbytes`` bytes inside ``[lo0, hi0)`` or ``[lo1, hi1)``."""
+    for i in range(starts.size - 1):
+        if starts[i + 1] < starts[i]:
+            return False
+    for i in range(js.size):
+        if not 0 <= js[i] < run_rows:
+            return False
+        a = dsts[i]
+        if not ((lo0 <= a and a + nbytes <= hi0) or (lo1 <= a and a + nbytes <= hi1)):
+            return False
+    return True
+
+
 def check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into) -> None:
     """Raise ``ValueError`` unless ``decode_frame_groups`` with these arguments writes only inside ``into``:
     one size and status entry a group, group starts that tile the requests, every frame in ``[0, run_rows)``
-    and every destination with ``frame_nbytes`` bytes of room."""
+    and every destination with ``frame_nbytes`` bytes of room. The entries are tested by one compiled pass
+    (a batch's requests are checked on every draw); only when it finds a fault do the slower checks run,
+    to name it."""
     n = src.size
     if sizes.size != n or starts.size != n + 1 or js.size != dsts.size:
         raise ValueError(f"frame-decode arrays disagree: {n} sources, {sizes.size} sizes, {starts.size} group starts, "
                          f"{js.size} frames, {dsts.size} destinations")
-    if starts[0] != 0 or starts[-1] != js.size or (np.diff(starts) < 0).any():
+    if starts[0] != 0 or starts[-1] != js.size:
         raise ValueError(f"group starts {starts[:4]}...{starts[-2:]} do not tile the {js.size} requests")
     check_array("status", status, ndim=1, min_size=n, contiguous=False)
+    plain = (len(into) in (1, 2) and frame_nbytes >= 0 and starts.dtype == js.dtype == dsts.dtype == np.int64
+             and dsts.ndim == 1)
+    if plain:
+        (lo0, hi0), (lo1, hi1) = span(into[0], "the buffer dsts points into"), span(into[-1], "the buffer dsts points into")
+        if _frame_requests_fit(starts, js, run_rows, dsts, frame_nbytes, lo0, hi0, lo1, hi1):
+            return
+    if (np.diff(starts) < 0).any():
+        raise ValueError(f"group starts {starts[:4]}...{starts[-2:]} do not tile the {js.size} requests")
     check_indices("js", js, 0, run_rows)
     check_addresses("dsts", dsts, frame_nbytes, into)
 
