@@ -148,12 +148,20 @@ def test_cached_gathers_check_the_ids_against_the_cache_table():
 def test_packed_reads_check_positions_and_outputs():
     buf = np.zeros(4, np.uint8)  # 16 codes of 2 bits
     table = np.arange(4, dtype=np.float32)
+    out = np.full(2, -1, np.float32)
     with pytest.raises(ValueError, match=r"positions holds 16 at flat position 1, outside \[0, 16\)"):
-        packing.decode_into(buf, 2, np.array([3, 16], np.int64), table, np.zeros(2, np.float32))
+        packing.decode_into(buf, 2, np.array([3, 16], np.int64), table, out)
+    assert (out == -1).all()  # checked inside the kernel, before its first write
+    with pytest.raises(ValueError, match=r"positions holds -1 at flat position 0"):
+        packing.decode_into(buf, 2, np.array([-1, 3], np.int64), table, out)
     with pytest.raises(ValueError, match="out has 1 entries, the kernel writes 2"):
         packing.decode_into(buf, 2, np.array([3, 15], np.int64), table, np.zeros(1, np.float32))
     with pytest.raises(ValueError, match=r"positions holds 32 at flat position 0, outside \[0, 32\)"):
         packing.bits_into(buf, buf, np.array([32], np.int64), np.zeros(1, bool), np.zeros(1, bool))
+    first, second = np.ones(2, bool), np.ones(2, bool)
+    with pytest.raises(ValueError, match=r"positions holds 40 at flat position 1, outside \[0, 32\)"):
+        packing.bits_into(buf, buf, np.array([0, 40], np.int64), first, second)
+    assert first.all() and second.all()
 
 
 def test_a_sum_tree_refuses_leaves_outside_it():

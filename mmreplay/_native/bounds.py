@@ -84,6 +84,10 @@ def check_array(name: str, arr, dtype=None, ndim: int | None = None, min_size: i
                 shape: tuple | None = None, contiguous: bool = True) -> None:
     """``arr`` is a numpy array of ``dtype`` (when given), ``ndim`` dimensions, at least ``min_size``
     entries / exactly ``shape`` (``None`` in it: any), C-contiguous unless ``contiguous`` is False."""
+    if (type(arr) is np.ndarray and (dtype is None or arr.dtype == dtype) and (ndim is None or arr.ndim == ndim)
+            and (min_size is None or arr.size >= min_size) and (not contiguous or arr.flags.c_contiguous)
+            and (shape is None or _shape_matches(arr.shape, shape))):
+        return  # the common case in a few attribute reads (this runs several times a batch); else name the fault
     if not isinstance(arr, np.ndarray):
         raise ValueError(f"{name} must be a numpy array, got {type(arr).__name__}")
     if dtype is not None and arr.dtype != np.dtype(dtype):
@@ -97,3 +101,12 @@ def check_array(name: str, arr, dtype=None, ndim: int | None = None, min_size: i
         raise ValueError(f"{name} has {arr.size} entries, the kernel writes {min_size}")
     if contiguous and not arr.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous, got strides {arr.strides} for shape {arr.shape}")
+
+
+def _shape_matches(actual: tuple, wanted: tuple) -> bool:
+    if len(actual) != len(wanted):
+        return False
+    for w, a in zip(wanted, actual):
+        if w is not None and w != a:
+            return False
+    return True

@@ -453,8 +453,26 @@ def check_decodes(src, sizes, dst, copies, nbytes, codec, status, into) -> None:
     check_array("status", status, ndim=1, min_size=n, contiguous=False)
     if codec not in CODECS:
         raise ValueError(f"codec {codec!r} is none of the compiled decoder's {CODECS}")
+    if len(into) in (1, 2) and nbytes >= 0 and dst.dtype == copies.dtype == np.int64 and dst.ndim == copies.ndim == 1:
+        (lo0, hi0), (lo1, hi1) = span(into[0], "the buffer dst points into"), span(into[-1], "the buffer dst points into")
+        if _decodes_fit(dst, copies, nbytes, lo0, hi0, lo1, hi1):
+            return  # one compiled pass (every batch's misses are checked); the checks below name a fault
     check_addresses("dst", dst, nbytes, into)
     check_addresses("copies", copies, nbytes, into, allow_zero=True)
+
+
+@numba.njit(cache=True, nogil=True)
+def _decodes_fit(dst, copies, nbytes, lo0, hi0, lo1, hi1):  # pragma: no cover (compiled)
+    """Every ``dst[i]`` and every nonzero ``copies[i]`` has ``nbytes`` bytes inside ``[lo0, hi0)`` or
+    ``[lo1, hi1)``: ``check_addresses`` for both in one pass."""
+    for i in range(dst.size):
+        a = dst[i]
+        if not ((lo0 <= a and a + nbytes <= hi0) or (lo1 <= a and a + nbytes <= hi1)):
+            return False
+        c = copies[i]
+        if c != 0 and not ((lo0 <= c and c + nbytes <= hi0) or (lo1 <= c and c + nbytes <= hi1)):
+            return False
+    return True
 
 
 @numba.njit(cache=True, nogil=True)

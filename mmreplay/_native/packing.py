@@ -1,8 +1,10 @@
 """Compiled reads of bit-packed columns (``columns/packing.py`` holds the format and the checked entry points).
 
 Invariant: ``_decode_into`` and ``_bits_into`` read byte ``(p * bits) >> 3`` of each packed buffer for every
-position ``p`` and write ``out[i]`` for ``i < positions.size`` only; their entry points ``decode_into``
-and ``bits_into`` check first that the buffers hold those bytes and the outputs those entries.
+position ``p`` and write ``out[i]`` for ``i < positions.size`` only, and only once every position has
+been found below ``limit`` (else they return the first one that is not, having written nothing); their
+entry points ``decode_into`` and ``bits_into`` pass the limit the buffers hold and check the outputs' sizes.
+The positions are checked inside the kernel: a separate compiled check cost a second call a column a batch.
 """
 
 from __future__ import annotations
@@ -10,23 +12,45 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mmreplay._native.bounds import check_array, check_indices
+from mmreplay._native.bounds import check_array
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode_into(buf, bits, positions, table, out):  # pragma: no cover (compiled)
+def _first_outside(positions, limit):  # pragma: no cover (compiled)
+    for i in range(positions.size):
+        if not 0 <= positions[i] < limit:
+            return i
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _decode_into(buf, bits, positions, table, out, limit):  # pragma: no cover (compiled)
+    bad = _first_outside(positions, limit)
+    if bad >= 0:
+        return bad
     mask = (1 << bits) - 1
     for i in range(positions.size):
         bit_pos = positions[i] * bits
         out[i] = table[(buf[bit_pos >> 3] >> (bit_pos & 7)) & mask]
+    return -1
 
 
 @numba.njit(cache=True, nogil=True)
-def _bits_into(first, second, positions, out_first, out_second):  # pragma: no cover (compiled)
+def _bits_into(first, second, positions, out_first, out_second, limit):  # pragma: no cover (compiled)
+    bad = _first_outside(positions, limit)
+    if bad >= 0:
+        return bad
     for i in range(positions.size):
         p = positions[i]
         out_first[i] = (first[p >> 3] >> (p & 7)) & 1
         out_second[i] = (second[p >> 3] >> (p & 7)) & 1
+    return -1
+
+
+def _refuse(positions: np.ndarray, bad: int, limit: int) -> None:
+    if bad >= 0:
+        raise ValueError(f"positions holds {positions[bad].item()!r} at flat position {bad}, outside [0, {limit}); "
+                         "nothing was written")
 
 
 def decode_into(buf, bits, positions, table, out) -> None:
@@ -37,8 +61,8 @@ def decode_into(buf, bits, positions, table, out) -> None:
     check_array("out", out, ndim=1, min_size=positions.size, contiguous=False)
     if bits not in (1, 2, 4):
         raise ValueError(f"bits must be 1, 2 or 4, got {bits!r}")
-    check_indices("positions", positions, 0, buf.size * 8 // bits)
-    _decode_into(buf, bits, positions, table, out)
+    limit = buf.size * 8 // bits
+    _refuse(positions, _decode_into(buf, bits, positions, table, out, limit), limit)
 
 
 def bits_into(first, second, positions, out_first, out_second) -> None:
@@ -46,5 +70,5 @@ def bits_into(first, second, positions, out_first, out_second) -> None:
     check_array("positions", positions, np.int64, ndim=1)
     for name, out in (("out_first", out_first), ("out_second", out_second)):
         check_array(name, out, ndim=1, min_size=positions.size, contiguous=False)
-    check_indices("positions", positions, 0, min(first.size, second.size) * 8)
-    _bits_into(first, second, positions, out_first, out_second)
+    limit = min(first.size, second.size) * 8
+    _refuse(positions, _bits_into(first, second, positions, out_first, out_second, limit), limit)
