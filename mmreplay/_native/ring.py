@@ -67,10 +67,43 @@ def stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest
         valid[i] = ok
 
 
+@numba.njit(cache=True, nogil=True)
+def _stack_frames_checked(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids,
+                          next_ids, valid):  # pragma: no cover (compiled)
+    """``stack_frames_into`` if the outputs hold ``g.size`` stacks of ``k`` and the columns cover the ring
+    (True), else nothing written (False): the shape tests inside the one compiled call a draw makes."""
+    if not (k >= 1 and obs_ids.shape[0] >= g.size and obs_ids.shape[1] == k and next_ids.shape[0] >= g.size
+            and next_ids.shape[1] == k and valid.size >= g.size and next_frame.size >= obs_frame.size
+            and prev_delta.size >= obs_frame.size and ring_rows <= obs_frame.size):
+        return False
+    stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids,
+                      next_ids, valid)
+    return True
+
+
 def stack_frames(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids, next_ids,
                  valid) -> None:
     """``stack_frames_into`` after checking the outputs hold ``g.size`` stacks of ``k`` and the ring's
-    columns are as long as each other and cover ``ring_rows``."""
+    columns are as long as each other and cover ``ring_rows``. Dtypes and dimensions are tested here, the
+    sizes inside the compiled call (this runs several times a batch); a fault is then named by
+    ``_check_stack_arrays``."""
+    if (type(g) is type(obs_ids) is type(next_ids) is type(valid) is np.ndarray and g.dtype == I64
+            and obs_ids.dtype == I64 and next_ids.dtype == I64 and valid.dtype == np.bool_ and g.ndim == 1
+            and obs_ids.ndim == 2 and next_ids.ndim == 2 and valid.ndim == 1 and g.flags.c_contiguous
+            and obs_ids.flags.c_contiguous and next_ids.flags.c_contiguous and valid.flags.c_contiguous
+            and _stack_frames_checked(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head,
+                                      obs_ids, next_ids, valid)):
+        return
+    _check_stack_arrays(g, k, obs_frame, next_frame, prev_delta, ring_rows, obs_ids, next_ids, valid)
+    stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids,
+                      next_ids, valid)
+
+
+I64 = np.dtype(np.int64)
+
+
+def _check_stack_arrays(g, k, obs_frame, next_frame, prev_delta, ring_rows, obs_ids, next_ids, valid) -> None:
+    """Raise ``ValueError`` naming what ``stack_frames`` cannot write into."""
     if k < 1:
         raise ValueError(f"a frame stack of {k} frames (expected >= 1)")
     check_array("g", g, np.int64, ndim=1)
@@ -82,5 +115,3 @@ def stack_frames(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, hea
     if next_frame.size < obs_frame.size or prev_delta.size < obs_frame.size or ring_rows > obs_frame.size:
         raise ValueError(f"ring columns of {obs_frame.size}, {next_frame.size} and {prev_delta.size} rows for a "
                          f"ring of {ring_rows} rows (obs_frame, next_frame, prev_delta must cover it)")
-    stack_frames_into(g, k, obs_frame, next_frame, prev_delta, ring_rows, oldest, head, frame_head, obs_ids,
-                      next_ids, valid)

@@ -101,9 +101,28 @@ def _check_ring(ring_rows, *columns) -> None:
             raise ValueError(f"{name} covers {column.size * per_byte} rows of a ring of {ring_rows}")
 
 
+@numba.njit(cache=True, nogil=True)
+def _walk_forward_checked(starts, seq_len, prev_delta, term, trunc, ring_rows, head, max_delta, out,
+                          lengths):  # pragma: no cover (compiled)
+    """``_walk_forward`` if the outputs and columns have the sizes ``walk_forward`` checks (True), else
+    nothing written (False)."""
+    if not (seq_len >= 1 and out.shape[0] == starts.size and out.shape[1] == seq_len and lengths.size >= starts.size
+            and (ring_rows == 0 or (prev_delta.size >= ring_rows and term.size * 8 >= ring_rows
+                                    and trunc.size * 8 >= ring_rows))):
+        return False
+    _walk_forward(starts, seq_len, prev_delta, term, trunc, ring_rows, head, max_delta, out, lengths)
+    return True
+
+
 def walk_forward(starts, seq_len, prev_delta, term, trunc, ring_rows, head, max_delta, out, lengths) -> None:
     """``_walk_forward`` after checking ``out`` is ``(starts.size, seq_len)`` and ``lengths`` has an entry
-    a start."""
+    a start (dtypes and dimensions here, sizes inside the compiled call: the sequence draws call this many
+    times a batch; a fault is then named by the checks below)."""
+    if (type(out) is type(lengths) is np.ndarray and out.dtype == np.int64 and lengths.dtype == np.int64
+            and out.ndim == 2 and lengths.ndim == 1 and lengths.flags.c_contiguous
+            and _walk_forward_checked(starts, seq_len, prev_delta, term, trunc, ring_rows, head, max_delta, out,
+                                      lengths)):
+        return
     check_array("out", out, np.int64, shape=(starts.size, seq_len), contiguous=False)
     check_array("lengths", lengths, np.int64, ndim=1, min_size=starts.size)
     _check_ring(ring_rows, ("prev_delta", prev_delta, 1), ("terminated", term, 8), ("truncated", trunc, 8))
