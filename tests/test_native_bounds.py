@@ -135,6 +135,16 @@ def test_cached_gathers_check_the_ids_against_the_cache_table():
     with pytest.raises(ValueError, match=r"out_obs has shape \(3, 8\)"):
         gather.checked_gather_cached(slot_of, last_used, 1, 8, 2, slab, obs_ids, next_ids, True,
                                      np.zeros((3, 8), np.uint64), outs[1])
+    index = np.full((1, 5), -7, np.int64)
+    with pytest.raises(ValueError, match=r"next_ids holds 8 at flat position 3, outside \[0, 8\)"):
+        gather.checked_index_cached(slot_of, last_used, 1, 0, 2, obs_ids, next_ids, True, index)
+    with pytest.raises(ValueError, match=r"index must have shape \(1, 8\), got \(1, 5\)"):
+        gather.checked_index_cached(slot_of, last_used, 1, 8, 2, obs_ids, next_ids, False, index)
+    assert (index == -7).all()  # refused before any write
+    next_ids[0, 3] = 7
+    assert gather.checked_index_cached(slot_of, last_used, 1, 0, 2, obs_ids, next_ids, True, index) == 5
+    assert (index >= 0).all()
+    last_used[:] = 0
     assert not last_used.any() and not outs[0].any()
     ids = np.array([0, 5, 16], np.int64)
     with pytest.raises(ValueError, match=r"ids holds 16 at flat position 2, outside \[0, 8\)"):

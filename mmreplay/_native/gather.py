@@ -120,8 +120,37 @@ def checked_gather_stacks(slab, index, k, shifted, out_obs, out_next) -> None:
     gather_stacks(slab, index, k, shifted, out_obs, out_next)
 
 
+@numba.njit(cache=True, nogil=True)
+def _index_cached_checked(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted,
+                          index):  # pragma: no cover (compiled)
+    """``index_cached`` if ``_check_lookup`` and ``_check_index_shape`` would pass, else -2 with nothing
+    written: their tests inside the one compiled call (a cached batch's lookup runs on every draw)."""
+    n, k = obs_ids.shape
+    covered = slot_of.size * chunk_rows
+    if not (chunk_rows >= 1 and next_ids.shape[0] == n and next_ids.shape[1] == k and index.shape[0] == n
+            and index.shape[1] == (k + 1 if shifted else 2 * k)):
+        return -2
+    if ring_rows:
+        if not 0 < ring_rows <= covered:
+            return -2
+    else:
+        for i in range(n):
+            for j in range(k):
+                if not (0 <= obs_ids[i, j] < covered and 0 <= next_ids[i, j] < covered):
+                    return -2
+    return index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted, index)
+
+
 def checked_index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted, index) -> int:
-    """``index_cached`` after checking ``index`` has a row a stack and every id maps into the cache's table."""
+    """``index_cached`` after checking ``index`` has a row a stack and every id maps into the cache's table
+    (dtypes and dimensions here, sizes and ids inside the compiled call; the named checks on a fault)."""
+    if (type(index) is type(last_used) is np.ndarray and index.dtype == np.int64 and last_used.dtype == np.int64
+            and index.ndim == 2 and last_used.ndim == 1 and last_used.flags.c_contiguous and obs_ids.ndim == 2
+            and next_ids.ndim == 2):
+        got = _index_cached_checked(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted,
+                                    index)
+        if got != -2:
+            return got
     n, k = obs_ids.shape
     _check_lookup(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids)
     _check_index_shape(index, n, k, shifted)
