@@ -46,6 +46,9 @@ from mmreplay.storage.frame_ring import FrameEvents, FrameRing
 # shared with the codec helpers (``_native/helpers.py``: a piece of ~10-20 us costs two atomic operations
 # to hand over); below, one compiled call in the caller's thread is cheaper.
 SHARED_MIN_STACKS = 2 * STACKS_PER_PIECE
+# ... and the copy only from this many bytes: handing over and waiting for the helpers costs ~10 us a batch,
+# the copy of a low-dim batch (32 stacks of 16-byte rows) well under 1 us (~10% of low-dim batch-32's time).
+SHARED_MIN_STACK_BYTES = 256 * 1024
 SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE
 # The background pass reads this many bytes of shard files at once (at most this many files): the kernel
 # reads one group ahead while the loader copies the other, so ~2 groups sit in the page cache at a time.
@@ -353,7 +356,8 @@ class FrameReader(FrameEvents):
         ring_rows = 0 if self.ring.unbounded else self.ring.rows
         # 8-byte words when rows allow (Atari's 7,056-byte frames do): the copy loops run at memcpy speed
         slab = cache.slab_words(col.row_nbytes)
-        helpers = codec_helpers() if n >= SHARED_MIN_STACKS else None
+        shared = n >= SHARED_MIN_STACKS and n * (k + 1) * col.row_nbytes >= SHARED_MIN_STACK_BYTES
+        helpers = codec_helpers() if shared else None
         # The common case, every frame cached: lookup and LRU marks in one compiled pass, and the copy in
         # the same call (small batches) or shared with the helpers.
         cache.tick += 1
