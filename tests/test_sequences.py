@@ -161,6 +161,73 @@ def test_strict_slices_longer_than_most_episodes_fall_back_to_the_exact_table(st
         store.close()
 
 
+def _episodes_of(store, lengths, first_obs=0):
+    """Episodes of ``lengths`` steps whose observation is the step's global index (1-d float)."""
+    g = first_obs
+    for n in lengths:
+        for j in range(n):
+            store.add(np.full(1, g, np.float32), 0, 0.0, np.full(1, g + 1, np.float32), j == n - 1, False)
+            g += 1
+    return g
+
+
+def test_few_drawable_starts_go_straight_to_the_table_and_back_to_rejection_as_episodes_grow(store_path,
+                                                                                           monkeypatch):
+    """Rounds of rejection are skipped where the ring holds few drawable starts (they would end at the table
+    anyway), and used again once a writer's long episodes make most starts drawable; starts stay exact."""
+    from mmreplay.sampling import sequences as seq_mod
+    calls = {"walk": 0, "table": 0}
+    walk, table = seq_mod.StartDrawer._walk_rows, seq_mod.StartDrawer._from_table
+    monkeypatch.setattr(seq_mod.StartDrawer, "_walk_rows",
+                        lambda self, *a: (calls.__setitem__("walk", calls["walk"] + 1), walk(self, *a))[1])
+    monkeypatch.setattr(seq_mod.StartDrawer, "_from_table",
+                        lambda self, *a: (calls.__setitem__("table", calls["table"] + 1), table(self, *a))[1])
+    store = mmreplay.Store.create(store_path, spaces.Box(-1, 1, (1,), np.float32), spaces.Discrete(2), capacity=None,
+                                  durable=False)
+    try:
+        end = _episodes_of(store, [3] * 300 + [12])  # 3 drawable starts of 912 for seq_len 10
+        with store.sampler(16, Sequences(10), seed=1, prefetch=0) as smp:
+            for _ in range(3):
+                calls.update(walk=0, table=0)
+                assert set(smp.sample().start.tolist()) <= {900, 901, 902}
+                assert calls == {"walk": 1, "table": 1}  # no rounds of rejection before the table
+            _episodes_of(store, [40] * 100, first_obs=end)  # 3,100 drawable starts of 4,912
+            drawable = {900, 901, 902} | {end + 40 * e + j for e in range(100) for j in range(31)}
+            for _ in range(3):
+                calls.update(walk=0, table=0)
+                batch = smp.sample()
+                assert set(batch.start.tolist()) <= drawable
+                assert calls["table"] == 0 and calls["walk"] >= 1  # rejection again, ended before the table
+                assert bool(batch.mask.all())
+    finally:
+        store.close()
+
+
+def test_a_sampler_resumed_on_a_store_of_few_drawable_starts_draws_what_one_that_never_stopped_draws(store_path):
+    """The choice between rejection and the table depends on the ring alone, not on earlier batches."""
+    def build(path):
+        store = mmreplay.Store.create(path, spaces.Box(-1, 1, (1,), np.float32), spaces.Discrete(2), capacity=None)
+        _episodes_of(store, [3] * 200 + [14, 3, 16] + [3] * 50)
+        return store
+
+    store = build(store_path)
+    smp = store.sampler(8, Sequences(10), seed=5)
+    next(smp)
+    store.close()
+    store = mmreplay.Store.open(store_path, durable=False)
+    try:
+        got = next(store.sampler(8, Sequences(10))).start.clone()
+    finally:
+        store.close()
+    store = build(store_path + "2")
+    try:
+        with store.sampler(8, Sequences(10), seed=5) as again:
+            next(again)
+            assert torch.equal(next(again).start, got)
+    finally:
+        store.close()
+
+
 # -- prioritized slices ---------------------------------------------------------------------------------------
 def test_r2d2_priority_mixes_max_and_mean_over_real_steps():
     td = np.array([[1.0, -3.0, 2.0, 100.0], [0.5, 0.5, 0.5, 0.5]])

@@ -35,6 +35,12 @@ from mmreplay._native import sequences as kernels
 SAMPLE_FROM = ("steps", "episodes")
 DEFAULT_ETA = 0.9  # R2D2's mix of max and mean |TD| over a sequence
 REJECTION_ROUNDS = 32  # uniform draws before falling back to the exact table of drawable starts
+# Below this share of drawable starts (estimated from PROBE_DRAWS draws on the side), a batch goes straight
+# to the exact table: with 32 rows and 32 rounds of rejection, nine batches in ten would end there anyway,
+# after rounds of walks that cost more than the table (low-dim CartPole, seq_len 80: ~60% of a batch). Not
+# higher: under a writer the table is built again for each batch (one pass over the ring).
+MIN_ACCEPTANCE = 0.08
+PROBE_DRAWS = 64
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,7 @@ class StartDrawer:
         self.spec = spec
         self.k = frame_stack
         self._table: EpisodeTable | None = None
+        self._share: tuple[tuple, float] | None = None  # (ring bounds, share of drawable starts there)
 
     def draw(self, ring, frame_head: int, batch_size: int, rng: np.random.Generator, priorities=None,
              beta: float = 0.0) -> tuple[np.ndarray, np.ndarray | None]:
@@ -191,6 +198,13 @@ class StartDrawer:
         span = ring.head - ring.oldest
         if span <= 0:
             raise ValueError("cannot sample from an empty store (no valid transitions yet)")
+        if self._drawable_share(ring, frame_head, span) < MIN_ACCEPTANCE:
+            # Both ways are exactly uniform over drawable starts, and which one a batch takes depends on the
+            # ring alone (not on earlier batches: a sampler resumed after reopen draws what one that never
+            # stopped draws).
+            starts = self._from_table(ring, size, rng)
+            self._walk_rows(ring, starts, np.arange(size), train)
+            return starts
         starts = ring.oldest + rng.integers(0, span, size=size)
         todo = np.arange(size)
         for _ in range(REJECTION_ROUNDS):  # rejection keeps the draw uniform over drawable starts
@@ -204,6 +218,24 @@ class StartDrawer:
         starts[todo] = self._from_table(ring, todo.size, rng)
         self._walk_rows(ring, starts, todo, train)
         return starts
+
+    def _drawable_share(self, ring, frame_head: int, span: int) -> float:
+        """The share of drawable starts among ``[oldest, head)``, estimated from ``PROBE_DRAWS`` uniform
+        draws of a generator seeded by the ring's bounds (so the estimate is a function of the ring, and
+        the batches' own draws are untouched); kept until the ring changes."""
+        key = (ring.head, ring.oldest, ring.rows)
+        if self._share is not None and self._share[0] == key:
+            return self._share[1]
+        if not self.spec.strict and self.k == 1:
+            share = 1.0  # every start is drawable: no probe needed
+        else:
+            probe = ring.oldest + np.random.default_rng((ring.head, ring.oldest)).integers(0, span, size=PROBE_DRAWS)
+            _, _, ok = ring.stack_frames(probe, self.k, frame_head)
+            lengths = walk_windows(ring, probe, self.spec.seq_len,
+                                   np.empty((PROBE_DRAWS, self.spec.seq_len), dtype=np.int64))
+            share = np.count_nonzero(ok & self._fits(lengths)) / PROBE_DRAWS
+        self._share = (key, share)
+        return share
 
     def _walk_rows(self, ring, starts: np.ndarray, rows: np.ndarray, train: np.ndarray) -> np.ndarray:
         """Windows of ``starts[rows]`` into ``train[rows]`` (fancy indexing copies: walk, then write)."""
