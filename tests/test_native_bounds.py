@@ -312,3 +312,12 @@ def test_frame_decode_requests_that_would_write_outside_are_named(fault, message
         sizes = sizes[:2]
     with pytest.raises(ValueError, match=message):
         decode.check_frame_decodes(src, sizes, starts, js, dsts, nbytes, run_rows, status, into)
+
+
+def test_address_of_is_the_arrays_first_byte_for_every_kind_of_array():
+    from mmreplay._native.bounds import address_of
+    base = np.zeros((4, 84, 84), np.uint8)
+    arrays = [base, base[1:], np.zeros(3, ">i4"), np.zeros(2, dtype=[("a", "<i8"), ("b", "u1")]),
+              np.frombuffer(b"abcdef", np.uint8), np.zeros((5, 3), np.float16), np.zeros(0, np.int64)]
+    for arr in arrays:
+        assert address_of(arr) == arr.ctypes.data, arr.dtype

@@ -43,13 +43,33 @@ def _first_out_of_range(values, lo, hi):  # pragma: no cover (compiled)
     return -1
 
 
+@numba.njit(cache=True, nogil=True)
+def _data_address(buffer):  # pragma: no cover (compiled)
+    return buffer.ctypes.data
+
+
+def address_of(buffer: np.ndarray) -> int:
+    """The address of ``buffer``'s first byte: ``buffer.ctypes.data`` in ~0.3 us instead of ~1.5 us (that
+    attribute builds a helper object each time, and a batch asks for several)."""
+    if buffer.dtype in _UNTYPED:
+        return buffer.ctypes.data
+    try:
+        return _data_address(buffer)
+    except Exception:  # noqa: BLE001 - numba fails a dtype it cannot compile in several ways (typing, lowering)
+        _UNTYPED.add(buffer.dtype)  # (float16, structured, non-native byte order): asked once
+        return buffer.ctypes.data
+
+
+_UNTYPED: set = set()  # dtypes ``_data_address`` could not be compiled for
+
+
 def span(buffer: np.ndarray, name: str) -> tuple[int, int]:
     """``[start, end)`` of a C-contiguous array's memory (a strided view's gaps belong to other data)."""
     if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous:
         raise ValueError(f"{name} must be a C-contiguous numpy array (its memory is written through raw "
                          f"addresses), got {type(buffer).__name__}"
                          f"{'' if not isinstance(buffer, np.ndarray) else ' with strides ' + str(buffer.strides)}")
-    start = buffer.ctypes.data
+    start = address_of(buffer)
     return start, start + buffer.nbytes
 
 

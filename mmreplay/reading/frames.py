@@ -33,6 +33,7 @@ import numpy as np
 
 from mmreplay.errors import CorruptDataError
 from mmreplay._native import bulk
+from mmreplay._native.bounds import address_of
 from mmreplay._native import decode as native
 from mmreplay.reading.disk import FileReads
 from mmreplay.settings import DEFAULT_IO_DEPTH
@@ -401,7 +402,7 @@ class FrameReader(FrameEvents):
         next_req = np.concatenate([obs_ids[:, 1:], next_ids[:, -1:]], axis=1) if shifted else next_ids
         ids = np.concatenate([obs_ids.reshape(-1), next_req.reshape(-1)]).astype(np.int64, copy=False)
         pos = np.arange(n * k, dtype=np.int64) * nbytes
-        dsts = np.concatenate([obs_words.ctypes.data + pos, next_words.ctypes.data + pos])
+        dsts = np.concatenate([address_of(obs_words) + pos, address_of(next_words) + pos])
         ring_rows = 0 if self.ring.unbounded else self.ring.rows
         chunks, starts, js, dsts, order = native.checked_group_frame_requests(ids, dsts, ring_rows, run_rows)
         held = chunks < res.chunk_addr.size
@@ -490,17 +491,17 @@ class FrameReader(FrameEvents):
             col.cache.stats.misses += decodes
             return
         obs_pos = np.arange(n * k, dtype=np.int64)
-        obs_dst = obs_words.ctypes.data + obs_pos * nbytes
+        obs_dst = address_of(obs_words) + obs_pos * nbytes
         if shifted:
             ids = np.concatenate([obs_ids.reshape(-1), next_ids[:, -1]])
             next_pos = obs_pos[k - 1::k]
-            also = np.where(obs_pos % k > 0, next_words.ctypes.data + (obs_pos - 1) * nbytes, 0)
+            also = np.where(obs_pos % k > 0, address_of(next_words) + (obs_pos - 1) * nbytes, 0)
             copies = np.concatenate([also, np.zeros(n, dtype=np.int64)])
         else:
             ids = np.concatenate([obs_ids.reshape(-1), next_ids.reshape(-1)])
             next_pos = obs_pos
             copies = np.zeros(ids.size, dtype=np.int64)
-        dst = np.concatenate([obs_dst, next_words.ctypes.data + next_pos * nbytes])
+        dst = np.concatenate([obs_dst, address_of(next_words) + next_pos * nbytes])
         rows = self.ring.row_of(ids)
         addr = res.chunk_addr[rows]
         if not (addr > 0).all():
@@ -644,7 +645,7 @@ class FrameReader(FrameEvents):
 
     def _decode_native(self, col: ColumnReader, chunks, src, sizes, slots) -> None:
         cache = col.cache
-        dst = cache.slab.ctypes.data + slots.astype(np.int64) * cache.chunk_nbytes
+        dst = address_of(cache.slab) + slots.astype(np.int64) * cache.chunk_nbytes
         self._run_decodes(col, chunks, src, sizes, dst, np.zeros_like(dst), cache.chunk_nbytes, (cache.slab,))
 
     def _read_files(self, col: ColumnReader, chunks: np.ndarray, slots: np.ndarray) -> None:
@@ -662,7 +663,7 @@ class FrameReader(FrameEvents):
             cache.slab[slots[got.empty]] = 0
         held = ~got.empty
         if held.any():
-            dst = cache.slab.ctypes.data + slots[held].astype(np.int64) * cache.chunk_nbytes
+            dst = address_of(cache.slab) + slots[held].astype(np.int64) * cache.chunk_nbytes
             self._run_decodes(col, chunks[held], got.addresses()[held], got.sizes[held], dst, np.zeros_like(dst),
                               cache.chunk_nbytes, (cache.slab,))
 
