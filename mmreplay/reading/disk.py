@@ -54,11 +54,17 @@ class DiskStats:
     merged_reads: int = 0  # requests that carried more than one chunk
     page_cache_reads: int = 0  # requests the page cache served at once (no wait for the device)
     rounds: int = 0
+    partial_chunks: int = 0  # chunks of which only the bytes a batch needs were read (``reading/runs.py``)
+    bytes_skipped: int = 0  # bytes of those chunks not read
+    partial_retries: int = 0  # partial reads whose frame checksums failed, read again whole
     max_depth: int = 0
     _depth_sum: int = 0  # sum over reads that waited of the depth they were issued at
     _waited: int = 0
 
-    def count_round(self, sizes: list[int], chunks: int, merged: int, waited: int, depth: int) -> None:
+    def count_round(self, sizes: list[int], chunks: int, merged: int, waited: int, depth: int, partial: int = 0,
+                    skipped: int = 0) -> None:
+        self.partial_chunks += partial
+        self.bytes_skipped += skipped
         self.reads += len(sizes)
         self.bytes += sum(sizes)
         self.chunks += chunks
@@ -72,6 +78,8 @@ class DiskStats:
     def as_dict(self) -> dict:
         return {"reads": self.reads, "bytes_read": self.bytes, "chunks_read": self.chunks,
                 "merged_reads": self.merged_reads, "page_cache_reads": self.page_cache_reads,
+                "partial_chunks": self.partial_chunks, "bytes_skipped": self.bytes_skipped,
+                "partial_retries": self.partial_retries,
                 "max_queue_depth": self.max_depth,
                 "mean_queue_depth": self._depth_sum / self._waited if self._waited else 0.0}
 
@@ -79,11 +87,19 @@ class DiskStats:
 @dataclass
 class ChunkBytes:
     """Chunks read from files: chunk ``i`` is ``sizes[i]`` bytes at ``buffer[pos[i]:]``, unless ``empty[i]``
-    (the index marks it empty: zarr's fill value, zeros)."""
+    (the index marks it empty: zarr's fill value, zeros). Those bytes start at byte ``lo[i]`` of the chunk,
+    ``whole[i]`` bytes long, at offset ``offsets[i]`` of its file; a chunk read whole has ``sizes == whole``."""
     buffer: np.ndarray
     pos: np.ndarray
     sizes: np.ndarray
     empty: np.ndarray
+    lo: np.ndarray | None = None
+    whole: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+
+    def read_whole(self) -> np.ndarray:
+        """Which chunks were read whole (their checksums checked by the decode)."""
+        return ~self.empty if self.whole is None else ~self.empty & (self.sizes == self.whole)
 
     def addresses(self) -> np.ndarray:
         return self.buffer.ctypes.data + self.pos
@@ -213,21 +229,28 @@ class FileReads:
         self.io_depth = int(io_depth)
         self.threads = IoThreads(self.io_depth)
 
-    def read(self, array: ShardedArray, chunks: np.ndarray, stats: DiskStats) -> ChunkBytes:
-        """The stored bytes of ``chunks`` (global chunk numbers, unique) of ``array`` (see the invariant)."""
+    def read(self, array: ShardedArray, chunks: np.ndarray, stats: DiskStats, narrow=None) -> ChunkBytes:
+        """The stored bytes of ``chunks`` (global chunk numbers, unique) of ``array`` (see the invariant).
+        ``narrow(which, offsets, sizes, listed)``, when given, says which bytes ``[lo, hi)`` of chunks
+        ``chunks[which]`` (at file ``offsets``, ``sizes`` bytes, their tag listing checksum ``listed``, -1 for
+        none) to read; a chunk not read whole is not checked here (``reading/runs.py`` checks its frames)."""
         chunks = np.asarray(chunks, dtype=np.int64)
         per = array.layout.chunks_per_shard
         pos = np.zeros(chunks.size, dtype=np.int64)
         sizes = np.zeros(chunks.size, dtype=np.int64)
         empty = np.zeros(chunks.size, dtype=bool)
+        lo = np.zeros(chunks.size, dtype=np.int64)
+        whole = np.zeros(chunks.size, dtype=np.int64)
+        offsets = np.zeros(chunks.size, dtype=np.int64)
         order = np.argsort(chunks, kind="stable")
         shard_of = chunks[order] // per
         bounds = np.flatnonzero(np.diff(shard_of)) + 1
         groups = np.split(order, bounds)  # positions in ``chunks`` per shard, in chunk order
         parts, total, crc_checks = [], 0, []
-        for lo in range(0, len(groups), SHARDS_PER_ROUND):
-            round_groups = groups[lo:lo + SHARDS_PER_ROUND]
-            buf, got = self._read_round(array, chunks, round_groups, per, pos, sizes, empty, stats, crc_checks)
+        for first in range(0, len(groups), SHARDS_PER_ROUND):
+            round_groups = groups[first:first + SHARDS_PER_ROUND]
+            buf, got = self._read_round(array, chunks, round_groups, per, (pos, sizes, empty, lo, whole, offsets),
+                                        stats, crc_checks, narrow)
             pos[got] += total  # positions in the one buffer all rounds are copied into
             parts.append(buf)
             total += buf.size
@@ -235,17 +258,18 @@ class FileReads:
         for i in np.flatnonzero(empty).tolist():  # outside the file lock: it may probe the writer's lock
             array.check_empty_chunk(*divmod(int(chunks[i]), per))
         self._check_tag_crcs(array, chunks, buffer, pos, sizes, crc_checks)
-        return ChunkBytes(buffer, pos, sizes, empty)
+        return ChunkBytes(buffer, pos, sizes, empty, lo, whole, offsets)
 
-    def _read_round(self, array, chunks, groups, per, pos, sizes, empty, stats, crc_checks):
+    def _read_round(self, array, chunks, groups, per, out, stats, crc_checks, narrow):
         """Reads of up to ``SHARDS_PER_ROUND`` files, issued together while their descriptors are held open.
-        Fills ``pos`` (in this round's buffer), ``sizes`` and ``empty``; returns the buffer and which
-        chunks got bytes."""
+        Fills ``out`` (``pos`` in this round's buffer, bytes read, empty, first byte read, whole size, file
+        offset: per chunk); returns the buffer and which chunks got bytes."""
+        pos, sizes, empty, lo_of, whole_of, offset_of = out
         reads: list[_Read] = []
         carried: list[int] = []  # chunks per read
-        got: list[int] = []  # chunks read, and for each its read and its place in it
-        read_of: list[int] = []
+        read_of: list[int] = []  # per chunk read: its read, and its place in it
         within: list[int] = []
+        which, fds, shards, inners_at, offs, szs, listed = [], [], [], [], [], [], []
         with array.files_held():
             for group in groups:
                 shard = int(chunks[group[0]]) // per
@@ -253,25 +277,37 @@ class FileReads:
                 inners = chunks[group] - shard * per
                 offsets = [EMPTY_INT] * inners.size if index is None else index[0][inners].tolist()
                 nbytes = [0] * inners.size if index is None else index[1][inners].tolist()
-                current = None
-                for i, inner, offset, size in zip(group.tolist(), inners.tolist(), offsets, nbytes):
+                tagged = [-1] * inners.size if crcs is None else crcs[inners].tolist()
+                for i, inner, offset, size, crc in zip(group.tolist(), inners.tolist(), offsets, nbytes, tagged):
                     if offset == EMPTY_INT:
                         empty[i] = True
                         continue
-                    if crcs is not None:
-                        crc_checks.append((i, crcs[inner]))
-                    if current is not None and current.offset <= offset <= current.offset + current.nbytes + MERGE_GAP \
-                            and offset + size - current.offset <= MAX_MERGED_READ:
-                        current.nbytes = max(current.nbytes, offset + size - current.offset)
-                        carried[-1] += 1
-                    else:
-                        current = _Read(fd, offset, size, array, shard, inner)
-                        reads.append(current)
-                        carried.append(1)
-                    got.append(i)
-                    read_of.append(len(reads) - 1)
-                    within.append(offset - current.offset)
-                    sizes[i] = size
+                    which.append(i), fds.append(fd), shards.append(shard), inners_at.append(inner)
+                    offs.append(offset), szs.append(size), listed.append(int(crc))
+            at = np.asarray(which, dtype=np.int64)
+            whole = np.asarray(szs, dtype=np.int64)
+            if narrow is not None and at.size:
+                first, last = narrow(at, np.asarray(offs, dtype=np.int64), whole, np.asarray(listed, dtype=np.int64))
+                first, last = first.tolist(), last.tolist()
+            else:
+                first, last = [0] * at.size, szs
+            current, current_shard = None, -1
+            for k, i in enumerate(which):
+                offset, size = offs[k] + first[k], last[k] - first[k]
+                if listed[k] >= 0 and first[k] == 0 and last[k] == szs[k]:
+                    crc_checks.append((i, listed[k]))
+                if current is not None and current_shard == shards[k] and \
+                        current.offset <= offset <= current.offset + current.nbytes + MERGE_GAP \
+                        and offset + size - current.offset <= MAX_MERGED_READ:
+                    current.nbytes = max(current.nbytes, offset + size - current.offset)
+                    carried[-1] += 1
+                else:
+                    current, current_shard = _Read(fds[k], offset, size, array, shards[k], inners_at[k]), shards[k]
+                    reads.append(current)
+                    carried.append(1)
+                read_of.append(len(reads) - 1)
+                within.append(offset - current.offset)
+                sizes[i] = size
             lengths = np.array([r.nbytes for r in reads], dtype=np.int64)
             starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             buf = np.empty(int(starts[-1]), dtype=np.uint8)
@@ -279,11 +315,15 @@ class FileReads:
             for read, start in zip(reads, starts.tolist()):
                 read.view = view[start:start + read.nbytes]
             waited = self.threads.run(reads)
-        got_at = np.asarray(got, dtype=np.int64)
-        pos[got_at] = starts[np.asarray(read_of, dtype=np.int64)] + np.asarray(within, dtype=np.int64)
-        stats.count_round(lengths.tolist(), len(got), sum(1 for c in carried if c > 1), waited,
-                          min(self.io_depth, waited))
-        return buf, got_at
+        if at.size:
+            pos[at] = starts[np.asarray(read_of, dtype=np.int64)] + np.asarray(within, dtype=np.int64)
+            lo_of[at] = np.asarray(first, dtype=np.int64)
+            whole_of[at] = whole
+            offset_of[at] = np.asarray(offs, dtype=np.int64)
+        partial = int(np.count_nonzero(sizes[at] < whole)) if at.size else 0
+        stats.count_round(lengths.tolist(), len(which), sum(1 for c in carried if c > 1), waited,
+                          min(self.io_depth, waited), partial, int((whole - sizes[at]).sum()) if at.size else 0)
+        return buf, at
 
     @staticmethod
     def _check_tag_crcs(array, chunks, buffer, pos, sizes, crc_checks) -> None:
