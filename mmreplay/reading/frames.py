@@ -492,8 +492,9 @@ class FrameReader(FrameEvents):
         failed (nothing of theirs is returned as data: the caller reads them whole)."""
         take, sub_starts = _regroup(starts, groups)
         status = np.empty(groups.size, dtype=np.int8)
+        helpers = codec_helpers() if groups.size >= SHARED_MIN_RUNS else None
         bad = col.runs.decode(src[groups], firsts, lasts, chunks[groups], sub_starts, js[take], dsts[take], nbytes,
-                              run_rows, status, into)
+                              run_rows, status, into, helpers)
         return groups[status != native.OK] if bad else groups[:0]
 
     def _in_ram_shards(self, col: ColumnReader, chunks: np.ndarray) -> np.ndarray:

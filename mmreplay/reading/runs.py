@@ -140,15 +140,21 @@ class RunDirectory:
         return int(made)
 
     def decode(self, src, plan_first, plan_last, chunks, starts, js, dsts, frame_nbytes, run_rows, status,
-               into) -> int:
-        """``kernels.decode_partial_groups`` after checking every destination has room in ``into`` and every
-        chunk has a row here; the number of groups that failed (``status`` says which)."""
+               into, helpers=None) -> int:
+        """``kernels.decode_partial_groups`` (shared with the codec ``helpers`` when given and free) after
+        checking every destination has room in ``into`` and every chunk has a row here; the number of groups
+        that failed (``status`` says which)."""
         native.check_frame_decodes(src, src, starts, js, dsts, frame_nbytes, run_rows, status, into)
         if chunks.size and (chunks.min() < 0 or chunks.max() >= self.n.size):
             raise ValueError(f"chunks {int(chunks.min())}..{int(chunks.max())} outside the directory's {self.n.size}")
         if src.size and ((plan_first < 0).any() or (plan_last >= self.run_rows).any()):
             raise ValueError("a partial decode of frames outside the run")
         native.ensure_linked()
+        if helpers is not None:
+            bad = helpers.decode_partial(src, plan_first, plan_last, chunks, starts, js, dsts, frame_nbytes, run_rows,
+                                         (self.n, self.refs, self.bounds, self.fcrc), status)
+            if bad is not None:
+                return int(bad)
         return int(kernels.decode_partial_groups(src, plan_first, plan_last, chunks, starts, js, dsts, frame_nbytes,
                                                  run_rows, self.n, self.refs, self.bounds, self.fcrc, status))
 
