@@ -242,3 +242,17 @@ def test_a_writer_rewriting_runs_reads_the_new_bytes(store_path, monkeypatch):
                     batch = s.sample(32)
                     assert_batch_matches(batch, ref, batch.indices.tolist())
         assert s.inspect.cache_stats()["obs"]["disk"]["partial_chunks"] > 0
+
+
+def test_partial_reads_is_a_session_setting_with_an_environment_override(recorded, monkeypatch):
+    path, _ = recorded
+    with mmreplay.Store.open(path, mode="r", cache_bytes=TINY, partial_reads=False) as s:
+        assert column(s).runs is None and s.settings.partial_reads is False
+    monkeypatch.setenv("MMREPLAY_PARTIAL_READS", "0")
+    with mmreplay.Store.open(path, mode="r", cache_bytes=TINY) as s:
+        assert column(s).runs is None
+    monkeypatch.setenv("MMREPLAY_PARTIAL_READS", "yes")
+    with pytest.raises(ValueError, match="MMREPLAY_PARTIAL_READS must be 0 or 1"):
+        mmreplay.Store.open(path, mode="r")
+    with pytest.raises(ValueError, match="partial_reads must be True or False"):
+        mmreplay.Settings(partial_reads=1)

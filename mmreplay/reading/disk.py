@@ -168,16 +168,18 @@ class IoThreads:
         self._pid = -1
         self._lock = threading.Lock()
 
-    def run(self, reads: list[_Read]) -> int:
+    def run(self, reads: list[_Read], while_waiting=None) -> int:
         """Every read done, or the first error raised once all have ended (no thread still writes into
-        the caller's buffer after this returns). Returns how many had to wait for the device."""
+        the caller's buffer after this returns). ``while_waiting()``, when given, is called once the reads
+        that wait for the device are handed to the threads (the caller's other work overlaps them; an error
+        it raises is raised once every read ended). Returns how many had to wait for the device."""
         if _cached_first:
             for read in reads:
                 _read_cached(read)
             reads = [read for read in reads if read.done < read.nbytes]
-        if not reads:
-            return 0
-        if len(reads) == 1 or self.depth == 1:
+        if not reads or len(reads) == 1 or self.depth == 1:
+            if while_waiting is not None:
+                while_waiting()
             for read in reads:
                 _read_fully(read)
             return len(reads)
@@ -185,7 +187,11 @@ class IoThreads:
         done: queue.SimpleQueue = queue.SimpleQueue()
         for read in reads:
             jobs.put((read, done))
-        errors = [err for err in (done.get() for _ in reads) if err is not None]
+        try:
+            if while_waiting is not None:
+                while_waiting()
+        finally:  # even when it raised: no read may still be writing into the caller's buffer
+            errors = [err for err in (done.get() for _ in reads) if err is not None]
         if errors:
             raise errors[0]
         return len(reads)
@@ -229,11 +235,14 @@ class FileReads:
         self.io_depth = int(io_depth)
         self.threads = IoThreads(self.io_depth)
 
-    def read(self, array: ShardedArray, chunks: np.ndarray, stats: DiskStats, narrow=None) -> ChunkBytes:
+    def read(self, array: ShardedArray, chunks: np.ndarray, stats: DiskStats, narrow=None,
+             while_waiting=None) -> ChunkBytes:
         """The stored bytes of ``chunks`` (global chunk numbers, unique) of ``array`` (see the invariant).
         ``narrow(which, offsets, sizes, listed)``, when given, says which bytes ``[lo, hi)`` of chunks
         ``chunks[which]`` (at file ``offsets``, ``sizes`` bytes, their tag listing checksum ``listed``, -1 for
-        none) to read; a chunk not read whole is not checked here (``reading/runs.py`` checks its frames)."""
+        none) to read; a chunk not read whole is not checked here (``reading/runs.py`` checks its frames).
+        ``while_waiting()``: the caller's work to do while the first round's reads wait for the device
+        (``IoThreads.run``); called once (also when nothing is read), unless opening a file fails first."""
         chunks = np.asarray(chunks, dtype=np.int64)
         per = array.layout.chunks_per_shard
         pos = np.zeros(chunks.size, dtype=np.int64)
@@ -250,17 +259,20 @@ class FileReads:
         for first in range(0, len(groups), SHARDS_PER_ROUND):
             round_groups = groups[first:first + SHARDS_PER_ROUND]
             buf, got = self._read_round(array, chunks, round_groups, per, (pos, sizes, empty, lo, whole, offsets),
-                                        stats, crc_checks, narrow)
+                                        stats, crc_checks, narrow, while_waiting)
+            while_waiting = None
             pos[got] += total  # positions in the one buffer all rounds are copied into
             parts.append(buf)
             total += buf.size
         buffer = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if while_waiting is not None:  # no chunk to read at all
+            while_waiting()
         for i in np.flatnonzero(empty).tolist():  # outside the file lock: it may probe the writer's lock
             array.check_empty_chunk(*divmod(int(chunks[i]), per))
         self._check_tag_crcs(array, chunks, buffer, pos, sizes, crc_checks)
         return ChunkBytes(buffer, pos, sizes, empty, lo, whole, offsets)
 
-    def _read_round(self, array, chunks, groups, per, out, stats, crc_checks, narrow):
+    def _read_round(self, array, chunks, groups, per, out, stats, crc_checks, narrow, while_waiting=None):
         """Reads of up to ``SHARDS_PER_ROUND`` files, issued together while their descriptors are held open.
         Fills ``out`` (``pos`` in this round's buffer, bytes read, empty, first byte read, whole size, file
         offset: per chunk); returns the buffer and which chunks got bytes."""
@@ -314,7 +326,7 @@ class FileReads:
             view = memoryview(buf)
             for read, start in zip(reads, starts.tolist()):
                 read.view = view[start:start + read.nbytes]
-            waited = self.threads.run(reads)
+            waited = self.threads.run(reads, while_waiting)
         if at.size:
             pos[at] = starts[np.asarray(read_of, dtype=np.int64)] + np.asarray(within, dtype=np.int64)
             lo_of[at] = np.asarray(first, dtype=np.int64)

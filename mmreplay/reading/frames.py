@@ -424,36 +424,43 @@ class FrameReader(FrameEvents):
         keep = []  # the bytes read from the files, alive until decoded
         through_cache = src <= 0
         into = (obs_words, next_words)
-        decoded = np.zeros(chunks.size, dtype=bool)  # groups decoded from partial reads
+        decoded = src > 0  # the tier's groups, decoded while the files are read (or just below); then partial reads
         to_record = []  # (groups, their whole chunks read): directory entries once their checksums matched
-        if through_cache.any():
-            in_ram = self._in_ram_shards(col, chunks)
-            from_files = np.flatnonzero(through_cache & ~in_ram & (src == 0))
-            if from_files.size:
-                col.tier.misses += int(from_files.size)
-                got, first, last = self._read_runs(col, chunks, starts, js, from_files)
-                keep.append(got)
-                read = ~got.empty
-                src[from_files[read]] = got.addresses()[read]
-                sizes[from_files[read]] = got.sizes[read]
-                whole = got.read_whole()
-                if col.runs is not None:
-                    to_record.append((from_files[whole], got, whole))
-                part = read & ~whole
-                if part.any():
-                    decoded[from_files[part]] = True
-                    failed = self._decode_partial(col, chunks, src, starts, js, dsts, from_files[part], first[part],
-                                                  last[part], nbytes, run_rows, into)
-                    if failed.size:  # stale entries or corrupt bytes: the whole runs, whose checksums decide
-                        col.runs.forget_chunks(chunks[failed])
-                        col.disk.partial_retries += int(failed.size)
-                        again = self.disk.read(col.column.array, chunks[failed], col.disk)
-                        keep.append(again)
-                        decoded[failed] = False
-                        src[failed] = np.where(again.empty, 0, again.addresses())
-                        sizes[failed] = np.where(again.empty, 0, again.sizes)
-                        to_record.append((failed[~again.empty], again, ~again.empty))
-                through_cache = src <= 0
+
+        def decode_tier():
+            if tier.size:
+                self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, tier, nbytes, run_rows, into)
+
+        tier = np.flatnonzero(decoded)
+        from_files = np.flatnonzero(through_cache & ~self._in_ram_shards(col, chunks) & (src == 0)) \
+            if through_cache.any() else tier[:0]
+        if not from_files.size:
+            decode_tier()
+        else:
+            col.tier.misses += int(from_files.size)
+            got, first, last = self._read_runs(col, chunks, starts, js, from_files, decode_tier)
+            keep.append(got)
+            read = ~got.empty
+            src[from_files[read]] = got.addresses()[read]
+            sizes[from_files[read]] = got.sizes[read]
+            whole = got.read_whole()
+            if col.runs is not None:
+                to_record.append((from_files[whole], got, whole))
+            part = read & ~whole
+            if part.any():
+                decoded[from_files[part]] = True
+                failed = self._decode_partial(col, chunks, src, starts, js, dsts, from_files[part], first[part],
+                                              last[part], nbytes, run_rows, into)
+                if failed.size:  # stale entries or corrupt bytes: the whole runs, whose checksums decide
+                    col.runs.forget_chunks(chunks[failed])
+                    col.disk.partial_retries += int(failed.size)
+                    again = self.disk.read(col.column.array, chunks[failed], col.disk)
+                    keep.append(again)
+                    decoded[failed] = False
+                    src[failed] = np.where(again.empty, 0, again.addresses())
+                    sizes[failed] = np.where(again.empty, 0, again.sizes)
+                    to_record.append((failed[~again.empty], again, ~again.empty))
+            through_cache = src <= 0
         decode = np.flatnonzero(~through_cache & ~decoded)
         if decode.size:
             self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, decode, nbytes, run_rows, into)
@@ -466,15 +473,17 @@ class FrameReader(FrameEvents):
             native.checked_copy_rows_to(col.cache.slab, slab_rows.astype(np.int64), nbytes, dsts[lo:hi], into)
         del keep
 
-    def _read_runs(self, col: ColumnReader, chunks, starts, js, from_files):
+    def _read_runs(self, col: ColumnReader, chunks, starts, js, from_files, while_waiting):
         """Chunks ``chunks[from_files]`` read from their files: whole, or (a column with a run directory:
-        ``reading/runs.py``) only the bytes of the frames the batch needs and those their chains lead to.
-        Returns the bytes and, per chunk read, the first and last frame read (-1: read whole)."""
+        ``reading/runs.py``) only the bytes of the frames the batch needs and those their chains lead to;
+        ``while_waiting()`` runs while the reads wait for the device. Returns the bytes and, per chunk read,
+        the first and last frame read (-1: read whole)."""
         first = np.full(from_files.size, -1, dtype=np.int64)
         last = np.full(from_files.size, -1, dtype=np.int64)
         runs = col.runs
         if runs is None:
-            return self.disk.read(col.column.array, chunks[from_files], col.disk), first, last
+            return self.disk.read(col.column.array, chunks[from_files], col.disk,
+                                  while_waiting=while_waiting), first, last
 
         def narrow(at, offsets, sizes, listed):
             groups = from_files[at]
@@ -483,7 +492,7 @@ class FrameReader(FrameEvents):
             first[at], last[at] = plan.first, plan.last
             return plan.lo, plan.hi
 
-        return self.disk.read(col.column.array, chunks[from_files], col.disk, narrow), first, last
+        return self.disk.read(col.column.array, chunks[from_files], col.disk, narrow, while_waiting), first, last
 
     @staticmethod
     def _decode_partial(col, chunks, src, starts, js, dsts, groups, firsts, lasts, nbytes, run_rows,
