@@ -256,3 +256,29 @@ def test_partial_reads_is_a_session_setting_with_an_environment_override(recorde
         mmreplay.Store.open(path, mode="r")
     with pytest.raises(ValueError, match="partial_reads must be True or False"):
         mmreplay.Settings(partial_reads=1)
+
+
+def test_the_partial_kernels_refuse_rows_and_frames_outside_the_directory():
+    from mmreplay._native import runs as kernels
+    from mmreplay.reading.runs import RunDirectory
+
+    d = RunDirectory(4, 8)
+    out = np.zeros((2, 16), dtype=np.uint8)
+    src = np.array([out.ctypes.data], dtype=np.int64)  # never read: every call below is refused first
+    starts, js = np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64)
+    dsts = np.array([out.ctypes.data], dtype=np.int64)
+    status = np.zeros(1, dtype=np.int8)
+    one = np.zeros(1, dtype=np.int64)
+    directory = (d.n, d.refs, d.bounds, d.fcrc)
+    with pytest.raises(ValueError, match="rows"):  # row 4 of 4
+        kernels.checked_decode_partial_groups(src, one, one, one + 4, starts, js, dsts, 16, 8, directory, status,
+                                              (out,))
+    with pytest.raises(ValueError, match="outside runs of 8"):
+        kernels.checked_decode_partial_groups(src, one, one + 8, one, starts, js, dsts, 16, 8, directory, status,
+                                              (out,))
+    with pytest.raises(ValueError, match="dsts"):  # a destination without 16 bytes of room in ``out``
+        kernels.checked_decode_partial_groups(src, one, one, one, starts, js, dsts + 30, 16, 8, directory, status,
+                                              (out,))
+    with pytest.raises(ValueError, match="inside the buffer"):
+        kernels.checked_index_runs(src + 8, one + 40, one, out, *directory)
+    assert not out.any() and d.entries == 0

@@ -20,9 +20,11 @@ import numpy as np
 
 from mmreplay._native import decode as native
 from mmreplay._native import intrinsics, kernel_cache
+from mmreplay._native.bounds import check_array, check_indices, span
 from mmreplay._native import temporal_header as temporal
 from mmreplay._native.decode import (BAD_CHECKSUM, BAD_CODEC, BAD_SIZE, OK, TEMPORAL_HEADER, TEMPORAL_MAGIC2, _zstd,
-                                     crc32c, memcpy, zstd_create_dctx, zstd_free_dctx, zstd_is_error)
+                                     check_frame_decodes, crc32c, memcpy, zstd_create_dctx, zstd_free_dctx,
+                                     zstd_is_error)
 from mmreplay._native.intrinsics import address
 
 kernel_cache.follow(__file__, native, intrinsics, temporal)  # the kernels inline decode's
@@ -198,3 +200,95 @@ def decode_partial_groups(src_addrs, firsts, lasts, rows, starts, js, dsts, fram
     if dctx != 0:
         zstd_free_dctx(dctx)
     return bad
+
+
+# -- entry points: every row, address and size checked before a kernel writes --------------------------
+def check_directory(dir_n, dir_refs, dir_bounds, dir_fcrc, *more) -> None:
+    """The directory's arrays agree: ``n`` rows (uint8), refs ``(n, r)`` int8, bounds ``(n, r + 1)`` and frame
+    crcs ``(n, r)`` uint32, ``more`` (offset, size, crc) int64 of ``n``; all C-contiguous."""
+    n = dir_n.size
+    want = [("dir_n", dir_n, np.uint8, (n,)), ("dir_refs", dir_refs, np.int8, (n, dir_refs.shape[-1])),
+            ("dir_bounds", dir_bounds, np.uint32, (n, dir_refs.shape[-1] + 1)),
+            ("dir_fcrc", dir_fcrc, np.uint32, (n, dir_refs.shape[-1]))]
+    want += [(f"directory array {i}", a, np.int64, (n,)) for i, a in enumerate(more)]
+    for name, a, dtype, shape in want:
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
+            raise ValueError(f"{name}: expected a C-contiguous {np.dtype(dtype)} array of shape {shape}, got "
+                             f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+
+
+def _check_rows(rows, n_rows: int, count: int) -> None:
+    check_array("rows", rows, np.int64, ndim=1, contiguous=False)
+    if rows.size != count:
+        raise ValueError(f"{rows.size} directory rows for {count} groups")
+    check_indices("rows", rows, 0, n_rows)
+
+
+def checked_index_runs(src_addrs, sizes, rows, buffer, dir_n, dir_refs, dir_bounds, dir_fcrc) -> int:
+    """``index_runs`` after checking the directory's arrays, one row (inside it) and size a chunk, and every
+    chunk inside ``buffer`` (it only reads there)."""
+    check_directory(dir_n, dir_refs, dir_bounds, dir_fcrc)
+    _check_rows(rows, dir_n.size, src_addrs.size)
+    check_array("sizes", sizes, np.int64, ndim=1, contiguous=False)
+    lo, hi = span(buffer, "buffer")
+    if sizes.size != src_addrs.size or (src_addrs.size and (
+            (src_addrs < lo).any() or (sizes < 0).any() or (src_addrs + sizes > hi).any())):
+        raise ValueError("chunks to index must lie inside the buffer read, one size each")
+    return index_runs(src_addrs, sizes, rows, dir_n, dir_refs, dir_bounds, dir_fcrc)
+
+
+def checked_plan_partial(rows, starts, js, offsets, sizes, listed, directory, first, last, lo, hi) -> int:
+    """``plan_partial`` after checking its arrays: one row (inside the directory), offset, size, listed
+    checksum and output entry a group, group starts that tile ``js``. ``directory``: (n, refs, bounds,
+    offset, size, crc) of ``RunDirectory``."""
+    dir_n, dir_refs, dir_bounds, dir_offset, dir_size, dir_crc = directory
+    g = rows.size
+    _check_rows(rows, dir_n.size, g)
+    for name, a in (("starts", starts), ("js", js), ("offsets", offsets), ("sizes", sizes), ("listed", listed),
+                    ("first", first), ("last", last), ("lo", lo), ("hi", hi)):
+        check_array(name, a, np.int64, ndim=1, contiguous=False)
+    if starts.size != g + 1 or any(a.size != g for a in (offsets, sizes, listed, first, last, lo, hi)):
+        raise ValueError(f"partial-read plan arrays disagree with its {g} groups")
+    if g and (starts[0] != 0 or starts[-1] != js.size or (np.diff(starts) < 0).any()):
+        raise ValueError(f"group starts {starts[:4]}...{starts[-2:]} do not tile the {js.size} requests")
+    for name, a, dtype in (("dir_n", dir_n, np.uint8), ("dir_refs", dir_refs, np.int8),
+                           ("dir_bounds", dir_bounds, np.uint32), ("dir_offset", dir_offset, np.int64),
+                           ("dir_size", dir_size, np.int64), ("dir_crc", dir_crc, np.int64)):
+        if a.dtype != dtype or a.shape[0] != dir_n.size:
+            raise ValueError(f"{name}: expected {np.dtype(dtype)} with {dir_n.size} rows, got {a.dtype} {a.shape}")
+    if dir_bounds.shape[1] != dir_refs.shape[1] + 1:
+        raise ValueError(f"dir_bounds {dir_bounds.shape} and dir_refs {dir_refs.shape} disagree")
+    return plan_partial(rows, starts, js, offsets, sizes, listed, dir_n, dir_refs, dir_bounds, dir_offset, dir_size,
+                        dir_crc, first, last, lo, hi)
+
+
+def check_partial_decodes(src, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows, directory, status,
+                          into) -> None:
+    """Raise ``ValueError`` unless ``decode_partial_groups`` with these arguments writes only inside ``into``
+    (``decode.check_frame_decodes``) and reads only directory rows that exist, frames ``0 <= first <= last
+    < run width``. ``directory``: (n, refs, bounds, fcrc)."""
+    check_directory(*directory)
+    check_frame_decodes(src, src, starts, js, dsts, frame_nbytes, run_rows, status, into)
+    _check_rows(rows, directory[0].size, src.size)
+    for name, a in (("firsts", firsts), ("lasts", lasts)):
+        check_array(name, a, np.int64, ndim=1, contiguous=False)
+        if a.size != src.size:
+            raise ValueError(f"{name}: {a.size} entries for {src.size} groups")
+    width = directory[1].shape[1]
+    if src.size and ((firsts < 0).any() or (lasts < firsts).any() or (lasts >= width).any()):
+        raise ValueError(f"partial decodes of frames outside runs of {width}")
+
+
+def checked_decode_partial_groups(src, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows, directory,
+                                  status, into, helpers=None) -> int:
+    """``decode_partial_groups`` (shared with the codec ``helpers`` when given and free) after
+    ``check_partial_decodes`` (and the linking self-test); the number of failed groups."""
+    check_partial_decodes(src, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows, directory, status, into)
+    native.ensure_linked()
+    if helpers is not None:
+        bad = helpers.decode_partial(src, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows, directory,
+                                     status)
+        if bad is not None:
+            return int(bad)
+    return int(decode_partial_groups(src, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows, *directory,
+                                     status))

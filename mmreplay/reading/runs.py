@@ -14,7 +14,7 @@ run's middle, and lists where each frame's bytes end in the run's header. A samp
 needs 6 consecutive frames, and those need the frames between them and the key: ~60% of a run of 16 (85 KB
 of DMC colour frames). Reading the header first would cost a dependent read per miss (the device's latency,
 twice); this directory holds what the header says and the frames' checksums instead, built the first time
-the disk path reads a run whole (then verified by its chunk checksum): ~170 bytes a run of 16 frames, 10.6 MB
+the disk path reads a run whole (then verified by its chunk checksum): ~170 bytes a run of 16 frames, ~11 MB
 for 1M frames, counted against the frame budget (``FrameReader._plan``). Checksums: the chunk's crc32c covers
 the whole chunk, so a partial read cannot check it; zarr's bytes are unchanged, so the frames' own checksums
 live here, not in the file.
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmreplay._native import decode as native
 from mmreplay._native import runs as kernels
 
 
@@ -109,12 +108,8 @@ class RunDirectory:
         g = chunks.size
         first, last = np.empty(g, dtype=np.int64), np.empty(g, dtype=np.int64)
         lo, hi = np.empty(g, dtype=np.int64), np.empty(g, dtype=np.int64)
-        if g:
-            if chunks.min() < 0 or chunks.max() >= self.n.size:
-                raise ValueError(f"chunks {int(chunks.min())}..{int(chunks.max())} outside the directory's "
-                                 f"{self.n.size}")
-            kernels.plan_partial(chunks, starts, js, offsets, sizes, listed, self.n, self.refs, self.bounds,
-                                 self.offset, self.size, self.crc, first, last, lo, hi)
+        kernels.checked_plan_partial(chunks, starts, js, offsets, sizes, listed, (self.n, self.refs, self.bounds,
+                                     self.offset, self.size, self.crc), first, last, lo, hi)
         return PartialPlan(first, last, lo, hi)
 
     def record(self, chunks, buffer: np.ndarray, pos, sizes, offsets) -> int:
@@ -133,7 +128,7 @@ class RunDirectory:
         src = buffer.ctypes.data + pos
         with self._lock:
             self.offset[chunks] = -1  # no plan matches a half-made entry
-            made = kernels.index_runs(src, sizes, chunks, self.n, self.refs, self.bounds, self.fcrc)
+            made = kernels.checked_index_runs(src, sizes, chunks, buffer, self.n, self.refs, self.bounds, self.fcrc)
             self.size[chunks] = sizes
             self.crc[chunks] = crcs
             self.offset[chunks] = offsets
@@ -141,20 +136,10 @@ class RunDirectory:
 
     def decode(self, src, plan_first, plan_last, chunks, starts, js, dsts, frame_nbytes, run_rows, status,
                into, helpers=None) -> int:
-        """``kernels.decode_partial_groups`` (shared with the codec ``helpers`` when given and free) after
-        checking every destination has room in ``into`` and every chunk has a row here; the number of groups
-        that failed (``status`` says which)."""
-        native.check_frame_decodes(src, src, starts, js, dsts, frame_nbytes, run_rows, status, into)
-        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.n.size):
-            raise ValueError(f"chunks {int(chunks.min())}..{int(chunks.max())} outside the directory's {self.n.size}")
-        if src.size and ((plan_first < 0).any() or (plan_last >= self.run_rows).any()):
-            raise ValueError("a partial decode of frames outside the run")
-        native.ensure_linked()
-        if helpers is not None:
-            bad = helpers.decode_partial(src, plan_first, plan_last, chunks, starts, js, dsts, frame_nbytes, run_rows,
-                                         (self.n, self.refs, self.bounds, self.fcrc), status)
-            if bad is not None:
-                return int(bad)
-        return int(kernels.decode_partial_groups(src, plan_first, plan_last, chunks, starts, js, dsts, frame_nbytes,
-                                                 run_rows, self.n, self.refs, self.bounds, self.fcrc, status))
+        """``kernels.decode_partial_groups`` (shared with the codec ``helpers`` when given and free), its
+        requests checked first (``kernels.check_partial_decodes``); the number of groups that failed
+        (``status`` says which)."""
+        return kernels.checked_decode_partial_groups(src, plan_first, plan_last, chunks, starts, js, dsts, frame_nbytes,
+                                                     run_rows, (self.n, self.refs, self.bounds, self.fcrc), status,
+                                                     into, helpers)
 
