@@ -421,57 +421,60 @@ class FrameReader(FrameEvents):
         sizes[held] = res.chunk_size[chunks[held]]
         col.tier.hits += int(np.count_nonzero(src > 0))
         col.cache.stats.misses += ids.size
-        keep = []  # the bytes read from the files, alive until decoded
-        through_cache = src <= 0
-        into = (obs_words, next_words)
-        decoded = src > 0  # the tier's groups, decoded while the files are read (or just below); then partial reads
-        to_record = []  # (groups, their whole chunks read): directory entries once their checksums matched
-
-        def decode_tier():
-            if tier.size:
-                self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, tier, nbytes, run_rows, into)
-
-        tier = np.flatnonzero(decoded)
-        from_files = np.flatnonzero(through_cache & ~self._in_ram_shards(col, chunks) & (src == 0)) \
-            if through_cache.any() else tier[:0]
-        if not from_files.size:
-            decode_tier()
-        else:
-            col.tier.misses += int(from_files.size)
-            got, first, last = self._read_runs(col, chunks, starts, js, from_files, decode_tier)
-            keep.append(got)
-            read = ~got.empty
-            src[from_files[read]] = got.addresses()[read]
-            sizes[from_files[read]] = got.sizes[read]
-            whole = got.read_whole()
-            if col.runs is not None:
-                to_record.append((from_files[whole], got, whole))
-            part = read & ~whole
-            if part.any():
-                decoded[from_files[part]] = True
-                failed = self._decode_partial(col, chunks, src, starts, js, dsts, from_files[part], first[part],
-                                              last[part], nbytes, run_rows, into)
-                if failed.size:  # stale entries or corrupt bytes: the whole runs, whose checksums decide
-                    col.runs.forget_chunks(chunks[failed])
-                    col.disk.partial_retries += int(failed.size)
-                    again = self.disk.read(col.column.array, chunks[failed], col.disk)
-                    keep.append(again)
-                    decoded[failed] = False
-                    src[failed] = np.where(again.empty, 0, again.addresses())
-                    sizes[failed] = np.where(again.empty, 0, again.sizes)
-                    to_record.append((failed[~again.empty], again, ~again.empty))
+        keep = []  # the bytes read from the files, alive until decoded, then their buffers kept
+        try:
             through_cache = src <= 0
-        decode = np.flatnonzero(~through_cache & ~decoded)
-        if decode.size:
-            self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, decode, nbytes, run_rows, into)
-        for groups, got, which in to_record:  # decoded above: each whole chunk's checksum matched
-            if groups.size:
-                col.runs.record(chunks[groups], got.buffer, got.pos[which], got.sizes[which], got.offsets[which])
-        for g in np.flatnonzero(through_cache).tolist():  # the writer's RAM, or a chunk the index marks empty
-            lo, hi = starts[g], starts[g + 1]
-            slab_rows = self._slab_index(col, ids[order[lo:hi]])
-            native.checked_copy_rows_to(col.cache.slab, slab_rows.astype(np.int64), nbytes, dsts[lo:hi], into)
-        del keep
+            into = (obs_words, next_words)
+            decoded = src > 0  # the tier's groups (decoded while the files are read), then partial reads
+            to_record = []  # (groups, their whole chunks read): directory entries once their checksums matched
+
+            def decode_tier():
+                if tier.size:
+                    self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, tier, nbytes, run_rows, into)
+
+            tier = np.flatnonzero(decoded)
+            from_files = np.flatnonzero(through_cache & ~self._in_ram_shards(col, chunks) & (src == 0)) \
+                if through_cache.any() else tier[:0]
+            if not from_files.size:
+                decode_tier()
+            else:
+                col.tier.misses += int(from_files.size)
+                got, first, last = self._read_runs(col, chunks, starts, js, from_files, decode_tier)
+                keep.append(got)
+                read = ~got.empty
+                src[from_files[read]] = got.addresses()[read]
+                sizes[from_files[read]] = got.sizes[read]
+                whole = got.read_whole()
+                if col.runs is not None:
+                    to_record.append((from_files[whole], got, whole))
+                part = read & ~whole
+                if part.any():
+                    decoded[from_files[part]] = True
+                    failed = self._decode_partial(col, chunks, src, starts, js, dsts, from_files[part], first[part],
+                                                  last[part], nbytes, run_rows, into)
+                    if failed.size:  # stale entries or corrupt bytes: the whole runs, whose checksums decide
+                        col.runs.forget_chunks(chunks[failed])
+                        col.disk.partial_retries += int(failed.size)
+                        again = self.disk.read(col.column.array, chunks[failed], col.disk)
+                        keep.append(again)
+                        decoded[failed] = False
+                        src[failed] = np.where(again.empty, 0, again.addresses())
+                        sizes[failed] = np.where(again.empty, 0, again.sizes)
+                        to_record.append((failed[~again.empty], again, ~again.empty))
+                through_cache = src <= 0
+            decode = np.flatnonzero(~through_cache & ~decoded)
+            if decode.size:
+                self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, decode, nbytes, run_rows, into)
+            for groups, got, which in to_record:  # decoded above: each whole chunk's checksum matched
+                if groups.size:
+                    col.runs.record(chunks[groups], got.buffer, got.pos[which], got.sizes[which], got.offsets[which])
+            for g in np.flatnonzero(through_cache).tolist():  # the writer's RAM, or a chunk the index marks empty
+                lo, hi = starts[g], starts[g + 1]
+                slab_rows = self._slab_index(col, ids[order[lo:hi]])
+                native.checked_copy_rows_to(col.cache.slab, slab_rows.astype(np.int64), nbytes, dsts[lo:hi], into)
+        finally:
+            for got in keep:
+                got.release()
 
     def _read_runs(self, col: ColumnReader, chunks, starts, js, from_files, while_waiting):
         """Chunks ``chunks[from_files]`` read from their files: whole, or (a column with a run directory:
