@@ -282,3 +282,17 @@ def test_the_partial_kernels_refuse_rows_and_frames_outside_the_directory():
     with pytest.raises(ValueError, match="inside the buffer"):
         kernels.checked_index_runs(src + 8, one + 40, one, out, *directory)
     assert not out.any() and d.entries == 0
+
+
+def test_a_binding_budget_pays_for_the_run_directory_and_the_index(recorded):
+    from mmreplay.reading.tiers import PARTIAL_RESIDENT_SHARE
+
+    path, _ = recorded
+    on_disk = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in
+                  os.walk(os.path.join(path, "frames")) for f in files)
+    budget = on_disk // 2
+    with mmreplay.Store.open(path, mode="r", cache_bytes=budget) as s:
+        stats = s.inspect.cache_stats()["obs"]
+        index = s._state.ring.nbytes
+        assert index > 0 and stats["runs"]["nbytes"] > 0 and stats["compressed"]["capacity_bytes"] > 0
+        assert stats["compressed"]["capacity_bytes"] + stats["runs"]["nbytes"] + index <= PARTIAL_RESIDENT_SHARE * budget

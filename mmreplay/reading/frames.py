@@ -64,10 +64,12 @@ class FrameReader(FrameEvents):
     with the writer through the ring's events."""
 
     def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True, io_depth: int = DEFAULT_IO_DEPTH,
-                 partial_reads: bool = True):
+                 partial_reads: bool = True, held_elsewhere: int = 0):
         self.ring = ring
         self.cache_bytes = int(cache_bytes)
         self.partial_reads = partial_reads  # runs read from files only in the bytes a batch needs (reading/runs.py)
+        # what the store holds in RAM besides frames (its index ring and columns): paid for from a partial tier
+        self.held_elsewhere = int(held_elsewhere)
         self.disk = FileReads(io_depth)
         ring_bytes, measured = self._compressed_ring_bytes(ring)
         self.columns: dict[str, ColumnReader] = {}
@@ -115,6 +117,9 @@ class FrameReader(FrameEvents):
                                                       and decodes_direct(old.codec, col.spec.chunk_rows))
             # a partial tier: the runs it lacks are read from their files, only in part where they can be
             partial = self.plan.resident_bytes < compressed and self.partial_reads
+            if self.plan.resident_bytes < compressed and resident > 0:
+                # the budget binds: the store's other RAM (the index ring) is paid for from the tier, by shares
+                resident = max(1, resident - int(self.held_elsewhere * ring_bytes[name] / max(1, compressed)))
             new = ColumnReader(col, ring, decoded, resident, self.plan.direct, cache=old.cache if keep else None,
                                partial_reads=partial)
             if old is not None and old.runs is not None and new.runs is not None:
