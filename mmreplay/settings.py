@@ -108,6 +108,8 @@ class Settings:
       ``memory.max``, cgroup v2, or ``memory.limit_in_bytes``, v1, or an ancestor's, the tightest), 70% of
       that limit (of the machine's RAM if smaller); otherwise 1 GiB. A value passed explicitly always
       wins. Several processes in one cgroup that each open stores (DataLoader workers) should pass it.
+      When the compressed frames do not fit it (a *partial* tier), it also pays for the store's index ring
+      and the run directory of ``partial_reads``.
     - ``commit_every`` / ``commit_seconds``: a writer commits on its own after this many transitions or
       seconds since the last commit. A crash loses at most what was added since the last commit (call
       ``flush()`` to commit now; ``close()`` always commits).
