@@ -321,6 +321,8 @@ def summarize(runs: dict, wl: str) -> dict:
         ok = [r for r in rs if "error" not in r]
         s[name]["errors"] = [r["error"].strip().splitlines()[-1] for r in rs if "error" in r]
         s[name]["peak_rss"] = max((r.get("peak_rss", 0) for r in ok), default=None)
+        # the peak before the verification loads its ground truth (a 42 MB frame pool and comparison arrays)
+        s[name]["peak_rss_sampling"] = max((r.get("peak_rss_sampling", 0) for r in ok), default=None) or None
         s[name]["wrong"] = sum(r.get("wrong", 0) for r in ok)
         s[name]["verified"] = sum(r.get("verified", 0) for r in ok)
         s[name]["cgroup_max_usage"] = max((r.get("cgroup", {}).get("max_usage", 0) for r in ok), default=None)
@@ -360,7 +362,8 @@ def targets(out: dict) -> list[tuple[str, float | None, float, bool]]:
         rows.append(("dmc in 4 GB, batch-256 n-step-3 vs DrQ-v2 loader 50k in RAM",
                      ratio(mm["b256_per_s"], peer["b256_per_s"]), 1.0, False))
     budget = out["cache_bytes"] or mm["budget"]
-    rows.append((f"{wl} peak RSS - budget (MB)", (mm["peak_rss"] - budget) / 1e6 if mm["peak_rss"] and budget
+    peak = mm.get("peak_rss_sampling") or mm["peak_rss"]  # sampling, not the verification's ground truth
+    rows.append((f"{wl} peak RSS - budget (MB, while sampling)", (peak - budget) / 1e6 if peak and budget
                  else None, 350, True))
     rows.append((f"{wl} forced to disk: reads issued vs device depth-32 rate",
                  ratio(reads_issued(disk), dev["qd32_reads_per_s"]), 0.5, False))
@@ -401,7 +404,8 @@ def report(out: dict) -> str:
     lines.append(f"device, random 4 KiB reads/s from the store's shards ({how}): depth 1 {f(dev['qd1_reads_per_s'])}, depth 32 "
                  f"{f(dev['qd32_reads_per_s'])} ({f((dev['qd32_reads_per_s'] or 0) * 4096, 1e6)} MB/s); the forced child's "
                  f"reads average {f(mean_read(s['disk']), 1024)} KiB; cgroup max usage {f(s['mmreplay']['cgroup_max_usage'], 1e6)} MB; "
-                 f"warm hit rate {s['mmreplay']['warm_hit_rate'] or 0:.3f}; rows checked "
+                 f"warm hit rate {s['mmreplay']['warm_hit_rate'] or 0:.3f}; mmreplay peak RSS while sampling "
+                 f"{f(s['mmreplay'].get('peak_rss_sampling'), 1e6)} MB, with the verification {f(s['mmreplay']['peak_rss'], 1e6)} MB; rows checked "
                  f"{s['mmreplay']['verified'] + s['disk']['verified']:,}, wrong {s['mmreplay']['wrong'] + s['disk']['wrong']}")
     lines += ["", "| target | measured | wanted | |", "|---|---|---|---|"]
     for name, v, t, le in targets(out):
