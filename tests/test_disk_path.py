@@ -368,3 +368,20 @@ def test_while_the_background_pass_runs_a_miss_reads_its_chunks_not_whole_shards
         batch = s.sample(64)
         assert_batch_matches(batch, ref, batch.indices.numpy())
         assert disk_stats(s)["reads"] == reads  # held now: no more file reads
+
+
+def test_reads_land_in_buffers_of_their_own_pages_kept_for_the_next_batch():
+    """Not malloc's heap (see ``ReadBuffers``): one buffer is kept, the smallest that fits is reused."""
+    import mmap
+
+    buffers = disk.ReadBuffers()
+    a = buffers.take(5000)
+    assert a.size >= 5000 and a.size % buffers.ROUND == 0 and a.ctypes.data % mmap.PAGESIZE == 0
+    buffers.give(a)
+    b = buffers.take(3000)
+    assert b.ctypes.data == a.ctypes.data  # reused
+    c = buffers.take(3000)  # the kept one is taken: a new one
+    assert c.ctypes.data != b.ctypes.data
+    buffers.give(b)
+    buffers.give(c)
+    assert len(buffers._free) == disk.ReadBuffers.KEEP == 1
