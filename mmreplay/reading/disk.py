@@ -104,6 +104,8 @@ class ReadBuffers:
 
     def take(self, nbytes: int) -> np.ndarray:
         """A buffer of at least ``nbytes`` (uint8; its first ``nbytes`` are the ones to use)."""
+        if nbytes <= 0:
+            return np.empty(0, dtype=np.uint8)
         with self._lock:
             fits = [i for i, b in enumerate(self._free) if b.size >= nbytes]
             if fits:
@@ -142,7 +144,7 @@ class ChunkBytes:
         """The bytes are no longer needed (no decode reads them any more): their buffer is kept for another
         batch. Optional: an unreleased buffer is freed with the last reference to it."""
         if self.owner is not None and self._memory is not None:
-            memory, self._memory, self.buffer = self._memory, None, self.buffer[:0]
+            memory, self._memory, self.buffer = self._memory, None, np.empty(0, dtype=np.uint8)
             self.owner.give(memory)
 
     def read_whole(self) -> np.ndarray:
