@@ -36,6 +36,7 @@ DEFAULT_COMMIT_EVERY = 25_000
 DEFAULT_COMMIT_SECONDS = 30.0
 CODEC_THREADS_ENV = "MMREPLAY_CODEC_THREADS"
 ENCODER_ENV = "MMREPLAY_ENCODER"
+PARTIAL_READS_ENV = "MMREPLAY_PARTIAL_READS"
 ENCODERS = ("process", "thread")
 DEFAULT_IO_DEPTH = 32
 MAX_IO_DEPTH = 1024
@@ -107,6 +108,8 @@ class Settings:
       ``memory.max``, cgroup v2, or ``memory.limit_in_bytes``, v1, or an ancestor's, the tightest), 70% of
       that limit (of the machine's RAM if smaller); otherwise 1 GiB. A value passed explicitly always
       wins. Several processes in one cgroup that each open stores (DataLoader workers) should pass it.
+      When the compressed frames do not fit it (a *partial* tier), it also pays for the store's index ring
+      and the run directory of ``partial_reads``.
     - ``commit_every`` / ``commit_seconds``: a writer commits on its own after this many transitions or
       seconds since the last commit. A crash loses at most what was added since the last commit (call
       ``flush()`` to commit now; ``close()`` always commits).
@@ -122,6 +125,10 @@ class Settings:
     - ``encoder``: where a writer compresses its image shards: ``"process"`` (default: a child process, so
       compression runs beside the adds) or ``"thread"`` (the store's writer thread; e.g. when /dev/shm is too
       small for the shared buffers). Overridden by ``MMREPLAY_ENCODER``.
+    - ``partial_reads``: a run of frames (the temporal codec, layout 2) that the disk path read whole once is
+      later read only in the bytes the frames a batch needs take, each checked against a crc32c kept in RAM
+      (``reading/runs.py``; ~170 bytes a run of 16, counted against ``cache_bytes``). ``False``: every miss
+      reads its whole run. Overridden by ``MMREPLAY_PARTIAL_READS`` (``0`` or ``1``).
     - ``preload``: at open, a background pass reads the compressed shards the RAM tier holds (default).
       ``False`` leaves them to be read as batches need them: for a process that reads no frames, or few
       (``mmreplay info``, ``verify``), which would otherwise pay for reading the tier and then wait for it.
@@ -137,6 +144,7 @@ class Settings:
     encoder: str = "process"
     io_depth: int = DEFAULT_IO_DEPTH
     preload: bool = True
+    partial_reads: bool = True
 
     def __post_init__(self) -> None:
         for name in ("cache_bytes", "commit_every"):
@@ -153,6 +161,8 @@ class Settings:
         object.__setattr__(self, "durable", bool(self.durable))
         if not isinstance(self.preload, bool):
             raise ValueError(f"preload must be True or False, got {self.preload!r}")
+        if not isinstance(self.partial_reads, bool):
+            raise ValueError(f"partial_reads must be True or False, got {self.partial_reads!r}")
         object.__setattr__(self, "preload", bool(self.preload))
         depth = self.io_depth
         if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or not 1 <= depth <= MAX_IO_DEPTH:
@@ -168,7 +178,7 @@ class Settings:
 
     def with_environment(self) -> "Settings":
         """These settings with the environment's overrides applied (``MMREPLAY_CODEC_THREADS``,
-        ``MMREPLAY_ENCODER``); a value there that is not valid is a ``ValueError`` naming the variable."""
+        ``MMREPLAY_ENCODER``, ``MMREPLAY_PARTIAL_READS``); a value there that is not valid is a ``ValueError`` naming the variable."""
         overrides: dict[str, Any] = {}
         threads = os.environ.get(CODEC_THREADS_ENV)
         if threads is not None:
@@ -184,6 +194,11 @@ class Settings:
             if encoder not in ENCODERS:
                 raise ValueError(f"{ENCODER_ENV} must be one of {ENCODERS}, got {encoder!r}")
             overrides["encoder"] = encoder
+        partial = os.environ.get(PARTIAL_READS_ENV)
+        if partial is not None:
+            if partial not in ("0", "1"):
+                raise ValueError(f"{PARTIAL_READS_ENV} must be 0 or 1, got {partial!r}")
+            overrides["partial_reads"] = partial == "1"
         return dataclasses.replace(self, **overrides) if overrides else self
 
     @classmethod

@@ -61,8 +61,8 @@ class StoreState:
         self.frames = FrameRing(path, schema.observations, geometry.frames.rows, geometry.frames.shard_rows,
                                 unbounded=geometry.frames.unbounded,
                                 head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable)
-        self.reader = FrameReader(self.frames, settings.cache_bytes, preload=False,
-                                  io_depth=settings.io_depth)  # frames are read here
+        self.reader = FrameReader(self.frames, settings.cache_bytes, preload=False, io_depth=settings.io_depth,
+                                  partial_reads=settings.partial_reads, held_elsewhere=self.ring.nbytes)
         self.priorities = None
         self._view: DrawView | None = None  # what strategies read, made by view()
         self.watcher: CommitWatcher | None = None  # readers: made by _load

@@ -73,7 +73,9 @@ def test_batches_equal_with_the_disk_path_forced_on_and_off(store_path, atari_fr
     batches = {}
     on_disk = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in
                   os.walk(os.path.join(store_path, "frames")) for f in files)
-    partial = on_disk // 2  # the compressed tier holds some whole shards, the rest is read from the files
+    with mmreplay.Store.open(store_path, mode="r", preload=False) as s:
+        index = s._state.ring.nbytes  # a budget that binds pays for the index ring too
+    partial = on_disk // 2 + index  # the compressed tier holds some whole shards, the rest is read from the files
     for budget in (TINY, partial, LARGE):
         with mmreplay.Store.open(store_path, mode="r", cache_bytes=budget) as s:
             wait_preloaded(s)  # while the background pass runs, misses read chunks from the files instead
@@ -366,3 +368,20 @@ def test_while_the_background_pass_runs_a_miss_reads_its_chunks_not_whole_shards
         batch = s.sample(64)
         assert_batch_matches(batch, ref, batch.indices.numpy())
         assert disk_stats(s)["reads"] == reads  # held now: no more file reads
+
+
+def test_reads_land_in_buffers_of_their_own_pages_kept_for_the_next_batch():
+    """Not malloc's heap (see ``ReadBuffers``): one buffer is kept, the smallest that fits is reused."""
+    import mmap
+
+    buffers = disk.ReadBuffers()
+    a = buffers.take(5000)
+    assert a.size >= 5000 and a.size % buffers.ROUND == 0 and a.ctypes.data % mmap.PAGESIZE == 0
+    buffers.give(a)
+    b = buffers.take(3000)
+    assert b.ctypes.data == a.ctypes.data  # reused
+    c = buffers.take(3000)  # the kept one is taken: a new one
+    assert c.ctypes.data != b.ctypes.data
+    buffers.give(b)
+    buffers.give(c)
+    assert len(buffers._free) == disk.ReadBuffers.KEEP == 1

@@ -169,8 +169,10 @@ RACE_READER = textwrap.dedent("""
         wrong += len(bad)
         examples.extend(bad[: max(0, 5 - len(examples))])
         batches += 1
+    disk = s.inspect.cache_stats()["obs"]["disk"]
     print(json.dumps(dict(rows=rows, wrong=wrong, refused=refused, batches=batches, heads=len(heads),
-                          examples=examples)), flush=True)
+                          examples=examples, file_reads=disk["reads"], partial_chunks=disk.get("partial_chunks"),
+                          partial_retries=disk.get("partial_retries"))), flush=True)
 """)
 
 

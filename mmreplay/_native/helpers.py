@@ -30,11 +30,12 @@ from mmreplay._native.intrinsics import address, atomic_add, atomic_cas, atomic_
 from mmreplay._native.gather import gather_stacks
 from mmreplay._native.bounds import check_indices
 from mmreplay._native.decode import check_decodes, check_frame_decodes, decode_chunks, decode_frame_groups, ensure_linked
+from mmreplay._native.runs import decode_partial_groups
 from mmreplay import settings
-from mmreplay._native import cache, decode as native, gather, intrinsics, kernel_cache, temporal_header
+from mmreplay._native import cache, decode as native, gather, intrinsics, kernel_cache, runs, temporal_header
 
 # these kernels call the compiled decode and copy kernels of other modules: see kernel_cache
-kernel_cache.follow(__file__, intrinsics, gather, cache, native, temporal_header)
+kernel_cache.follow(__file__, intrinsics, gather, cache, native, runs, temporal_header)
 
 # Layout of the control words (int64).
 TICKET, DONE, BAD, STOP, SLEEPING = 0, 8, 16, 24, 32   # SLEEPING + i: helper i is asleep (1) or not (0)
@@ -42,8 +43,8 @@ MAX_HELPERS = 24
 PARAMS = 64
 KIND, TOTAL, PER_PIECE = PARAMS, PARAMS + 1, PARAMS + 2
 ARG = PARAMS + 3  # the kind's own arguments from here
-CONTROL_WORDS = PARAMS + 16
-DECODE, GATHER_WORDS, GATHER_BYTES, DECODE_FRAMES = 1, 2, 3, 4
+CONTROL_WORDS = PARAMS + 24
+DECODE, GATHER_WORDS, GATHER_BYTES, DECODE_FRAMES, DECODE_PARTIAL = 1, 2, 3, 4, 5
 MAX_PIECES = 0xFFFF
 # A piece: ~10-20 us of work, small enough that the last one held by a helper is a short wait.
 DECODES_PER_PIECE = 16
@@ -81,6 +82,26 @@ def _run_piece(ctrl, piece):  # pragma: no cover (compiled)
         status = numba.carray(address(ctrl[ARG + 5]), (total,), np.int8)
         bad = decode_frame_groups(src[lo:hi], sizes[lo:hi], starts[lo:hi + 1], js, dsts, ctrl[ARG + 6], ctrl[ARG + 7],
                                   status[lo:hi])
+        if bad:
+            atomic_add(ctrl, BAD, bad)
+        return
+    if kind == DECODE_PARTIAL:
+        src = numba.carray(address(ctrl[ARG]), (total,), np.int64)
+        firsts = numba.carray(address(ctrl[ARG + 1]), (total,), np.int64)
+        lasts = numba.carray(address(ctrl[ARG + 2]), (total,), np.int64)
+        rows = numba.carray(address(ctrl[ARG + 3]), (total,), np.int64)
+        starts = numba.carray(address(ctrl[ARG + 4]), (total + 1,), np.int64)
+        n_requests = starts[total]
+        js = numba.carray(address(ctrl[ARG + 5]), (n_requests,), np.int64)
+        dsts = numba.carray(address(ctrl[ARG + 6]), (n_requests,), np.int64)
+        status = numba.carray(address(ctrl[ARG + 7]), (total,), np.int8)
+        n_rows, width = ctrl[ARG + 14], ctrl[ARG + 15]
+        dir_n = numba.carray(address(ctrl[ARG + 10]), (n_rows,), np.uint8)
+        dir_refs = numba.carray(address(ctrl[ARG + 11]), (n_rows, width), np.int8)
+        dir_bounds = numba.carray(address(ctrl[ARG + 12]), (n_rows, width + 1), np.uint32)
+        dir_fcrc = numba.carray(address(ctrl[ARG + 13]), (n_rows, width), np.uint32)
+        bad = decode_partial_groups(src[lo:hi], firsts[lo:hi], lasts[lo:hi], rows[lo:hi], starts[lo:hi + 1], js, dsts,
+                                    ctrl[ARG + 8], ctrl[ARG + 9], dir_n, dir_refs, dir_bounds, dir_fcrc, status[lo:hi])
         if bad:
             atomic_add(ctrl, BAD, bad)
         return
@@ -233,6 +254,22 @@ class CodecHelpers:
         finally:
             self._busy.release()
 
+    def decode_partial(self, src, firsts, lasts, rows, starts, js, dsts, frame_nbytes: int, run_rows: int, directory,
+                       status) -> int | None:
+        """``runs.decode_partial_groups`` shared with the helpers, for requests its caller checked
+        (``RunDirectory.decode``); None if the helpers are busy or the arrays are not plain."""
+        if not self._busy.acquire(blocking=False):
+            return None
+        try:
+            try:
+                posted = _post_decode_partial(self.ctrl, src, firsts, lasts, rows, starts, js, dsts, status,
+                                              frame_nbytes, run_rows, *directory, self.n)
+            except TypeError:
+                return None
+            return self._finish(posted)
+        finally:
+            self._busy.release()
+
     def gather(self, slab, index, k: int, shifted: bool, out_obs, out_next) -> bool:
         """``gather.gather_stacks`` shared with the helpers; False if they are busy or the arrays are not
         plain (then copy alone). Every index is first checked to be a row of ``slab`` (the helpers check
@@ -305,6 +342,29 @@ def _post_decode_frames(ctrl, src, sizes, starts, js, dsts, status, frame_nbytes
     ctrl[ARG], ctrl[ARG + 1], ctrl[ARG + 2] = src.ctypes.data, sizes.ctypes.data, starts.ctypes.data
     ctrl[ARG + 3], ctrl[ARG + 4], ctrl[ARG + 5] = js.ctypes.data, dsts.ctypes.data, status.ctypes.data
     ctrl[ARG + 6], ctrl[ARG + 7] = frame_nbytes, run_rows
+    return 1 if _post(ctrl, (total + per - 1) // per, n_helpers) else 0
+
+
+@_typed(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, "
+        "uint8[::1], int8[:, ::1], uint32[:, ::1], uint32[:, ::1], int64)")
+def _post_decode_partial(ctrl, src, firsts, lasts, rows, starts, js, dsts, status, frame_nbytes, run_rows, dir_n,
+                         dir_refs, dir_bounds, dir_fcrc, n_helpers):  # pragma: no cover
+    """Parameters of a ``decode_partial_groups`` job, then post it (as ``_post_decode``)."""
+    total = src.size
+    if firsts.size != total or lasts.size != total or rows.size != total or starts.size != total + 1 or \
+            status.size < total or js.size != dsts.size or starts[total] != js.size or \
+            dir_refs.shape[0] != dir_n.size or dir_bounds.shape[0] != dir_n.size or dir_fcrc.shape != dir_refs.shape \
+            or dir_bounds.shape[1] != dir_refs.shape[1] + 1:
+        return -1
+    per = max(RUNS_PER_PIECE, (total + MAX_PIECES - 1) // MAX_PIECES)
+    ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE] = DECODE_PARTIAL, total, per
+    ctrl[ARG], ctrl[ARG + 1], ctrl[ARG + 2], ctrl[ARG + 3] = src.ctypes.data, firsts.ctypes.data, lasts.ctypes.data, \
+        rows.ctypes.data
+    ctrl[ARG + 4], ctrl[ARG + 5], ctrl[ARG + 6] = starts.ctypes.data, js.ctypes.data, dsts.ctypes.data
+    ctrl[ARG + 7], ctrl[ARG + 8], ctrl[ARG + 9] = status.ctypes.data, frame_nbytes, run_rows
+    ctrl[ARG + 10], ctrl[ARG + 11] = dir_n.ctypes.data, dir_refs.ctypes.data
+    ctrl[ARG + 12], ctrl[ARG + 13] = dir_bounds.ctypes.data, dir_fcrc.ctypes.data
+    ctrl[ARG + 14], ctrl[ARG + 15] = dir_n.size, dir_refs.shape[1]
     return 1 if _post(ctrl, (total + per - 1) // per, n_helpers) else 0
 
 

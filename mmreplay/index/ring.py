@@ -83,6 +83,11 @@ class TransitionRing:
         """RAM the index itself (frame pointers, episode links, flags) costs per transition."""
         return sum(self.arrays[n].itemsize for n in self.INDEX_COLUMNS) + len(self.FLAG_COLUMNS) / 8
 
+    @property
+    def nbytes(self) -> int:
+        """RAM the ring's arrays take (index and data columns, all held in RAM)."""
+        return sum(a.nbytes for a in self.arrays.values()) + self.shard_min_frame.nbytes
+
     def layouts(self):
         return [a.layout for a in self.disk.values()]
 

@@ -25,6 +25,7 @@ closed by the array's bound on open files.
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import queue
 import threading
@@ -54,11 +55,17 @@ class DiskStats:
     merged_reads: int = 0  # requests that carried more than one chunk
     page_cache_reads: int = 0  # requests the page cache served at once (no wait for the device)
     rounds: int = 0
+    partial_chunks: int = 0  # chunks of which only the bytes a batch needs were read (``reading/runs.py``)
+    bytes_skipped: int = 0  # bytes of those chunks not read
+    partial_retries: int = 0  # partial reads whose frame checksums failed, read again whole
     max_depth: int = 0
     _depth_sum: int = 0  # sum over reads that waited of the depth they were issued at
     _waited: int = 0
 
-    def count_round(self, sizes: list[int], chunks: int, merged: int, waited: int, depth: int) -> None:
+    def count_round(self, sizes: list[int], chunks: int, merged: int, waited: int, depth: int, partial: int = 0,
+                    skipped: int = 0) -> None:
+        self.partial_chunks += partial
+        self.bytes_skipped += skipped
         self.reads += len(sizes)
         self.bytes += sum(sizes)
         self.chunks += chunks
@@ -72,18 +79,77 @@ class DiskStats:
     def as_dict(self) -> dict:
         return {"reads": self.reads, "bytes_read": self.bytes, "chunks_read": self.chunks,
                 "merged_reads": self.merged_reads, "page_cache_reads": self.page_cache_reads,
+                "partial_chunks": self.partial_chunks, "bytes_skipped": self.bytes_skipped,
+                "partial_retries": self.partial_retries,
                 "max_queue_depth": self.max_depth,
                 "mean_queue_depth": self._depth_sum / self._waited if self._waited else 0.0}
+
+
+class ReadBuffers:
+    """Buffers the reads land in: pages of their own (``mmap``), not malloc's, kept for the next batch once
+    given back (at most ``KEEP``, the largest).
+
+    Why: a batch's reads take ~5-20 MB. From malloc, the first such buffer freed raises glibc's mmap threshold
+    to its size, and every later one came from the heap, whose freed space the process kept. Measured on the
+    1M DMC store (b256, n-step 3, 64 MB budget, 45 batches): peak RSS 606 MB from malloc, 525 MB with a fixed
+    threshold (``MALLOC_MMAP_THRESHOLD_``), 551 MB with these buffers. A kept buffer also spares each batch the
+    page faults of fresh pages."""
+
+    KEEP = 1  # a batch reads into one (a second only to read failed partial runs again whole)
+    ROUND = 1 << 20  # sizes rounded up to this, so that a batch a little larger than the last reuses a buffer
+
+    def __init__(self):
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A buffer of at least ``nbytes`` (uint8; its first ``nbytes`` are the ones to use)."""
+        if nbytes <= 0:
+            return np.empty(0, dtype=np.uint8)
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b.size >= nbytes]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: self._free[i].size))
+        size = max(1, -(-nbytes // self.ROUND) * self.ROUND)
+        return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+
+    def give(self, buf: np.ndarray) -> None:
+        """``buf`` (from ``take``) is no longer read by anyone."""
+        with self._lock:
+            self._free.append(buf)
+            self._free.sort(key=lambda b: b.size, reverse=True)
+            del self._free[self.KEEP:]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
 
 
 @dataclass
 class ChunkBytes:
     """Chunks read from files: chunk ``i`` is ``sizes[i]`` bytes at ``buffer[pos[i]:]``, unless ``empty[i]``
-    (the index marks it empty: zarr's fill value, zeros)."""
+    (the index marks it empty: zarr's fill value, zeros). Those bytes start at byte ``lo[i]`` of the chunk,
+    ``whole[i]`` bytes long, at offset ``offsets[i]`` of its file; a chunk read whole has ``sizes == whole``."""
     buffer: np.ndarray
     pos: np.ndarray
     sizes: np.ndarray
     empty: np.ndarray
+    lo: np.ndarray | None = None
+    whole: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+    owner: ReadBuffers | None = None  # where ``buffer``'s memory goes back to (``release``)
+    _memory: np.ndarray | None = None
+
+    def release(self) -> None:
+        """The bytes are no longer needed (no decode reads them any more): their buffer is kept for another
+        batch. Optional: an unreleased buffer is freed with the last reference to it."""
+        if self.owner is not None and self._memory is not None:
+            memory, self._memory, self.buffer = self._memory, None, np.empty(0, dtype=np.uint8)
+            self.owner.give(memory)
+
+    def read_whole(self) -> np.ndarray:
+        """Which chunks were read whole (their checksums checked by the decode)."""
+        return ~self.empty if self.whole is None else ~self.empty & (self.sizes == self.whole)
 
     def addresses(self) -> np.ndarray:
         return self.buffer.ctypes.data + self.pos
@@ -152,16 +218,18 @@ class IoThreads:
         self._pid = -1
         self._lock = threading.Lock()
 
-    def run(self, reads: list[_Read]) -> int:
+    def run(self, reads: list[_Read], while_waiting=None) -> int:
         """Every read done, or the first error raised once all have ended (no thread still writes into
-        the caller's buffer after this returns). Returns how many had to wait for the device."""
+        the caller's buffer after this returns). ``while_waiting()``, when given, is called once the reads
+        that wait for the device are handed to the threads (the caller's other work overlaps them; an error
+        it raises is raised once every read ended). Returns how many had to wait for the device."""
         if _cached_first:
             for read in reads:
                 _read_cached(read)
             reads = [read for read in reads if read.done < read.nbytes]
-        if not reads:
-            return 0
-        if len(reads) == 1 or self.depth == 1:
+        if not reads or len(reads) == 1 or self.depth == 1:
+            if while_waiting is not None:
+                while_waiting()
             for read in reads:
                 _read_fully(read)
             return len(reads)
@@ -169,7 +237,11 @@ class IoThreads:
         done: queue.SimpleQueue = queue.SimpleQueue()
         for read in reads:
             jobs.put((read, done))
-        errors = [err for err in (done.get() for _ in reads) if err is not None]
+        try:
+            if while_waiting is not None:
+                while_waiting()
+        finally:  # even when it raised: no read may still be writing into the caller's buffer
+            errors = [err for err in (done.get() for _ in reads) if err is not None]
         if errors:
             raise errors[0]
         return len(reads)
@@ -212,40 +284,65 @@ class FileReads:
     def __init__(self, io_depth: int):
         self.io_depth = int(io_depth)
         self.threads = IoThreads(self.io_depth)
+        self.buffers = ReadBuffers()
 
-    def read(self, array: ShardedArray, chunks: np.ndarray, stats: DiskStats) -> ChunkBytes:
-        """The stored bytes of ``chunks`` (global chunk numbers, unique) of ``array`` (see the invariant)."""
+    def read(self, array: ShardedArray, chunks: np.ndarray, stats: DiskStats, narrow=None,
+             while_waiting=None) -> ChunkBytes:
+        """The stored bytes of ``chunks`` (global chunk numbers, unique) of ``array`` (see the invariant).
+        ``narrow(which, offsets, sizes, listed)``, when given, says which bytes ``[lo, hi)`` of chunks
+        ``chunks[which]`` (at file ``offsets``, ``sizes`` bytes, their tag listing checksum ``listed``, -1 for
+        none) to read; a chunk not read whole is not checked here (``reading/runs.py`` checks its frames).
+        ``while_waiting()``: the caller's work to do while the first round's reads wait for the device
+        (``IoThreads.run``); called once (also when nothing is read), unless opening a file fails first."""
         chunks = np.asarray(chunks, dtype=np.int64)
         per = array.layout.chunks_per_shard
         pos = np.zeros(chunks.size, dtype=np.int64)
         sizes = np.zeros(chunks.size, dtype=np.int64)
         empty = np.zeros(chunks.size, dtype=bool)
+        lo = np.zeros(chunks.size, dtype=np.int64)
+        whole = np.zeros(chunks.size, dtype=np.int64)
+        offsets = np.zeros(chunks.size, dtype=np.int64)
         order = np.argsort(chunks, kind="stable")
         shard_of = chunks[order] // per
         bounds = np.flatnonzero(np.diff(shard_of)) + 1
         groups = np.split(order, bounds)  # positions in ``chunks`` per shard, in chunk order
         parts, total, crc_checks = [], 0, []
-        for lo in range(0, len(groups), SHARDS_PER_ROUND):
-            round_groups = groups[lo:lo + SHARDS_PER_ROUND]
-            buf, got = self._read_round(array, chunks, round_groups, per, pos, sizes, empty, stats, crc_checks)
+        for first in range(0, len(groups), SHARDS_PER_ROUND):
+            round_groups = groups[first:first + SHARDS_PER_ROUND]
+            (memory, buf), got = self._read_round(array, chunks, round_groups, per,
+                                                  (pos, sizes, empty, lo, whole, offsets), stats, crc_checks, narrow,
+                                                  while_waiting)
+            while_waiting = None
             pos[got] += total  # positions in the one buffer all rounds are copied into
-            parts.append(buf)
+            parts.append((memory, buf))
             total += buf.size
-        buffer = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(parts) == 1:
+            memory, buffer = parts[0]
+        else:  # more files than a round holds: one buffer for all (rare: a batch touches few hundred files)
+            memory = self.buffers.take(total)
+            buffer = memory[:total]
+            at = 0
+            for part_memory, part in parts:
+                buffer[at:at + part.size] = part
+                at += part.size
+                self.buffers.give(part_memory)
+        if while_waiting is not None:  # no chunk to read at all
+            while_waiting()
         for i in np.flatnonzero(empty).tolist():  # outside the file lock: it may probe the writer's lock
             array.check_empty_chunk(*divmod(int(chunks[i]), per))
         self._check_tag_crcs(array, chunks, buffer, pos, sizes, crc_checks)
-        return ChunkBytes(buffer, pos, sizes, empty)
+        return ChunkBytes(buffer, pos, sizes, empty, lo, whole, offsets, self.buffers, memory)
 
-    def _read_round(self, array, chunks, groups, per, pos, sizes, empty, stats, crc_checks):
+    def _read_round(self, array, chunks, groups, per, out, stats, crc_checks, narrow, while_waiting=None):
         """Reads of up to ``SHARDS_PER_ROUND`` files, issued together while their descriptors are held open.
-        Fills ``pos`` (in this round's buffer), ``sizes`` and ``empty``; returns the buffer and which
-        chunks got bytes."""
+        Fills ``out`` (``pos`` in this round's buffer, bytes read, empty, first byte read, whole size, file
+        offset: per chunk); returns the buffer and which chunks got bytes."""
+        pos, sizes, empty, lo_of, whole_of, offset_of = out
         reads: list[_Read] = []
         carried: list[int] = []  # chunks per read
-        got: list[int] = []  # chunks read, and for each its read and its place in it
-        read_of: list[int] = []
+        read_of: list[int] = []  # per chunk read: its read, and its place in it
         within: list[int] = []
+        which, fds, shards, inners_at, offs, szs, listed = [], [], [], [], [], [], []
         with array.files_held():
             for group in groups:
                 shard = int(chunks[group[0]]) // per
@@ -253,37 +350,54 @@ class FileReads:
                 inners = chunks[group] - shard * per
                 offsets = [EMPTY_INT] * inners.size if index is None else index[0][inners].tolist()
                 nbytes = [0] * inners.size if index is None else index[1][inners].tolist()
-                current = None
-                for i, inner, offset, size in zip(group.tolist(), inners.tolist(), offsets, nbytes):
+                tagged = [-1] * inners.size if crcs is None else crcs[inners].tolist()
+                for i, inner, offset, size, crc in zip(group.tolist(), inners.tolist(), offsets, nbytes, tagged):
                     if offset == EMPTY_INT:
                         empty[i] = True
                         continue
-                    if crcs is not None:
-                        crc_checks.append((i, crcs[inner]))
-                    if current is not None and current.offset <= offset <= current.offset + current.nbytes + MERGE_GAP \
-                            and offset + size - current.offset <= MAX_MERGED_READ:
-                        current.nbytes = max(current.nbytes, offset + size - current.offset)
-                        carried[-1] += 1
-                    else:
-                        current = _Read(fd, offset, size, array, shard, inner)
-                        reads.append(current)
-                        carried.append(1)
-                    got.append(i)
-                    read_of.append(len(reads) - 1)
-                    within.append(offset - current.offset)
-                    sizes[i] = size
+                    which.append(i), fds.append(fd), shards.append(shard), inners_at.append(inner)
+                    offs.append(offset), szs.append(size), listed.append(int(crc))
+            at = np.asarray(which, dtype=np.int64)
+            whole = np.asarray(szs, dtype=np.int64)
+            if narrow is not None and at.size:
+                first, last = narrow(at, np.asarray(offs, dtype=np.int64), whole, np.asarray(listed, dtype=np.int64))
+                first, last = first.tolist(), last.tolist()
+            else:
+                first, last = [0] * at.size, szs
+            current, current_shard = None, -1
+            for k, i in enumerate(which):
+                offset, size = offs[k] + first[k], last[k] - first[k]
+                if listed[k] >= 0 and first[k] == 0 and last[k] == szs[k]:
+                    crc_checks.append((i, listed[k]))
+                if current is not None and current_shard == shards[k] and \
+                        current.offset <= offset <= current.offset + current.nbytes + MERGE_GAP \
+                        and offset + size - current.offset <= MAX_MERGED_READ:
+                    current.nbytes = max(current.nbytes, offset + size - current.offset)
+                    carried[-1] += 1
+                else:
+                    current, current_shard = _Read(fds[k], offset, size, array, shards[k], inners_at[k]), shards[k]
+                    reads.append(current)
+                    carried.append(1)
+                read_of.append(len(reads) - 1)
+                within.append(offset - current.offset)
+                sizes[i] = size
             lengths = np.array([r.nbytes for r in reads], dtype=np.int64)
             starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            buf = np.empty(int(starts[-1]), dtype=np.uint8)
+            memory = self.buffers.take(int(starts[-1]))
+            buf = memory[:int(starts[-1])]
             view = memoryview(buf)
             for read, start in zip(reads, starts.tolist()):
                 read.view = view[start:start + read.nbytes]
-            waited = self.threads.run(reads)
-        got_at = np.asarray(got, dtype=np.int64)
-        pos[got_at] = starts[np.asarray(read_of, dtype=np.int64)] + np.asarray(within, dtype=np.int64)
-        stats.count_round(lengths.tolist(), len(got), sum(1 for c in carried if c > 1), waited,
-                          min(self.io_depth, waited))
-        return buf, got_at
+            waited = self.threads.run(reads, while_waiting)
+        if at.size:
+            pos[at] = starts[np.asarray(read_of, dtype=np.int64)] + np.asarray(within, dtype=np.int64)
+            lo_of[at] = np.asarray(first, dtype=np.int64)
+            whole_of[at] = whole
+            offset_of[at] = np.asarray(offs, dtype=np.int64)
+        partial = int(np.count_nonzero(sizes[at] < whole)) if at.size else 0
+        stats.count_round(lengths.tolist(), len(which), sum(1 for c in carried if c > 1), waited,
+                          min(self.io_depth, waited), partial, int((whole - sizes[at]).sum()) if at.size else 0)
+        return (memory, buf), at
 
     @staticmethod
     def _check_tag_crcs(array, chunks, buffer, pos, sizes, crc_checks) -> None:
@@ -306,3 +420,4 @@ class FileReads:
 
     def close(self) -> None:
         self.threads.close()
+        self.buffers.clear()

@@ -67,9 +67,13 @@ class FrameReader(FrameEvents):
     ``ColumnReader`` (decoded cache, compressed tier, disk reader) planned from one budget, kept in step
     with the writer through the ring's events."""
 
-    def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True, io_depth: int = DEFAULT_IO_DEPTH):
+    def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True, io_depth: int = DEFAULT_IO_DEPTH,
+                 partial_reads: bool = True, held_elsewhere: int = 0):
         self.ring = ring
         self.cache_bytes = int(cache_bytes)
+        self.partial_reads = partial_reads  # runs read from files only in the bytes a batch needs (reading/runs.py)
+        # what the store holds in RAM besides frames (its index ring and columns): paid for from a partial tier
+        self.held_elsewhere = int(held_elsewhere)
         self.disk = FileReads(io_depth)
         ring_bytes, measured = self._compressed_ring_bytes(ring)
         self.columns: dict[str, ColumnReader] = {}
@@ -115,7 +119,15 @@ class FrameReader(FrameEvents):
             # the decoded cache stays (warm, and sized when the store opened) unless its role changed
             keep = old is not None and old.direct == (self.plan.direct and old.resident is not None
                                                       and decodes_direct(old.codec, col.spec.chunk_rows))
-            new = ColumnReader(col, ring, decoded, resident, self.plan.direct, cache=old.cache if keep else None)
+            # a partial tier: the runs it lacks are read from their files, only in part where they can be
+            partial = self.plan.resident_bytes < compressed and self.partial_reads
+            if self.plan.resident_bytes < compressed and resident > 0:
+                # the budget binds: the store's other RAM (the index ring) is paid for from the tier, by shares
+                resident = max(1, resident - int(self.held_elsewhere * ring_bytes[name] / max(1, compressed)))
+            new = ColumnReader(col, ring, decoded, resident, self.plan.direct, cache=old.cache if keep else None,
+                               partial_reads=partial)
+            if old is not None and old.runs is not None and new.runs is not None:
+                new.runs = old.runs
             if new.resident is not None:
                 new.resident.check_file = col.array.check_file  # only the files the commit expects are held
                 new.resident.forget_files = col.array.forget
@@ -211,12 +223,16 @@ class FrameReader(FrameEvents):
     def grown(self, rows: int) -> None:
         for col in self.columns.values():
             col.cache.grow_address_space(rows // col.spec.chunk_rows)
+            if col.runs is not None:
+                col.runs.grow(rows // col.spec.chunk_rows)
             if col.resident is not None:
                 col.resident.grow_address_space(rows // col.spec.chunk_rows)
 
     def cleared(self) -> None:
         for col in self.columns.values():
             col.cache.clear()
+            if col.runs is not None:
+                col.runs.clear()
             if col.resident is not None:
                 col.resident.drop()
 
@@ -415,27 +431,93 @@ class FrameReader(FrameEvents):
         sizes[held] = res.chunk_size[chunks[held]]
         col.tier.hits += int(np.count_nonzero(src > 0))
         col.cache.stats.misses += ids.size
-        keep = None  # the bytes read from the files, alive until decoded
-        through_cache = src <= 0
-        if through_cache.any():
-            in_ram = self._in_ram_shards(col, chunks)
-            from_files = np.flatnonzero(through_cache & ~in_ram & (src == 0))
-            if from_files.size:
+        keep = []  # the bytes read from the files, alive until decoded, then their buffers kept
+        try:
+            through_cache = src <= 0
+            into = (obs_words, next_words)
+            decoded = src > 0  # the tier's groups (decoded while the files are read), then partial reads
+            to_record = []  # (groups, their whole chunks read): directory entries once their checksums matched
+
+            def decode_tier():
+                if tier.size:
+                    self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, tier, nbytes, run_rows, into)
+
+            tier = np.flatnonzero(decoded)
+            from_files = np.flatnonzero(through_cache & ~self._in_ram_shards(col, chunks) & (src == 0)) \
+                if through_cache.any() else tier[:0]
+            if not from_files.size:
+                decode_tier()
+            else:
                 col.tier.misses += int(from_files.size)
-                keep = self.disk.read(col.column.array, chunks[from_files], col.disk)
-                read = ~keep.empty
-                src[from_files[read]] = keep.addresses()[read]
-                sizes[from_files[read]] = keep.sizes[read]
+                got, first, last = self._read_runs(col, chunks, starts, js, from_files, decode_tier)
+                keep.append(got)
+                read = ~got.empty
+                src[from_files[read]] = got.addresses()[read]
+                sizes[from_files[read]] = got.sizes[read]
+                whole = got.read_whole()
+                if col.runs is not None:
+                    to_record.append((from_files[whole], got, whole))
+                part = read & ~whole
+                if part.any():
+                    decoded[from_files[part]] = True
+                    failed = self._decode_partial(col, chunks, src, starts, js, dsts, from_files[part], first[part],
+                                                  last[part], nbytes, run_rows, into)
+                    if failed.size:  # stale entries or corrupt bytes: the whole runs, whose checksums decide
+                        col.runs.forget_chunks(chunks[failed])
+                        col.disk.partial_retries += int(failed.size)
+                        again = self.disk.read(col.column.array, chunks[failed], col.disk)
+                        keep.append(again)
+                        decoded[failed] = False
+                        src[failed] = np.where(again.empty, 0, again.addresses())
+                        sizes[failed] = np.where(again.empty, 0, again.sizes)
+                        to_record.append((failed[~again.empty], again, ~again.empty))
                 through_cache = src <= 0
-        into = (obs_words, next_words)
-        decode = np.flatnonzero(~through_cache)
-        if decode.size:
-            self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, decode, nbytes, run_rows, into)
-        for g in np.flatnonzero(through_cache).tolist():  # the writer's RAM, or a chunk the index marks empty
-            lo, hi = starts[g], starts[g + 1]
-            slab_rows = self._slab_index(col, ids[order[lo:hi]])
-            native.checked_copy_rows_to(col.cache.slab, slab_rows.astype(np.int64), nbytes, dsts[lo:hi], into)
-        del keep
+            decode = np.flatnonzero(~through_cache & ~decoded)
+            if decode.size:
+                self._run_frame_decodes(col, chunks, src, sizes, starts, js, dsts, decode, nbytes, run_rows, into)
+            for groups, got, which in to_record:  # decoded above: each whole chunk's checksum matched
+                if groups.size:
+                    col.runs.record(chunks[groups], got.buffer, got.pos[which], got.sizes[which], got.offsets[which])
+            for g in np.flatnonzero(through_cache).tolist():  # the writer's RAM, or a chunk the index marks empty
+                lo, hi = starts[g], starts[g + 1]
+                slab_rows = self._slab_index(col, ids[order[lo:hi]])
+                native.checked_copy_rows_to(col.cache.slab, slab_rows.astype(np.int64), nbytes, dsts[lo:hi], into)
+        finally:
+            for got in keep:
+                got.release()
+
+    def _read_runs(self, col: ColumnReader, chunks, starts, js, from_files, while_waiting):
+        """Chunks ``chunks[from_files]`` read from their files: whole, or (a column with a run directory:
+        ``reading/runs.py``) only the bytes of the frames the batch needs and those their chains lead to;
+        ``while_waiting()`` runs while the reads wait for the device. Returns the bytes and, per chunk read,
+        the first and last frame read (-1: read whole)."""
+        first = np.full(from_files.size, -1, dtype=np.int64)
+        last = np.full(from_files.size, -1, dtype=np.int64)
+        runs = col.runs
+        if runs is None:
+            return self.disk.read(col.column.array, chunks[from_files], col.disk,
+                                  while_waiting=while_waiting), first, last
+
+        def narrow(at, offsets, sizes, listed):
+            groups = from_files[at]
+            take, sub_starts = _regroup(starts, groups)
+            plan = runs.plan(chunks[groups], sub_starts, js[take], offsets, sizes, listed)
+            first[at], last[at] = plan.first, plan.last
+            return plan.lo, plan.hi
+
+        return self.disk.read(col.column.array, chunks[from_files], col.disk, narrow, while_waiting), first, last
+
+    @staticmethod
+    def _decode_partial(col, chunks, src, starts, js, dsts, groups, firsts, lasts, nbytes, run_rows,
+                        into) -> np.ndarray:
+        """Groups ``groups`` decoded from their partial reads (``RunDirectory.decode``); returns those that
+        failed (nothing of theirs is returned as data: the caller reads them whole)."""
+        take, sub_starts = _regroup(starts, groups)
+        status = np.empty(groups.size, dtype=np.int8)
+        helpers = codec_helpers() if groups.size >= SHARED_MIN_RUNS else None
+        bad = col.runs.decode(src[groups], firsts, lasts, chunks[groups], sub_starts, js[take], dsts[take], nbytes,
+                              run_rows, status, into, helpers)
+        return groups[status != native.OK] if bad else groups[:0]
 
     def _in_ram_shards(self, col: ColumnReader, chunks: np.ndarray) -> np.ndarray:
         """Which of ``chunks`` lie in shards whose rows the writer holds in RAM."""
@@ -672,3 +754,11 @@ class FrameReader(FrameEvents):
         self.cleared()
         self.disk.close()
 
+
+def _regroup(starts: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The requests of ``groups`` (positions ``take`` in the request arrays) and their group starts, for
+    request arrays grouped by ``starts``."""
+    lo, hi = starts[groups], starts[groups + 1]
+    sub_starts = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
+    take = np.repeat(lo - sub_starts[:-1], hi - lo) + np.arange(int(sub_starts[-1]), dtype=np.int64)
+    return take, sub_starts

@@ -16,6 +16,7 @@ from mmreplay._native import decode as native
 from mmreplay.reading.cache import ChunkCache
 from mmreplay.reading.disk import DiskStats
 from mmreplay.reading.resident import ResidentShards
+from mmreplay.reading.runs import RunDirectory
 from mmreplay.storage.frame_ring import FrameColumn, FrameRing
 
 # The compressed tier's share of the budget when it holds the whole store is at most this; the decoded
@@ -90,7 +91,7 @@ class ColumnReader:
     """One observation key's decoded cache and compressed tier."""
 
     def __init__(self, column: FrameColumn, ring: FrameRing, decoded_bytes: int, resident_bytes: int,
-                 direct: bool, cache: ChunkCache | None = None):
+                 direct: bool, cache: ChunkCache | None = None, partial_reads: bool = False):
         spec = column.spec
         self.column = column
         self.spec = spec
@@ -106,6 +107,12 @@ class ColumnReader:
         # frames decoded straight into batches: one-frame chunks (images), or runs of the temporal codec (only
         # the frames a batch needs, ``native.decode_frame_groups``)
         self.direct = direct and self.resident is not None and decodes_direct(self.codec, spec.chunk_rows)
+        # runs of frames read from files only in part (``reading/runs.py``): its directory is paid for from the
+        # compressed tier's share of the budget
+        self.runs = None
+        if partial_reads and self.direct and spec.chunk_rows > 1 and self.codec == native.CODEC_TEMPORAL:
+            self.runs = RunDirectory(ring.rows // spec.chunk_rows, spec.chunk_rows)
+            self.tier.capacity_bytes = max(0, self.tier.capacity_bytes - self.runs.nbytes)
 
     def stats(self, loading: bool = False) -> dict:
         """``cache_stats()`` of this key: the decoded cache, and under ``"compressed"`` the tier below it
@@ -117,6 +124,7 @@ class ColumnReader:
                                "bytes": 0 if res is None else res.nbytes,
                                "capacity_bytes": self.tier.capacity_bytes,
                                "compiled": self.codec is not None, "direct": self.direct, "loading": loading},
+                "runs": None if self.runs is None else {"entries": self.runs.entries, "nbytes": self.runs.nbytes},
                 "disk": {**self.disk.as_dict(), "hit_rates": self.hit_rates()}}
 
     def hit_rates(self) -> dict:
@@ -132,3 +140,5 @@ class ColumnReader:
     def invalidate_rows(self, lo: int, hi: int) -> None:
         c = self.spec.chunk_rows
         self.cache.invalidate(lo // c, -(-hi // c))
+        if self.runs is not None:
+            self.runs.forget(lo // c, -(-hi // c))
