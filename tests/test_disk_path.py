@@ -258,6 +258,38 @@ def test_a_failing_page_cache_read_falls_back_to_the_blocking_read(store_path, a
         assert calls and disk_stats(s)["page_cache_reads"] == 0
 
 
+def test_a_file_system_that_refuses_page_cache_reads_leaves_other_stores_theirs(tmp_path, atari_frames,
+                                                                               monkeypatch):
+    """``RWF_NOWAIT`` refused (a tmpfs, say) turns the page-cache first pass off for that store's files only:
+    once it turned off for the whole process, so a full-disk test's store took every later store's."""
+    refusing, other = str(tmp_path / "refusing"), str(tmp_path / "other")
+    stores = {p: make_store(p, atari_frames, "lz4hc") for p in (refusing, other)}
+    for store, _ in stores.values():
+        store.close()
+    real = disk._preadv
+    monkeypatch.setattr(disk, "_refused_roots", set())
+
+    def preadv(fd, buffers, offset, flags=0):
+        if flags and os.readlink(f"/proc/self/fd/{fd}").startswith(refusing):
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported (injected)")
+        return real(fd, buffers, offset, flags)
+
+    monkeypatch.setattr(disk, "_preadv", preadv)
+    for path in (refusing, other, refusing):
+        ref = stores[path][1]
+        with mmreplay.Store.open(path, mode="r", cache_bytes=TINY) as s:
+            valid = ref.valid_ids(s.inspect.valid_range()[0])
+            assert_batch_matches(s.inspect.get(valid), ref, valid)
+            stats = disk_stats(s)
+            assert stats["reads"] > 0
+            if path == refusing:
+                assert stats["page_cache_reads"] == 0
+            else:
+                assert stats["page_cache_reads"] > 0  # the files were just written: the page cache holds them
+    assert disk._cached_first and all(root.startswith(refusing) for root in disk._refused_roots)
+    assert disk._refused_roots
+
+
 # -- the default budget follows the memory limit ---------------------------------------------------------
 GIB = 1 << 30
 

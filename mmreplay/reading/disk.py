@@ -170,21 +170,22 @@ class _Read:
 
 # ``RWF_NOWAIT``: a read the page cache can serve is done at once by the caller (~1-2 us), without handing it
 # to a thread (tens of us, more on a busy machine); only the rest waits for the device. Off where the kernel
-# or the file system refuses the flag.
+# lacks the flag, and for the arrays whose file system refuses it (``_refused_roots``: one store on a tmpfs
+# that refuses it leaves the other stores of the process their page-cache reads).
 _cached_first = hasattr(os, "RWF_NOWAIT")
+_refused_roots: set[str] = set()
 _preadv = os.preadv  # bound at import: tests that fake ``os.preadv`` aim at the compressed tier's whole-file loads
 
 
 def _read_cached(read: _Read) -> None:
     """As much of ``read`` as the page cache holds now, without waiting for the device."""
-    global _cached_first
     try:
         got = _preadv(read.fd, [read.view[read.done:]], read.offset + read.done, os.RWF_NOWAIT)
     except BlockingIOError:
         return
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            _cached_first = False
+            _refused_roots.add(read.array.root)
         return  # the blocking read tries again, and reports what is wrong
     read.done += max(0, got)
 
@@ -225,7 +226,8 @@ class IoThreads:
         it raises is raised once every read ended). Returns how many had to wait for the device."""
         if _cached_first:
             for read in reads:
-                _read_cached(read)
+                if read.array.root not in _refused_roots:
+                    _read_cached(read)
             reads = [read for read in reads if read.done < read.nbytes]
         if not reads or len(reads) == 1 or self.depth == 1:
             if while_waiting is not None:
