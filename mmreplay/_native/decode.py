@@ -128,6 +128,22 @@ def _decode_temporal(src, body, dst, dst_nbytes, header, dctx, work, ends):  # p
 
 
 @numba.njit(cache=True, nogil=True)
+def mark_wanted(js, dsts, n, done, want):  # pragma: no cover (compiled)
+    """Before a run's frames ``js`` are decoded to ``dsts``: ``done[:n]`` and ``want[:n]`` cleared, then
+    ``want[j]`` = the first address asked for frame ``j``. False if a frame is outside the run of ``n``."""
+    for f in range(n):
+        done[f] = 0
+        want[f] = 0
+    for r in range(js.size):
+        j = js[r]
+        if j < 0 or j >= n:
+            return False
+        if want[j] == 0:
+            want[j] = dsts[r]
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
 def _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx, header, ends,
                     loc):  # pragma: no cover (compiled)
     """Frames ``js[r]`` of a layout-2 run (``body`` bytes at ``src``, checksum already checked) to addresses
@@ -160,16 +176,10 @@ def _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx
         if np.int64(ends[i]) < previous:
             return BAD_SIZE
         previous = np.int64(ends[i])
-        done[i] = 0
-        want[i] = 0
     if previous != body - start:
         return BAD_SIZE
-    for r in range(js.size):
-        j = js[r]
-        if j < 0 or j >= n:
-            return BAD_SIZE
-        if want[j] == 0:
-            want[j] = dsts[r]
+    if not mark_wanted(js, dsts, n, done, want):
+        return BAD_SIZE
     for r in range(js.size):
         j = js[r]
         if done[j] == 0:

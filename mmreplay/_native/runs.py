@@ -134,15 +134,8 @@ def _decode_partial(src, first, last, r, js, dsts, fb, scratch, dctx, dir_n, dir
         return BAD_SIZE
     base = src - np.int64(dir_bounds[r, first])  # the chunk's first byte, as if it were all there
     done, want, stack = loc[:n], loc[n:2 * n], loc[2 * n:3 * n]
-    for f in range(n):
-        done[f] = 0
-        want[f] = 0
-    for q in range(js.size):
-        j = js[q]
-        if j < 0 or j >= n:
-            return BAD_SIZE
-        if want[j] == 0:
-            want[j] = dsts[q]
+    if not native.mark_wanted(js, dsts, n, done, want):
+        return BAD_SIZE
     for q in range(js.size):
         j = js[q]
         if done[j] == 0:
