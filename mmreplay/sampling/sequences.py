@@ -226,8 +226,8 @@ class StartDrawer:
         key = (ring.head, ring.oldest, ring.rows)
         if self._share is not None and self._share[0] == key:
             return self._share[1]
-        if not self.spec.strict and self.k == 1:
-            share = 1.0  # every start is drawable: no probe needed
+        if not self.spec.strict:
+            share = 1.0  # every start with a valid stack is drawable (all but a few near ``oldest``): no probe
         else:
             probe = ring.oldest + np.random.default_rng((ring.head, ring.oldest)).integers(0, span, size=PROBE_DRAWS)
             _, _, ok = ring.stack_frames(probe, self.k, frame_head)
