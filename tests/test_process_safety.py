@@ -107,9 +107,11 @@ WRITER_WITH_CHILD = textwrap.dedent("""
     s.flush()
     child = os.fork()  # an env worker, say, that outlives its parent for a while
     if child == 0:
+        # printed by the child: os.fork has returned here, so the fork hooks that drop the inherited lock
+        # descriptor have run (printed by the parent, the SIGKILL could come before the child ran them)
+        print(os.getpid(), flush=True)
         time.sleep(60)
         os._exit(0)
-    print(child, flush=True)
     time.sleep(60)
 """)
 
