@@ -1,7 +1,7 @@
 """The main job: train a DQN on CartPole while recording into an on-disk store, stop, resume in a new
 process from the persisted experience, and report.
 
-    python examples/demo.py [--out DIR] [--steps N] [--resume-steps N] [--atari]
+    python examples/demo.py [--out DIR] [--steps N] [--resume-steps N] [--atari [--updates N]]
 
 (from the root of a clone, after ``pip install -e ".[demo]"``; ``mmreplay demo`` runs this file too).
 
@@ -175,13 +175,15 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--atari", action="store_true",
                         help="the Atari variant (needs ale-py): the memory story of a frame-stacked Pong buffer")
+    parser.add_argument("--updates", type=int, default=300,
+                        help="with --atari: CNN updates from the store in each phase")
     parser.add_argument("--phase", type=int, choices=(1, 2), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.atari:
         import demo_atari  # beside this file (the script's folder is on sys.path)
 
         steps = args.steps if "--steps" in (argv if argv is not None else sys.argv) else 10_000
-        return demo_atari.main(os.path.join(args.out, "atari"), steps)
+        return demo_atari.main(os.path.join(args.out, "atari"), steps, args.updates)
     if args.phase:
         phase(args)
         return 0

@@ -26,9 +26,11 @@ def test_demo_trains_stops_resumes_and_reports(tmp_path):
 def test_atari_demo_memory_story(tmp_path):
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
-    out = subprocess.run([sys.executable, DEMO, "--atari", "--out", str(tmp_path / "d"), "--steps", "600"],
+    out = subprocess.run([sys.executable, DEMO, "--atari", "--out", str(tmp_path / "d"), "--steps", "600",
+                          "--updates", "20"],  # the story is the memory report; 20 updates show training runs
                          check=True, capture_output=True, text=True, cwd=tmp_path).stdout
     assert "transitions kept: 1,200" in out and "SB3 ReplayBuffer would hold them" in out
+    assert out.count("20 updates in") == 2  # both phases trained from the store
 
 
 def test_cli_demo_finds_the_example_of_this_clone():

@@ -108,6 +108,47 @@ def test_stack_decodes_need_outputs_that_hold_the_batch():
     np.testing.assert_array_equal(next_out, data[next_ids.reshape(-1)])
 
 
+@pytest.mark.parametrize("n_helpers", [0, 2])
+def test_a_checked_plan_decodes_alone_or_shared_and_nothing_else_passes_for_one(n_helpers):
+    buf, src, sizes, data = blosc_chunks(33)
+    obs_ids, next_ids = stacks(n=8)  # 8 stacks of 4 frames and their next stacks: frames 0..32
+    obs_out, next_out = np.zeros((32, FRAME), np.uint8), np.zeros((32, FRAME), np.uint8)
+    plan = decode.checked_plan_stack_decodes(obs_ids, next_ids, True, obs_out, next_out, FRAME, 0, src, sizes)
+    assert plan.absent == 0 and plan.src.size == 40  # 32 obs frames + each next stack's last
+    h = helpers.CodecHelpers(n_helpers) if n_helpers else None
+    try:
+        # a tuple with the plan's fields, but not made by the checked planner (its addresses unchecked)
+        forged = tuple(plan)
+        with pytest.raises(TypeError, match="StackPlan from checked_plan_stack_decodes expected, got tuple"):
+            decode.checked_decode_plan(forged, decode.CODEC_BLOSC, np.zeros(40, np.int8))
+        if h is not None:
+            with pytest.raises(TypeError, match="got tuple"):
+                h.decode_plan(forged, decode.CODEC_BLOSC, np.zeros(40, np.int8))
+        with pytest.raises(ValueError, match="status has 39 entries, the kernel writes 40"):
+            decode.checked_decode_plan(plan, decode.CODEC_BLOSC, np.zeros(39, np.int8))
+        with pytest.raises(ValueError, match="codec 99"):
+            decode.checked_decode_plan(plan, 99, np.zeros(40, np.int8))
+        assert not obs_out.any() and not next_out.any()
+        status = np.full(40, -1, np.int8)
+        bad = h.decode_plan(plan, decode.CODEC_BLOSC, status) if h is not None else None
+        if bad is None:
+            bad = decode.checked_decode_plan(plan, decode.CODEC_BLOSC, status)
+        assert bad == 0 and (status == decode.OK).all()
+        np.testing.assert_array_equal(obs_out, data[obs_ids.reshape(-1)])
+        np.testing.assert_array_equal(next_out, data[next_ids.reshape(-1)])
+        sizes_gone = sizes.copy()
+        sizes_gone[5] = 0
+        src_gone = src.copy()
+        src_gone[5] = 0  # frame 5's chunk not held
+        held = decode.checked_plan_stack_decodes(obs_ids, next_ids, True, obs_out, next_out, FRAME, 0, src_gone,
+                                                 sizes_gone)
+        with pytest.raises(ValueError, match="1 frames whose chunk is not held"):
+            decode.checked_decode_plan(held, decode.CODEC_BLOSC, status)
+    finally:
+        if h is not None:
+            h.stop()
+
+
 # -- copies and lookups in the decoded cache ---------------------------------------------------------------
 def test_a_gather_checks_its_index_and_outputs():
     slab = np.arange(80, dtype=np.uint64).reshape(10, 8)

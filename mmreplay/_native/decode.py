@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from typing import NamedTuple
 
 import llvmlite.binding as llvm
 import numba
@@ -576,12 +577,45 @@ def _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, 
     return n * k + (n if shifted else n * k)
 
 
+class StackPlan(NamedTuple):
+    """A batch's stack decodes as ``checked_plan_stack_decodes`` made them (and only it makes them): outputs
+    checked to hold the batch, every destination and copy computed by the compiled plan from their bases,
+    so they lie inside them and decoding the plan needs no second address check (``checked_decode_plan``,
+    ``CodecHelpers.decode_plan``). ``absent``: frames whose chunk is not held (then the plan is not run)."""
+    rows: np.ndarray
+    src: np.ndarray
+    sizes: np.ndarray
+    dst: np.ndarray
+    copies: np.ndarray
+    absent: int
+    nbytes: int
+
+
 def checked_plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
-                               chunk_size):
+                               chunk_size) -> StackPlan:
     """``plan_stack_decodes`` for outputs checked to hold the batch (its destinations then lie inside them)."""
     _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, chunk_addr, chunk_size)
-    return plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
-                              chunk_size)
+    return StackPlan(*plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows,
+                                         chunk_addr, chunk_size), nbytes)
+
+
+def check_plan(plan: StackPlan, codec, status) -> None:
+    """A plan to decode: made by ``checked_plan_stack_decodes`` with every chunk held, a known codec, and a
+    status entry a decode (its addresses need no check: see ``StackPlan``)."""
+    if type(plan) is not StackPlan:
+        raise TypeError(f"a StackPlan from checked_plan_stack_decodes expected, got {type(plan).__name__}")
+    if plan.absent:
+        raise ValueError(f"the plan has {plan.absent} frames whose chunk is not held: nothing to decode them from")
+    check_array("status", status, ndim=1, min_size=plan.src.size, contiguous=False)
+    if codec not in CODECS:
+        raise ValueError(f"codec {codec!r} is none of the compiled decoder's {CODECS}")
+
+
+def checked_decode_plan(plan: StackPlan, codec, status) -> int:
+    """``decode_chunks`` of a checked plan (``check_plan``); the number of failed chunks."""
+    check_plan(plan, codec, status)
+    ensure_linked()
+    return decode_chunks(plan.src, plan.sizes, plan.dst, plan.copies, plan.nbytes, codec, status)
 
 
 def checked_decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,

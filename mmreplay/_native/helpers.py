@@ -29,7 +29,7 @@ from numba import types
 from mmreplay._native.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
 from mmreplay._native.gather import gather_stacks
 from mmreplay._native.bounds import check_indices
-from mmreplay._native.decode import check_decodes, check_frame_decodes, decode_chunks, decode_frame_groups, ensure_linked
+from mmreplay._native.decode import check_decodes, check_frame_decodes, check_plan, decode_chunks, decode_frame_groups, ensure_linked
 from mmreplay._native.runs import decode_partial_groups
 from mmreplay import settings
 from mmreplay._native import cache, decode as native, gather, intrinsics, kernel_cache, runs, temporal_header
@@ -225,6 +225,16 @@ class CodecHelpers:
         arrays they point into; ``decode.check_decodes``): a ``ValueError`` then, and nothing written."""
         check_decodes(src, sizes, dst, copies, nbytes, codec, status, into)
         ensure_linked()
+        return self._decode(src, sizes, dst, copies, nbytes, codec, status)
+
+    def decode_plan(self, plan, codec: int, status) -> int | None:
+        """``decode`` of a batch's ``decode.StackPlan``, whose addresses its checked planning put inside the
+        outputs (``decode.check_plan``)."""
+        check_plan(plan, codec, status)
+        ensure_linked()
+        return self._decode(plan.src, plan.sizes, plan.dst, plan.copies, plan.nbytes, codec, status)
+
+    def _decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status) -> int | None:
         if not self._busy.acquire(blocking=False):
             return None
         try:

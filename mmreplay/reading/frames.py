@@ -563,11 +563,11 @@ class FrameReader(FrameEvents):
                 self._raise_bad_chunk(col, rows, status)
             done = bad == 0
         else:
-            rows, src, sizes, dst, copies, absent = native.checked_plan_stack_decodes(
-                obs_ids, next_ids, shifted, obs_words, next_words, nbytes, ring_rows, res.chunk_addr, res.chunk_size)
-            if absent == 0:
-                self._run_decodes(col, rows, src, sizes, dst, copies, nbytes, (obs_words, next_words))
-            done = absent == 0
+            plan = native.checked_plan_stack_decodes(obs_ids, next_ids, shifted, obs_words, next_words, nbytes,
+                                                     ring_rows, res.chunk_addr, res.chunk_size)
+            if plan.absent == 0:
+                self._run_plan(col, plan)
+            done = plan.absent == 0
         if done:
             col.tier.hits += decodes
             col.cache.stats.misses += decodes
@@ -645,6 +645,16 @@ class FrameReader(FrameEvents):
             bad = native.checked_decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status, into)
         if bad:
             self._raise_bad_chunk(col, chunks, status)
+
+    def _run_plan(self, col: ColumnReader, plan) -> None:
+        """``_run_decodes`` of a batch's checked ``native.StackPlan`` (every chunk held)."""
+        status = np.empty(plan.src.size, dtype=np.int8)
+        helpers = codec_helpers()
+        bad = None if helpers is None else helpers.decode_plan(plan, col.codec, status)
+        if bad is None:
+            bad = native.checked_decode_plan(plan, col.codec, status)
+        if bad:
+            self._raise_bad_chunk(col, plan.rows, status)
 
     @staticmethod
     def _raise_bad_chunk(col: ColumnReader, chunks: np.ndarray, status: np.ndarray) -> None:
