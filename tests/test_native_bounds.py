@@ -99,6 +99,12 @@ def test_stack_decodes_need_outputs_that_hold_the_batch():
     with pytest.raises(ValueError, match="status has 9 entries, the kernel writes 10"):
         decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, np.zeros((8, FRAME), np.uint8), FRAME, 0,
                                      src, sizes, decode.CODEC_BLOSC, status[:9])
+    with pytest.raises(ValueError, match="next_out must be a C-contiguous numpy array"):
+        decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, np.zeros((8, 2 * FRAME), np.uint8)[:, ::2],
+                                     FRAME, 0, src, sizes, decode.CODEC_BLOSC, status)
+    with pytest.raises(ValueError, match="codec 7 is none of the compiled decoder's"):
+        decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, np.zeros((8, FRAME), np.uint8), FRAME, 0,
+                                     src, sizes, 7, status)
     assert not obs_out.any() and (status == -1).all()
     next_out = np.zeros((8, FRAME), np.uint8)
     bad, rows = decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, next_out, FRAME, 0, src, sizes,
@@ -213,6 +219,13 @@ def test_packed_reads_check_positions_and_outputs():
     with pytest.raises(ValueError, match=r"positions holds 40 at flat position 1, outside \[0, 32\)"):
         packing.bits_into(buf, buf, np.array([0, 40], np.int64), first, second)
     assert first.all() and second.all()
+    with pytest.raises(ValueError, match="out_second has 1 entries, the kernel writes 2"):
+        packing.bits_into(buf, buf, np.array([0, 1], np.int64), first, np.ones(1, bool))
+    with pytest.raises(ValueError, match="positions must be int64, got int32"):
+        packing.decode_into(buf, 2, np.array([0, 1], np.int32), table, out)
+    with pytest.raises(ValueError, match="bits must be 1, 2 or 4, got 3"):
+        packing.decode_into(buf, 3, np.array([0, 1], np.int64), table, out)
+    assert first.all() and second.all() and (out == -1).all()
 
 
 def test_a_sum_tree_refuses_leaves_outside_it():

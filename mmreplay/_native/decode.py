@@ -618,9 +618,39 @@ def checked_decode_plan(plan: StackPlan, codec, status) -> int:
     return decode_chunks(plan.src, plan.sizes, plan.dst, plan.copies, plan.nbytes, codec, status)
 
 
+@numba.njit(cache=True, nogil=True)
+def _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
+                           chunk_size, codec, status):  # pragma: no cover (compiled)
+    """``decode_stacks`` if the checks of ``checked_decode_stacks`` pass (they are tested here, in the one
+    compiled call a batch makes), else ``(-2, rows)`` and nothing written: the entry point then names the
+    fault."""
+    n, k = obs_ids.shape
+    total = n * k + (n if shifted else n * k)
+    if not (next_ids.shape == obs_ids.shape and nbytes >= 0 and obs_out.flags.c_contiguous
+            and next_out.flags.c_contiguous and obs_out.nbytes >= n * k * nbytes
+            and next_out.nbytes >= n * k * nbytes and chunk_size.size >= chunk_addr.size
+            and status.size >= total and (codec == CODEC_BLOSC or codec == CODEC_ZSTD or codec == CODEC_TEMPORAL)):
+        return -2, np.empty(0, dtype=np.int64)
+    return decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
+                         codec, status)
+
+
+_I64 = np.dtype(np.int64)
+
+
 def checked_decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
                           chunk_size, codec, status):
-    """``decode_stacks`` after checking the outputs hold the batch and ``status`` has an entry a decode."""
+    """``decode_stacks`` after checking the outputs hold the batch and ``status`` has an entry a decode.
+    The types and dimensions are tested here, the sizes inside the compiled call (this runs every batch);
+    a fault is then named by the checks below."""
+    if (type(obs_ids) is type(next_ids) is type(obs_out) is type(next_out) is type(status) is np.ndarray
+            and obs_ids.dtype == _I64 and next_ids.dtype == _I64 and obs_ids.ndim == 2 and next_ids.ndim == 2
+            and status.ndim == 1 and type(codec) is int):
+        ensure_linked()
+        bad, rows = _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows,
+                                           chunk_addr, chunk_size, codec, status)
+        if bad != -2:
+            return bad, rows
     total = _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, chunk_addr, chunk_size)
     check_array("status", status, ndim=1, min_size=total, contiguous=False)
     if codec not in CODECS:
