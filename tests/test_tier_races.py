@@ -159,7 +159,7 @@ def test_a_resumed_writer_reads_back_true_rows(wrapped):
 WINDOW = textwrap.dedent("""
     import json, os, sys, threading
     os.environ["MMREPLAY_ENCODER"] = "thread"  # the writer thread installs the shards it writes
-    os.environ["MMREPLAY_CODEC_THREADS"] = "0"  # a batch's decodes in one compiled call (decode_stacks)
+    os.environ["MMREPLAY_CODEC_THREADS"] = "0"  # a batch's decodes in one compiled call (_decode_stacks_checked)
     sys.path.insert(0, {here!r})
     import numpy as np
     import mmreplay
@@ -214,7 +214,7 @@ WINDOW = textwrap.dedent("""
 
     # A decode held after it read the held chunks' addresses, before it reads their bytes.
     decode_held, decode_go = threading.Event(), threading.Event()
-    real_decode_stacks = native.decode_stacks
+    real_decode_stacks = native._decode_stacks_checked
 
     def decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, addr, size, codec, status):
         rows, src, sizes, dst, copies, absent = native.plan_stack_decodes(
@@ -246,7 +246,7 @@ WINDOW = textwrap.dedent("""
     res._lock = Watched(res._lock)
     add(ring.shard_rows - ring.head % ring.shard_rows)  # the shard fills: sealed, written by the writer thread
     assert writer_held.wait(WAIT)
-    native.decode_stacks = decode_stacks
+    native._decode_stacks_checked = decode_stacks
     result = {{}}
 
     def read():
@@ -265,7 +265,7 @@ WINDOW = textwrap.dedent("""
     assert either.wait(WAIT)
     decode_go.set()
     t.join()
-    native.decode_stacks = real_decode_stacks
+    native._decode_stacks_checked = real_decode_stacks
     assert writer_done.wait(WAIT)
     result["after"] = resume_wrong_rows(s.inspect.get(newest))
     result["waited"] = blocked.is_set()
