@@ -593,7 +593,13 @@ class StackPlan(NamedTuple):
 
 def checked_plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
                                chunk_size) -> StackPlan:
-    """``plan_stack_decodes`` for outputs checked to hold the batch (its destinations then lie inside them)."""
+    """``plan_stack_decodes`` for outputs checked to hold the batch (its destinations then lie inside them):
+    the types here, the sizes in the compiled call; a fault is named by ``_check_stack_outputs``."""
+    if _plain_stacks(obs_ids, next_ids, obs_out, next_out):
+        planned = _plan_stack_decodes_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows,
+                                              chunk_addr, chunk_size)
+        if planned[-1] != -2:
+            return StackPlan(*planned, nbytes)
     _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, chunk_addr, chunk_size)
     return StackPlan(*plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows,
                                          chunk_addr, chunk_size), nbytes)
@@ -619,6 +625,26 @@ def checked_decode_plan(plan: StackPlan, codec, status) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
+def _outputs_fit(obs_ids, next_ids, obs_out, next_out, nbytes, chunk_addr, chunk_size):  # pragma: no cover
+    """What ``_check_stack_outputs`` checks, compiled: the outputs are C-contiguous and hold the batch."""
+    n, k = obs_ids.shape
+    return (next_ids.shape == obs_ids.shape and nbytes >= 0 and obs_out.flags.c_contiguous
+            and next_out.flags.c_contiguous and obs_out.nbytes >= n * k * nbytes
+            and next_out.nbytes >= n * k * nbytes and chunk_size.size >= chunk_addr.size)
+
+
+@numba.njit(cache=True, nogil=True)
+def _plan_stack_decodes_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
+                                chunk_size):  # pragma: no cover (compiled)
+    """``plan_stack_decodes`` if the outputs hold the batch (``_outputs_fit``), else ``absent == -2``."""
+    if not _outputs_fit(obs_ids, next_ids, obs_out, next_out, nbytes, chunk_addr, chunk_size):
+        none = np.empty(0, dtype=np.int64)
+        return none, none, none, none, none, -2
+    return plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
+                              chunk_size)
+
+
+@numba.njit(cache=True, nogil=True)
 def _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
                            chunk_size, codec, status):  # pragma: no cover (compiled)
     """``decode_stacks`` if the checks of ``checked_decode_stacks`` pass (they are tested here, in the one
@@ -626,9 +652,7 @@ def _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes
     fault."""
     n, k = obs_ids.shape
     total = n * k + (n if shifted else n * k)
-    if not (next_ids.shape == obs_ids.shape and nbytes >= 0 and obs_out.flags.c_contiguous
-            and next_out.flags.c_contiguous and obs_out.nbytes >= n * k * nbytes
-            and next_out.nbytes >= n * k * nbytes and chunk_size.size >= chunk_addr.size
+    if not (_outputs_fit(obs_ids, next_ids, obs_out, next_out, nbytes, chunk_addr, chunk_size)
             and status.size >= total and (codec == CODEC_BLOSC or codec == CODEC_ZSTD or codec == CODEC_TEMPORAL)):
         return -2, np.empty(0, dtype=np.int64)
     return decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
@@ -638,14 +662,20 @@ def _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes
 _I64 = np.dtype(np.int64)
 
 
+def _plain_stacks(obs_ids, next_ids, obs_out, next_out) -> bool:
+    """The types the compiled checks take, in one expression (this runs every batch): 2-D int64 frame ids
+    and numpy outputs (their layout and sizes are tested in the compiled call)."""
+    return (type(obs_ids) is type(next_ids) is type(obs_out) is type(next_out) is np.ndarray
+            and obs_ids.dtype == _I64 and next_ids.dtype == _I64 and obs_ids.ndim == 2 and next_ids.ndim == 2)
+
+
 def checked_decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
                           chunk_size, codec, status):
     """``decode_stacks`` after checking the outputs hold the batch and ``status`` has an entry a decode.
-    The types and dimensions are tested here, the sizes inside the compiled call (this runs every batch);
-    a fault is then named by the checks below."""
-    if (type(obs_ids) is type(next_ids) is type(obs_out) is type(next_out) is type(status) is np.ndarray
-            and obs_ids.dtype == _I64 and next_ids.dtype == _I64 and obs_ids.ndim == 2 and next_ids.ndim == 2
-            and status.ndim == 1 and type(codec) is int):
+    The types are tested here, the sizes inside the compiled call; a fault is then named by the checks
+    below."""
+    if (_plain_stacks(obs_ids, next_ids, obs_out, next_out) and type(status) is np.ndarray and status.ndim == 1
+            and type(codec) is int):
         ensure_linked()
         bad, rows = _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows,
                                            chunk_addr, chunk_size, codec, status)
