@@ -182,6 +182,11 @@ def test_cached_gathers_check_the_ids_against_the_cache_table():
     with pytest.raises(ValueError, match=r"out_obs has shape \(3, 8\)"):
         gather.checked_gather_cached(slot_of, last_used, 1, 8, 2, slab, obs_ids, next_ids, True,
                                      np.zeros((3, 8), np.uint64), outs[1])
+    with pytest.raises(ValueError, match=r"a slab of shape \(7, 8\) for 4 slots of 2 rows"):
+        gather.checked_gather_cached(slot_of, last_used, 1, 8, 2, slab[:7], obs_ids, next_ids, True, *outs)
+    with pytest.raises(ValueError, match="out_obs must be uint64, got int64"):
+        gather.checked_gather_cached(slot_of, last_used, 1, 8, 2, slab, obs_ids, next_ids, True,
+                                     np.zeros((4, 8), np.int64), outs[1])
     index = np.full((1, 5), -7, np.int64)
     with pytest.raises(ValueError, match=r"next_ids holds 8 at flat position 3, outside \[0, 8\)"):
         gather.checked_index_cached(slot_of, last_used, 1, 0, 2, obs_ids, next_ids, True, index)
@@ -193,6 +198,11 @@ def test_cached_gathers_check_the_ids_against_the_cache_table():
     assert (index >= 0).all()
     last_used[:] = 0
     assert not last_used.any() and not outs[0].any()
+    assert gather.checked_gather_cached(slot_of, last_used, 1, 0, 2, slab, obs_ids, next_ids, True, *outs) == 5
+    np.testing.assert_array_equal(outs[0], slab[obs_ids[0]])  # slot_of maps chunk c to slot c: row = frame id
+    np.testing.assert_array_equal(outs[1], slab[next_ids[0]])
+    outs[0][:] = outs[1][:] = 0
+    last_used[:] = 0
     ids = np.array([0, 5, 16], np.int64)
     with pytest.raises(ValueError, match=r"ids holds 16 at flat position 2, outside \[0, 8\)"):
         cache.lookup_rows(slot_of, last_used, 1, ids, 0, 2, np.empty(3, np.int64), np.empty(3, np.int64))
@@ -281,6 +291,15 @@ def test_priority_kernels_check_their_arrays():
     with pytest.raises(ValueError, match="weights has 3 entries, the kernel writes 4"):
         priorities.draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, np.zeros(n), 16, 0, 16, 1.0, -0.4,
                               column, column, column, 16, k, *outs)
+    outs[3] = np.zeros(2 * n)[::2]  # room for 4, but strided
+    with pytest.raises(ValueError, match="weights must be C-contiguous"):
+        priorities.draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, np.zeros(n), 16, 0, 16, 1.0, -0.4,
+                              column, column, column, 16, k, *outs)
+    outs[3], outs[5] = np.zeros(n), np.zeros((n, k + 1), np.int64)
+    with pytest.raises(ValueError, match=r"next_ids must have shape \('any', 2\), got \(4, 3\)"):
+        priorities.draw_batch(tree.sums, tree.offsets, tree.b, tree.n_leaves, np.zeros(n), 16, 0, 16, 1.0, -0.4,
+                              column, column, column, 16, k, *outs)
+    assert not any(o.any() for o in outs)  # refused before any write
 
 
 # -- the C symbols: checked on known chunks at first use ---------------------------------------------------

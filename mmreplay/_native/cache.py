@@ -37,9 +37,37 @@ def _lookup_rows(slot_of, last_used, tick, ids, ring_rows, chunk_rows, slab_rows
     return n_hit
 
 
+_I64 = np.dtype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup_rows_checked(slot_of, last_used, tick, ids, ring_rows, chunk_rows, slab_rows,
+                         chunks):  # pragma: no cover (compiled)
+    """``_lookup_rows`` if ``lookup_rows``'s checks pass, else -1 with nothing written."""
+    covered = slot_of.size * chunk_rows
+    if not (chunk_rows >= 1 and slab_rows.flags.c_contiguous and chunks.flags.c_contiguous
+            and last_used.flags.c_contiguous and slab_rows.size >= ids.size and chunks.size >= ids.size):
+        return -1
+    if ring_rows:
+        if not 0 < ring_rows <= covered:
+            return -1
+    else:
+        for i in range(ids.size):
+            if not 0 <= ids[i] < covered:
+                return -1
+    return _lookup_rows(slot_of, last_used, tick, ids, ring_rows, chunk_rows, slab_rows, chunks)
+
+
 def lookup_rows(slot_of, last_used, tick, ids, ring_rows, chunk_rows, slab_rows, chunks) -> int:
     """``_lookup_rows`` after checking that it reads ``slot_of`` and writes the outputs in bounds; returns
-    the number of hits."""
+    the number of hits. The types are tested here, the sizes and ids inside the compiled call (this runs
+    every batch); a fault is named by the checks below."""
+    if (type(slab_rows) is type(chunks) is type(last_used) is type(ids) is np.ndarray and slab_rows.dtype == _I64
+            and chunks.dtype == _I64 and last_used.dtype == _I64 and slab_rows.ndim == chunks.ndim == last_used.ndim
+            == ids.ndim == 1):
+        hits = _lookup_rows_checked(slot_of, last_used, tick, ids, ring_rows, chunk_rows, slab_rows, chunks)
+        if hits >= 0:
+            return hits
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     for name, out in (("slab_rows", slab_rows), ("chunks", chunks)):

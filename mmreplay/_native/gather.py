@@ -111,8 +111,47 @@ def _check_lookup(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids) 
         check_indices("next_ids", next_ids, 0, covered)
 
 
+@numba.njit(cache=True, nogil=True)
+def _outputs_fit(width, n, k, out_obs, out_next):  # pragma: no cover (compiled)
+    """What ``_check_outputs`` tests of the sizes: each output has ``n * k`` rows of ``width`` words."""
+    return (out_obs.shape[0] >= n * k and out_obs.shape[1] == width and out_next.shape[0] >= n * k
+            and out_next.shape[1] == width)
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_stacks_checked(slab, index, k, shifted, out_obs, out_next):  # pragma: no cover (compiled)
+    """``gather_stacks`` (0) if ``index`` has a row a stack of rows of ``slab`` and the outputs hold the
+    stacks, else -2 with nothing written."""
+    n = index.shape[0]
+    if not (k >= 1 and index.shape[1] == (k + 1 if shifted else 2 * k)
+            and _outputs_fit(slab.shape[1], n, k, out_obs, out_next)):
+        return -2
+    for i in range(n):
+        for j in range(index.shape[1]):
+            if not 0 <= index[i, j] < slab.shape[0]:
+                return -2
+    gather_stacks(slab, index, k, shifted, out_obs, out_next)
+    return 0
+
+
+def _plain_gather(slab, out_obs, out_next, ids, ids2=None) -> bool:
+    """The types the compiled checks take, in one expression (this runs every batch): 2-D numpy slab and
+    outputs of one dtype, 2-D int64 ids (their sizes and values are tested in the compiled call)."""
+    return (type(slab) is type(out_obs) is type(out_next) is type(ids) is np.ndarray
+            and slab.ndim == out_obs.ndim == out_next.ndim == ids.ndim == 2 and out_obs.dtype == slab.dtype
+            and out_next.dtype == slab.dtype and ids.dtype == _I64
+            and (ids2 is None or (type(ids2) is np.ndarray and ids2.dtype == _I64 and ids2.ndim == 2)))
+
+
+_I64 = np.dtype(np.int64)
+
+
 def checked_gather_stacks(slab, index, k, shifted, out_obs, out_next) -> None:
-    """``gather_stacks`` after checking every index is a row of ``slab`` and the outputs hold the stacks."""
+    """``gather_stacks`` after checking every index is a row of ``slab`` and the outputs hold the stacks
+    (types here, sizes and indices in the compiled call; the named checks on a fault)."""
+    if _plain_gather(slab, out_obs, out_next, index) and \
+            _gather_stacks_checked(slab, index, k, shifted, out_obs, out_next) == 0:
+        return
     n = index.shape[0]
     _check_index_shape(index, n, k, shifted)
     _check_outputs(slab.shape[1], slab.dtype, n, k, out_obs, out_next)
@@ -121,24 +160,44 @@ def checked_gather_stacks(slab, index, k, shifted, out_obs, out_next) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
+def _lookup_fits(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids):  # pragma: no cover (compiled)
+    """What ``_check_lookup`` tests, compiled: every frame id maps to an entry of ``slot_of``."""
+    n, k = obs_ids.shape
+    covered = slot_of.size * chunk_rows
+    if not (chunk_rows >= 1 and last_used.flags.c_contiguous and next_ids.shape[0] == n
+            and next_ids.shape[1] == k):
+        return False
+    if ring_rows:
+        return 0 < ring_rows <= covered
+    for i in range(n):
+        for j in range(k):
+            if not (0 <= obs_ids[i, j] < covered and 0 <= next_ids[i, j] < covered):
+                return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
 def _index_cached_checked(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted,
                           index):  # pragma: no cover (compiled)
     """``index_cached`` if ``_check_lookup`` and ``_check_index_shape`` would pass, else -2 with nothing
     written: their tests inside the one compiled call (a cached batch's lookup runs on every draw)."""
     n, k = obs_ids.shape
-    covered = slot_of.size * chunk_rows
-    if not (chunk_rows >= 1 and next_ids.shape[0] == n and next_ids.shape[1] == k and index.shape[0] == n
-            and index.shape[1] == (k + 1 if shifted else 2 * k)):
+    if not (index.shape[0] == n and index.shape[1] == (k + 1 if shifted else 2 * k)
+            and _lookup_fits(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids)):
         return -2
-    if ring_rows:
-        if not 0 < ring_rows <= covered:
-            return -2
-    else:
-        for i in range(n):
-            for j in range(k):
-                if not (0 <= obs_ids[i, j] < covered and 0 <= next_ids[i, j] < covered):
-                    return -2
     return index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted, index)
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_cached_checked(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted,
+                           out_obs, out_next):  # pragma: no cover (compiled)
+    """``gather_cached`` if the checks of ``checked_gather_cached`` pass, else -2 with nothing written."""
+    n, k = obs_ids.shape
+    if not (slab.shape[0] >= last_used.size * chunk_rows and _outputs_fit(slab.shape[1], n, k, out_obs, out_next)
+            and _lookup_fits(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids)):
+        return -2
+    return gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted, out_obs,
+                         out_next)
 
 
 def checked_index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_ids, next_ids, shifted, index) -> int:
@@ -160,7 +219,14 @@ def checked_index_cached(slot_of, last_used, tick, ring_rows, chunk_rows, obs_id
 def checked_gather_cached(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids, shifted,
                           out_obs, out_next) -> int:
     """``gather_cached`` after checking the ids map into the cache's table, the slab has the rows of every
-    slot and the outputs hold the stacks."""
+    slot and the outputs hold the stacks (types here, sizes and ids in the compiled call; the named checks on
+    a fault)."""
+    if (_plain_gather(slab, out_obs, out_next, obs_ids, next_ids) and type(last_used) is np.ndarray
+            and last_used.dtype == _I64 and last_used.ndim == 1):
+        got = _gather_cached_checked(slot_of, last_used, tick, ring_rows, chunk_rows, slab, obs_ids, next_ids,
+                                     shifted, out_obs, out_next)
+        if got != -2:
+            return got
     n, k = obs_ids.shape
     _check_lookup(slot_of, last_used, ring_rows, chunk_rows, obs_ids, next_ids)
     if slab.ndim != 2 or slab.shape[0] < last_used.size * chunk_rows:

@@ -94,10 +94,44 @@ def leaf_values(raw, alpha, eps, out) -> None:
     _leaf_values(raw, alpha, eps, out)
 
 
+NOT_CHECKED = -2  # ``_draw_batch_checked``'s answer when an output is too small: nothing was drawn
+_I64, _F64 = np.dtype(np.int64), np.dtype(np.float64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _draw_batch_checked(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
+                        next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids, next_ids,
+                        valid):  # pragma: no cover (compiled)
+    """``_draw_batch`` if the outputs are C-contiguous and hold ``rand.size`` draws of ``k``-frame stacks and
+    the ring columns are as long as each other (``draw_batch``'s checks), else ``NOT_CHECKED``."""
+    n = rand.size
+    if not (slots.flags.c_contiguous and slots.size >= n and g.flags.c_contiguous and g.size >= n
+            and leaf.flags.c_contiguous and leaf.size >= n and weights.flags.c_contiguous and weights.size >= n
+            and valid.flags.c_contiguous and valid.size >= n and obs_ids.flags.c_contiguous
+            and next_ids.flags.c_contiguous and obs_ids.shape[0] >= n and next_ids.shape[0] >= n
+            and obs_ids.shape[1] == k and next_ids.shape[1] == k and next_frame.size >= obs_frame.size
+            and prev_delta.size >= obs_frame.size):
+        return NOT_CHECKED
+    return _draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
+                       next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids, next_ids, valid)
+
+
 def draw_batch(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta, obs_frame,
                next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids, next_ids, valid) -> int:
     """``_draw_batch`` after checking its outputs hold ``rand.size`` draws of ``k``-frame stacks and the
-    ring columns are as long as each other; returns the number of unusable draws."""
+    ring columns are as long as each other; returns the number of unusable draws. The types are tested
+    here in one expression, the sizes inside the compiled call (this runs every batch); a fault is named
+    by the checks below."""
+    if (type(slots) is type(g) is type(leaf) is type(weights) is type(valid) is type(obs_ids) is type(next_ids)
+            is np.ndarray and slots.dtype == _I64 and g.dtype == _I64 and leaf.dtype == _F64 and weights.dtype == _F64
+            and valid.dtype == np.bool_ and obs_ids.dtype == _I64 and next_ids.dtype == _I64
+            and slots.ndim == g.ndim == leaf.ndim == weights.ndim == valid.ndim == 1
+            and obs_ids.ndim == next_ids.ndim == 2):
+        bad = _draw_batch_checked(sums, offsets, b, n_leaves, rand, head, oldest, ring_rows, smallest, minus_beta,
+                                  obs_frame, next_frame, prev_delta, frame_head, k, slots, g, leaf, weights, obs_ids,
+                                  next_ids, valid)
+        if bad != NOT_CHECKED:
+            return bad
     n = rand.size
     for name, out, dtype in (("slots", slots, np.int64), ("g", g, np.int64), ("leaf", leaf, np.float64),
                              ("weights", weights, np.float64), ("valid", valid, np.bool_)):
