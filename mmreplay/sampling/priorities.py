@@ -140,6 +140,8 @@ class Priorities:
 
     def set_alpha(self, alpha: float, eps: float) -> None:
         """A sampler with other exponents took this set over: recompute every leaf from ``raw``."""
+        if type(alpha) is float and type(eps) is float and alpha == self.alpha and eps == self.eps:
+            return  # the same exponents (every draw and update of a sampler passes its own): nothing to check
         alpha, eps = check_exponent(alpha, "alpha"), check_exponent(eps, "eps")
         if (alpha, eps) == (self.alpha, self.eps):
             return

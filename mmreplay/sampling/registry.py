@@ -34,8 +34,10 @@ class PrioritySets:
     def get(self, name: str, alpha: float | None = None, eps: float | None = None) -> Priorities:
         """Set ``name`` (loaded, or made from its committed entry, or new); ``alpha``/``eps`` given change its
         exponents, left out a committed set keeps its own and a new one gets the defaults."""
-        prio = self.loaded.get(check_name(name))
+        # a loaded set's name was checked when it was made (a draw and an update ask for it every batch)
+        prio = self.loaded.get(name) if type(name) is str else None
         if prio is None:
+            check_name(name)
             entry = self.entries.get(name)
             saved = entry or {}
             alpha = saved.get("alpha", DEFAULT_ALPHA) if alpha is None else alpha
