@@ -141,7 +141,8 @@ def test_laps_of_the_ring_with_shards_queued(store_path, with_encoder, monkeypat
         frames = s._state.frames
         n = int(frames.rows * 2.5)
         add_steps(s, 0, n // 2)
-        assert len(frames._sealed) > 1  # shards did queue
+        if held:  # released answers may all be in by now: how many are queued then depends on timing
+            assert len(frames._sealed) > 1  # shards did queue
         add_steps(s, n // 2, n)
         oldest, head = s.inspect.valid_range()
         check_rows(s, head - oldest)
