@@ -56,6 +56,19 @@ def wait_preloaded(store, timeout: float = 60.0) -> None:
         assert time.monotonic() < deadline, "the background pass did not end"
         time.sleep(0.01)
 
+@pytest.fixture(scope="session", autouse=True)
+def sb3_logs_in_the_session_tmp(tmp_path_factory):
+    """Stable-Baselines3 makes an empty ``SB3-<time>`` folder in the system temp folder for each model's
+    logger unless ``SB3_LOGDIR`` names one: keep them with the session's files (children inherit it)."""
+    previous = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3_logs"))
+    yield
+    if previous is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = previous
+
+
 @pytest.fixture
 def store_path(tmp_path):
     return str(tmp_path / "store")

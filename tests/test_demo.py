@@ -16,10 +16,10 @@ DEMO = os.path.join(REPO, "examples", "demo.py")
 
 def test_demo_trains_stops_resumes_and_reports(tmp_path):
     # phase 1 trains from step 1,000 (LEARNING_STARTS), so both phases sample, and phase 2 resumes the RNG
-    out = subprocess.run([sys.executable, DEMO, "--out", str(tmp_path / "demo"), "--steps", "1200",
-                          "--resume-steps", "600"], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
-    assert "reopened" in out and "resuming at step 1,200" in out
-    assert "1,800 transitions valid" in out and "bytes per transition" in out
+    out = subprocess.run([sys.executable, DEMO, "--out", str(tmp_path / "demo"), "--steps", "1100",
+                          "--resume-steps", "200"], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    assert "reopened" in out and "resuming at step 1,100" in out
+    assert "1,300 transitions valid" in out and "bytes per transition" in out
     assert (tmp_path / "demo" / "q_weights.npz").exists()
 
 
