@@ -41,6 +41,19 @@ def test_a_shared_gather_copies_what_one_thread_copies(two_helpers, dtype, shift
     np.testing.assert_array_equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("bad", [-1, 500])
+def test_a_shared_gather_refuses_an_index_outside_the_slab_and_writes_nothing(two_helpers, bad):
+    slab = np.arange(500 * 40, dtype=np.uint64).reshape(500, 40)
+    index = np.zeros((33, 5), np.int64)
+    index[20, 3] = bad
+    out = np.zeros((33 * 4, 40), np.uint64), np.zeros((33 * 4, 40), np.uint64)
+    with pytest.raises(ValueError, match=rf"index holds {bad} at flat position 103, outside \[0, 500\)"):
+        two_helpers.gather(slab, index, 4, True, *out)
+    assert not out[0].any() and not out[1].any()
+    index[20, 3] = 499  # and the helpers are free again
+    assert two_helpers.gather(slab, index, 4, True, *out) and out[1].any()
+
+
 def encoded(n: int):
     """``n`` blosc-lz4 frame chunks (with their crc32c) in one buffer: (buffer, src, sizes, frames)."""
     data = frames(n, seed=3)

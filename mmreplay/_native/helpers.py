@@ -52,6 +52,7 @@ STACKS_PER_PIECE = 4
 # Runs of frames (``native.decode_frame_groups``): a run's frames for a batch take ~5-10 frame decodes.
 RUNS_PER_PIECE = 2
 SPIN_SECONDS = 300e-6
+OUTSIDE = -2  # _post_gather: an index is not a row of the slab (nothing posted)
 ENV = settings.CODEC_THREADS_ENV
 
 
@@ -282,9 +283,8 @@ class CodecHelpers:
 
     def gather(self, slab, index, k: int, shifted: bool, out_obs, out_next) -> bool:
         """``gather.gather_stacks`` shared with the helpers; False if they are busy or the arrays are not
-        plain (then copy alone). Every index is first checked to be a row of ``slab`` (the helpers check
-        the shapes, ``_post_gather``): a ``ValueError`` then, and nothing written."""
-        check_indices("index", index, 0, slab.shape[0])
+        plain (then copy alone). Every index is first checked to be a row of ``slab`` and the shapes to agree
+        (``_post_gather``, compiled): an index outside is a ``ValueError``, and nothing is written."""
         if not self._busy.acquire(blocking=False):
             return False
         try:
@@ -292,6 +292,8 @@ class CodecHelpers:
                 posted = _post_gather(self.ctrl, slab, index, k, shifted, out_obs, out_next, self.n)
             except TypeError:  # not C-contiguous uint64 / uint8 rows and int64 index
                 return False
+            if posted == OUTSIDE:
+                check_indices("index", index, 0, slab.shape[0])  # raises, naming the index
             return self._finish(posted) is not None
         finally:
             self._busy.release()
@@ -381,11 +383,16 @@ def _post_decode_partial(ctrl, src, firsts, lasts, rows, starts, js, dsts, statu
 @_typed([f"int64(int64[::1], {_ROWS.format(t)}, int64[:, ::1], int64, boolean, {_ROWS.format(t)}, "
          f"{_ROWS.format(t)}, int64)" for t in ("uint64", "uint8")])
 def _post_gather(ctrl, slab, index, k, shifted, out_obs, out_next, n_helpers):  # pragma: no cover
-    """Parameters of a ``gather_stacks`` job, then post it (as ``_post_decode``; -1 if shapes disagree)."""
+    """Parameters of a ``gather_stacks`` job, then post it (as ``_post_decode``; -1 if shapes disagree,
+    ``OUTSIDE`` if an index is not a row of ``slab``: nothing posted either way)."""
     n, width = index.shape[0], slab.shape[1]
     if index.shape[1] != (k + 1 if shifted else 2 * k) or out_obs.shape[0] != n * k or \
             out_next.shape[0] != n * k or out_obs.shape[1] != width or out_next.shape[1] != width:
         return -1
+    rows, flat = slab.shape[0], index.reshape(-1)
+    for i in range(flat.size):
+        if not 0 <= flat[i] < rows:
+            return OUTSIDE
     per = max(STACKS_PER_PIECE, (n + MAX_PIECES - 1) // MAX_PIECES)
     ctrl[KIND] = GATHER_WORDS if slab.itemsize == 8 else GATHER_BYTES
     ctrl[TOTAL], ctrl[PER_PIECE] = n, per

@@ -83,9 +83,10 @@ def decode_into(buf, bits, positions, table, out) -> None:
             raise ValueError(f"bits must be 1, 2 or 4, got {bits!r}")
     limit = buf.size * 8 // bits
     bad = _decode_into(buf, bits, positions, table, out, limit)
-    if bad == TOO_SHORT:
-        check_array("out", out, ndim=1, min_size=positions.size, contiguous=False)
-    _refuse(positions, bad, limit)
+    if bad != -1:  # nothing was written: name the fault
+        if bad == TOO_SHORT:
+            check_array("out", out, ndim=1, min_size=positions.size, contiguous=False)
+        _refuse(positions, bad, limit)
 
 
 def bits_into(first, second, positions, out_first, out_second) -> None:
@@ -96,7 +97,8 @@ def bits_into(first, second, positions, out_first, out_second) -> None:
             check_array(name, out, ndim=1, contiguous=False)
     limit = min(first.size, second.size) * 8
     bad = _bits_into(first, second, positions, out_first, out_second, limit)
-    if bad == TOO_SHORT:
-        for name, out in (("out_first", out_first), ("out_second", out_second)):
-            check_array(name, out, ndim=1, min_size=positions.size, contiguous=False)
-    _refuse(positions, bad, limit)
+    if bad != -1:  # nothing was written: name the fault
+        if bad == TOO_SHORT:
+            for name, out in (("out_first", out_first), ("out_second", out_second)):
+                check_array(name, out, ndim=1, min_size=positions.size, contiguous=False)
+        _refuse(positions, bad, limit)
