@@ -89,6 +89,16 @@ def _zstd(dctx, dst, capacity, src, size):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
+def _header_words(header):  # pragma: no cover (compiled)
+    """The run header's first three little-endian uint32 (magic, frames, frame bytes) from ``header``'s bytes
+    (a ``view`` would compile numba's shape-error formatting: seconds of first-use compile)."""
+    magic = np.int64(header[0]) | np.int64(header[1]) << 8 | np.int64(header[2]) << 16 | np.int64(header[3]) << 24
+    n = np.int64(header[4]) | np.int64(header[5]) << 8 | np.int64(header[6]) << 16 | np.int64(header[7]) << 24
+    fb = np.int64(header[8]) | np.int64(header[9]) << 8 | np.int64(header[10]) << 16 | np.int64(header[11]) << 24
+    return magic, n, fb
+
+
+@numba.njit(cache=True, nogil=True)
 def _decode_temporal(src, body, dst, dst_nbytes, header, dctx, work, ends):  # pragma: no cover (compiled)
     """A temporal run (``storage/temporal.py``), either layout, whole into ``dst``. Layout 1: the header checked
     against ``dst_nbytes``, every reference checked to point inside the run, zstd into ``dst``, then each
@@ -96,18 +106,17 @@ def _decode_temporal(src, body, dst, dst_nbytes, header, dctx, work, ends):  # p
     if body < TEMPORAL_HEADER:
         return BAD_SIZE
     memcpy(header.ctypes.data, src, TEMPORAL_HEADER)
-    words = header[:TEMPORAL_HEADER].view(np.uint32)
-    n, frame_nbytes = np.int64(words[1]), np.int64(words[2])
-    if words[0] == TEMPORAL_MAGIC2:
+    magic, n, frame_nbytes = _header_words(header)
+    if magic == TEMPORAL_MAGIC2:
         if n < 1 or n >= RUN2_MAX or n * frame_nbytes != dst_nbytes:
             return BAD_SIZE
         js, dsts = work[:RUN2_MAX], work[RUN2_MAX:2 * RUN2_MAX]
         for i in range(n):
             js[i] = i
             dsts[i] = dst + i * frame_nbytes
-        return _decode_frames2(src, body, dst_nbytes, frame_nbytes, js[:n], dsts[:n], 0, dctx, header, ends,
-                               work[2 * RUN2_MAX:])
-    if words[0] != TEMPORAL_MAGIC or n < 1 or n > TEMPORAL_MAX_RUN or n * frame_nbytes != dst_nbytes:
+        return _decode_frames2(src, body, dst_nbytes, frame_nbytes, js[:n], dsts[:n], np.int64(0), dctx, header,
+                               ends, work[2 * RUN2_MAX:])
+    if magic != TEMPORAL_MAGIC or n < 1 or n > TEMPORAL_MAX_RUN or n * frame_nbytes != dst_nbytes:
         return BAD_SIZE
     if body < TEMPORAL_HEADER + n:
         return BAD_SIZE
@@ -120,11 +129,11 @@ def _decode_temporal(src, body, dst, dst_nbytes, header, dctx, work, ends):  # p
         return BAD_CODEC
     if got != dst_nbytes:
         return BAD_SIZE
-    frames = numba.carray(address(dst), (n, frame_nbytes), np.uint8)
     for i in range(1, n):
         d = np.int64(header[i])
-        if d:
-            frames[i] += frames[i - d]
+        if d:  # 1-D views: a row assigned into a 2-D one would compile numba's shape-error formatting
+            frame = numba.carray(address(dst + i * frame_nbytes), (frame_nbytes,), np.uint8)
+            frame += numba.carray(address(dst + (i - d) * frame_nbytes), (frame_nbytes,), np.uint8)
     return OK
 
 
@@ -157,9 +166,8 @@ def _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx
     if body < TEMPORAL_HEADER:
         return BAD_SIZE
     memcpy(header.ctypes.data, src, TEMPORAL_HEADER)
-    words = header[:TEMPORAL_HEADER].view(np.uint32)
-    n, fb = np.int64(words[1]), np.int64(words[2])
-    if words[0] != TEMPORAL_MAGIC2 or n < 1 or n >= RUN2_MAX or n * fb != run_nbytes or fb != frame_nbytes:
+    magic, n, fb = _header_words(header)
+    if magic != TEMPORAL_MAGIC2 or n < 1 or n >= RUN2_MAX or n * fb != run_nbytes or fb != frame_nbytes:
         return BAD_SIZE
     start = TEMPORAL_HEADER + 5 * n
     if body < start:
@@ -255,7 +263,7 @@ def decode_frame_groups(src_addrs, sizes, starts, js, dsts, frame_nbytes, run_ro
     for g in range(src_addrs.size):
         lo, hi = starts[g], starts[g + 1]
         status[g] = _decode_run_frames(src_addrs[g], sizes[g], js[lo:hi], dsts[lo:hi], frame_nbytes, run_nbytes,
-                                       scratch.ctypes.data, dctx, header, ends, loc, work, crc)
+                                       np.int64(scratch.ctypes.data), dctx, header, ends, loc, work, crc)
         if status[g] != OK:
             bad += 1
     if dctx != 0:

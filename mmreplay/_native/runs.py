@@ -187,7 +187,7 @@ def decode_partial_groups(src_addrs, firsts, lasts, rows, starts, js, dsts, fram
     for g in range(src_addrs.size):
         a, b = starts[g], starts[g + 1]
         status[g] = _decode_partial(src_addrs[g], firsts[g], lasts[g], rows[g], js[a:b], dsts[a:b], frame_nbytes,
-                                    scratch.ctypes.data, dctx, dir_n, dir_refs, dir_bounds, dir_fcrc, loc)
+                                    np.int64(scratch.ctypes.data), dctx, dir_n, dir_refs, dir_bounds, dir_fcrc, loc)
         if status[g] != OK:
             bad += 1
     if dctx != 0:
