@@ -1,7 +1,9 @@
 """Fixtures and helpers shared by the test files (import helpers with ``from conftest import ...``)."""
 
 import glob
+import hashlib
 import os
+import subprocess
 import sys
 import time
 
@@ -55,6 +57,42 @@ def wait_preloaded(store, timeout: float = 60.0) -> None:
     while any(c["compressed"]["loading"] for c in store.inspect.cache_stats().values()):
         assert time.monotonic() < deadline, "the background pass did not end"
         time.sleep(0.01)
+
+
+def pytest_configure(config):
+    """In pytest-xdist's controller, before its workers start: the kernels compiled once (``warm_kernels.py``)
+    rather than by every worker and child at once."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    marker = _kernels_marker()
+    if os.path.exists(marker):
+        return  # compiled for these sources already: the workers read them from numba's cache
+    # two at once, one core each: with the codec helpers (their job loop) and without (the direct calls)
+    script = os.path.join(os.path.dirname(__file__), "warm_kernels.py")
+    warming = [subprocess.Popen([sys.executable, script], env=env)
+               for env in (os.environ, {**os.environ, "MMREPLAY_CODEC_THREADS": "0"})]
+    if [p.wait() for p in warming] == [0, 0]:
+        try:
+            open(marker, "w").close()
+        except OSError:
+            pass  # a read-only install: warm again next time (numba then caches elsewhere)
+
+
+def _kernels_marker() -> str:
+    """A file next to numba's cache of the package whose name changes with any source of the package, the
+    Python and the numba it was compiled for."""
+    import numba
+
+    root = os.path.dirname(mmreplay.__file__)
+    digest = hashlib.sha256(f"{sys.version}|{numba.__version__}".encode())
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    digest.update(name.encode() + f.read())
+    return os.path.join(root, "_native", "__pycache__", f"warm-kernels-{digest.hexdigest()[:16]}")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def sb3_logs_in_the_session_tmp(tmp_path_factory):
