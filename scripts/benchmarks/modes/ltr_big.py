@@ -142,21 +142,14 @@ def memory_now() -> dict:
 
 
 def store_held(store) -> dict:
-    """What the store itself holds (MB), from its own sizes: the compressed tier, the decoded landing area, the
-    run directory, the index ring and the columns held in RAM."""
-    st = store._state
-    col_stats = store.inspect.cache_stats()
-    out = {"tier": sum(v.get("compressed", {}).get("bytes", 0) for v in col_stats.values() if isinstance(v, dict)),
-           "decoded": sum(c.cache.slab.nbytes for c in st.reader.columns.values()),
-           "runs": sum(c.runs.nbytes for c in st.reader.columns.values() if getattr(c, "runs", None) is not None)}
-    arrays = 0
-    for obj in (st.ring, st.frames):
-        for v in vars(obj).values():
-            if isinstance(v, np.ndarray):
-                arrays += v.nbytes
-            elif isinstance(v, dict):
-                arrays += sum(x.nbytes for x in v.values() if isinstance(x, np.ndarray))
-    out["ring_arrays"] = arrays
+    """What the store itself holds (MB), from its public reports: the compressed tier, the decoded landing area
+    (its slab, allocated whole), the run directory and the index ring (bytes a row times its capacity)."""
+    columns = [v for v in store.inspect.cache_stats().values() if isinstance(v, dict)]
+    info = store.info()
+    out = {"tier": sum(v["compressed"]["bytes"] for v in columns if v.get("compressed")),
+           "decoded": sum(v["capacity_bytes"] for v in columns),
+           "runs": sum(v["runs"]["nbytes"] for v in columns if v.get("runs")),
+           "ring_arrays": info["index_ram_bytes_per_transition"] * info["capacity"]}
     return {k: round(v / 1e6, 1) for k, v in out.items()}
 
 
