@@ -183,21 +183,66 @@ def test_a_group_of_shards_is_read_whole_within_the_budget_each_on_its_own_pages
     assert res.buffers[0].tobytes() == raw[0] and res.buffers[2].tobytes() == raw[2]
 
 
-def test_reading_files_into_a_buffer_they_do_not_fit_is_refused_before_any_read(tmp_path):
-    """``bulk.read_files`` writes through raw addresses: a file that would not fit is a ValueError first."""
+@pytest.mark.parametrize("direct", [False, True], ids=["page-cache", "O_DIRECT"])
+def test_reading_files_into_a_buffer_they_do_not_fit_is_refused_before_any_read(tmp_path, direct):
+    """``bulk.read_files`` writes through raw addresses: a file that would not fit is a ValueError first. A
+    direct read takes whole blocks, so it needs its size rounded up, at an aligned address."""
     from mmreplay._native import bulk
     path = tmp_path / "f"
     path.write_bytes(b"x" * 100)
-    fds, sizes = bulk.open_files([str(path)])
+    fds, sizes, opened_direct = bulk.open_files([str(path)], direct=direct)
     try:
-        buf = np.zeros(150, np.uint8)
-        with pytest.raises(ValueError, match="does not fit"):
-            bulk.read_files(fds, sizes, buf, np.array([60], np.int64), np.array([True]))
+        assert opened_direct[0] == (direct and _allows_o_direct(tmp_path))
+        room = bulk.DIRECT_ALIGN if opened_direct[0] else 100
+        buf = np.frombuffer(mmap.mmap(-1, 2 * bulk.DIRECT_ALIGN), np.uint8)
+        too_far = [2 * bulk.DIRECT_ALIGN - room + 1] + ([bulk.DIRECT_ALIGN + 8] if opened_direct[0] else [])
+        for offset in too_far:  # past the end; for a direct read also off the block boundary
+            with pytest.raises(ValueError, match="does not fit"):
+                bulk.read_files(fds, sizes, buf, np.array([offset], np.int64), np.array([True]), opened_direct)
         assert not buf.any()
-        assert bulk.read_files(fds, sizes, buf, np.array([50], np.int64), np.array([True]))[0] == 100
-        assert buf[50:].tobytes() == b"x" * 100 and not buf[:50].any()
+        at = bulk.DIRECT_ALIGN
+        assert bulk.read_files(fds, sizes, buf, np.array([at], np.int64), np.array([True]), opened_direct)[0] == 100
+        assert buf[at:at + 100].tobytes() == b"x" * 100 and not buf[:at].any() and not buf[at + 100:].any()
     finally:
         bulk.close_files(fds)
+
+
+def _allows_o_direct(folder) -> bool:
+    probe = os.path.join(folder, ".o_direct_probe")
+    open(probe, "wb").close()
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.unlink(probe)
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 100_003, 3 * 65536])
+def test_direct_reads_give_the_files_bytes_where_o_direct_works_and_where_it_does_not(tmp_path, size):
+    """The background pass opens its files ``O_DIRECT``: each file comes back byte for byte whatever its size
+    against the block, and on a file system that refuses ``O_DIRECT`` (tmpfs) through the page cache."""
+    from mmreplay._native import bulk
+    folders = [tmp_path] + (["/dev/shm"] if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else [])
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    for folder in folders:
+        path = os.path.join(folder, f"mmreplay-direct-{os.getpid()}-{size}")
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            fds, sizes, opened_direct = bulk.open_files([path, path + ".missing"], direct=True)
+            try:
+                assert list(sizes) == [size, -1] and opened_direct[0] == _allows_o_direct(folder)
+                span = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+                buf = np.frombuffer(mmap.mmap(-1, span), np.uint8)
+                got = bulk.read_files(fds, sizes, buf, np.zeros(2, np.int64), np.array([True, False]), opened_direct)
+                assert list(got) == [size, -1]
+                assert buf[:size].tobytes() == data and not buf[size:].any()
+            finally:
+                bulk.close_files(fds)
+        finally:
+            os.unlink(path)
 
 
 def test_a_group_load_that_raced_a_drop_installs_nothing_stale(tmp_path):
@@ -241,26 +286,27 @@ def test_the_background_pass_lets_go_of_the_file_indexes_of_what_it_holds(atari_
 
 
 def test_a_group_load_that_fails_leaks_no_descriptor_and_the_rows_stay_true(atari_like, monkeypatch):
-    """The background pass opens the next group of files before it reads the previous one: if that read
-    raises (an ``mmap`` refused for want of memory), the group already opened is closed all the same, and
-    what the tier lacks is read from the files."""
+    """The background pass reads the next groups of files on reader threads while it holds the first: if
+    a read raises (an ``mmap`` refused for want of memory), the pass stops there, the groups read or opened
+    meanwhile are closed all the same and held nowhere, and what the tier lacks is read from the files."""
     from mmreplay.reading import frames as frames_module
     path, data = atari_like
     monkeypatch.setattr(frames_module, "PRELOAD_GROUP_FILES", 1)  # one file a group: several groups
-    real, calls = ResidentShards.load_many, []
+    real, calls = ResidentShards.read_many, []
 
     def fails_first(self, opened, *args, **kw):
-        calls.append(len(opened.shards))
-        if len(calls) == 1:
+        calls.append(opened.shards[0])
+        if opened.shards[0] == 0:
             opened.close()
             raise OSError(errno.ENOMEM, "mmap refused")
         return real(self, opened, *args, **kw)
 
-    monkeypatch.setattr(ResidentShards, "load_many", fails_first)
+    monkeypatch.setattr(ResidentShards, "read_many", fails_first)
     before = set(os.listdir("/proc/self/fd"))
     with mmreplay.Store.open(path, mode="r") as s:
         s._state.reader._preloader.join(60)
-        assert len(calls) == 1  # the pass stopped at the failure, with the next group opened
+        assert 0 in calls and len(calls) <= frames_module.PRELOAD_READS_AHEAD  # stopped at the failure
+        assert not s._state.reader.columns["obs"].resident.buffers  # the groups read beside it: dropped
         g = np.arange(*s.inspect.valid_range())
         np.testing.assert_array_equal(s.inspect.get(g).obs.numpy(), expected_obs(data, g))
     leaked = [os.readlink(f"/proc/self/fd/{fd}") for fd in set(os.listdir("/proc/self/fd")) - before

@@ -80,28 +80,28 @@ def test_the_loader_never_installs_a_shard_the_resumed_writer_entered(wrapped, m
     target = {}
 
     def in_loader() -> bool:
-        return threading.current_thread().name == "mmreplay-preload"
+        return threading.current_thread().name.startswith("mmreplay-preload")  # the pass or its readers
 
     def hold_if(hit: bool) -> None:
         if in_loader() and hit:
             held.set()
             assert go.wait(WAIT)
 
-    # The loader reads groups of files through ``bulk`` (``load_many``), or one file at a time (``load``)
-    # where that is not available: both are held.
+    # The loader reads groups of files through ``bulk`` (``read_many``, on its reader threads), or one file
+    # at a time (``load``) where that is not available: both are held.
     if pause == "before-reading":
-        real_load, real_load_many = ResidentShards.load, ResidentShards.load_many
+        real_load, real_read_many = ResidentShards.load, ResidentShards.read_many
 
         def load(self, shard, *args, **kw):
             hold_if(shard == target.get("shard"))
             return real_load(self, shard, *args, **kw)
 
-        def load_many(self, opened, *args, **kw):
+        def read_many(self, opened, *args, **kw):
             hold_if(target.get("shard") in opened.shards)
-            return real_load_many(self, opened, *args, **kw)
+            return real_read_many(self, opened, *args, **kw)
 
         monkeypatch.setattr(ResidentShards, "load", load)
-        monkeypatch.setattr(ResidentShards, "load_many", load_many)
+        monkeypatch.setattr(ResidentShards, "read_many", read_many)
     else:
         real_preadv, real_read_files = os.preadv, bulk.read_files
 

@@ -25,9 +25,11 @@ frames do not fit beside a useful decoded cache, nearly all of the budget goes t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -51,12 +53,14 @@ SHARED_MIN_STACKS = 2 * STACKS_PER_PIECE
 # the copy of a low-dim batch (32 stacks of 16-byte rows) well under 1 us (~10% of low-dim batch-32's time).
 SHARED_MIN_STACK_BYTES = 256 * 1024
 SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE
-# The background pass reads this many bytes of shard files at once (at most this many files): the kernel
-# reads one group ahead while the loader copies the other, so ~2 groups sit in the page cache at a time.
-# Small, because a batch's chunk reads wait behind what is queued: this VM's disk streams ~100 MB/s from one
-# reader of ~100 KB files already, and with 4 MB groups batches ran slower while the tier filled.
+# The background pass reads this many bytes of shard files at once (at most this many files), up to
+# PRELOAD_READS_AHEAD groups at a time. Small, because a batch's chunk reads wait behind what is queued: on
+# a VM whose disk streamed ~100 MB/s from one reader of ~100 KB files, 4 MB groups made batches slower while
+# the tier filled.
 PRELOAD_GROUP_BYTES = 1 << 20
 PRELOAD_GROUP_FILES = 64
+# Groups read at once by the background pass's reader threads (each opens its files, then reads them whole).
+PRELOAD_READS_AHEAD = 4
 SHARED_MIN_RUNS = 2 * RUNS_PER_PIECE
 # What a frame compresses to before any shard of it was written (Atari frames: ~13x with lz4).
 ASSUMED_RATIO = 8.0
@@ -261,40 +265,55 @@ class FrameReader(FrameEvents):
     def _preload(self, shards: list[int], listed: dict) -> None:
         """``listed``: per column, the tier and the generations (and epoch) its shards had when listed.
         Reads the shards in file order, ``_group_size`` files at a time (``bulk``: no Python per file, the
-        GIL released for every system call), the next group opened (the kernel reading it) before this one
-        is copied; one file at a time from Python where ``bulk`` is not available."""
-        pending: dict[str, object] = {}
+        GIL released for every system call), up to ``PRELOAD_READS_AHEAD`` groups at once on reader threads
+        (a cold restart waits on the device for each file's inode and data: one reader at a time left a
+        fast disk idle); this thread checks and holds the groups in order. One file at a time from Python
+        where ``bulk`` is not available."""
+        if not bulk.AVAILABLE:
+            self._preload_one_by_one_all(shards, listed)
+            return
         step = self._group_size()  # once: a group size that changed mid-pass would skip or repeat shards
+        in_flight: collections.deque = collections.deque()
+        pool = ThreadPoolExecutor(PRELOAD_READS_AHEAD, thread_name_prefix="mmreplay-preload-read")
         try:
             for lo in range(0, len(shards), step):
                 group = shards[lo:lo + step]
                 for name, col in list(self.columns.items()):
                     if self._stop.is_set():
                         return
-                    res = col.resident
-                    if name not in listed or res is not listed[name][0]:
+                    if name not in listed or col.resident is not listed[name][0]:
                         continue  # the tiers were planned again: this pass's generations say nothing about them
-                    if not bulk.AVAILABLE:
-                        self._preload_one_by_one(col, group, listed[name][1])
-                        continue
                     wanted = self._to_load(name, col, group)
-                    previous = pending.pop(name, None)
-                    if wanted:  # pending at once: closed by the ``finally`` whatever the load below raises
-                        pending[name] = res.open_many(wanted)
-                    if previous is not None:
-                        res.load_many(previous, col.tier.capacity_bytes, listed[name][1])
-            for name, opened in list(pending.items()):
-                pending.pop(name)
-                col = self.columns.get(name)
-                if col is not None and col.resident is listed[name][0] and not self._stop.is_set():
-                    col.resident.load_many(opened, col.tier.capacity_bytes, listed[name][1])
-                else:
-                    opened.close()
+                    if wanted:
+                        in_flight.append((name, col, pool.submit(self._read_group, col, wanted)))
+                    while len(in_flight) >= PRELOAD_READS_AHEAD:
+                        self._hold_group(in_flight.popleft(), listed)
+            while in_flight and not self._stop.is_set():
+                self._hold_group(in_flight.popleft(), listed)
         except OSError:
             return  # e.g. no memory for a group's mapping: the tier stays partial, the rest is read from files
         finally:
-            for opened in pending.values():
-                opened.close()
+            for _, _, future in in_flight:
+                future.cancel()
+            pool.shutdown(wait=True)  # reads in flight end (their descriptors closed); their bytes are dropped
+
+    def _read_group(self, col: ColumnReader, shards: list[int]):
+        """A reader thread's part: the group's files opened (``O_DIRECT`` where allowed: the bytes go from the
+        device into the tier's pages, never through the page cache, so they count once against a memory
+        cgroup) and read whole."""
+        res = col.resident
+        return res.read_many(res.open_many(shards, direct=True), col.tier.capacity_bytes)
+
+    def _hold_group(self, entry, listed: dict) -> None:
+        name, col, future = entry
+        read = future.result()  # an OSError of the reader ends the pass (see ``_preload``)
+        if col.resident is listed[name][0] and not self._stop.is_set():
+            col.resident.hold_many(read, col.tier.capacity_bytes, listed[name][1])
+
+    def _preload_one_by_one_all(self, shards: list[int], listed: dict) -> None:
+        for name, col in list(self.columns.items()):
+            if name in listed and col.resident is listed[name][0]:
+                self._preload_one_by_one(col, shards, listed[name][1])
 
     def _group_size(self) -> int:
         """Shard files a background read takes at once: ~``PRELOAD_GROUP_BYTES`` of them (they are alike)."""

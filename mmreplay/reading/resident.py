@@ -32,7 +32,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -58,11 +58,23 @@ class OpenedShards:
     """Shard files of one column opened together (``ResidentShards.open_many``), the kernel already
     reading them (``bulk.open_files``); ``load_many`` reads, holds and closes them."""
 
-    def __init__(self, shards: list[int], fds: np.ndarray, sizes: np.ndarray):
-        self.shards, self.fds, self.sizes = shards, fds, sizes
+    def __init__(self, shards: list[int], fds: np.ndarray, sizes: np.ndarray, direct: np.ndarray):
+        self.shards, self.fds, self.sizes, self.direct = shards, fds, sizes, direct
 
     def close(self) -> None:
         bulk.close_files(self.fds)
+
+
+class ReadShards(NamedTuple):
+    """A group of shard files read whole (``ResidentShards.read_many``), not yet checked or held: file ``i``
+    with ``take[i]`` is ``base[offsets[i]:offsets[i] + sizes[i]]`` if ``got[i] == sizes[i]``."""
+    shards: list
+    sizes: np.ndarray
+    offsets: np.ndarray
+    take: np.ndarray
+    got: np.ndarray
+    mapping: mmap.mmap
+    base: np.ndarray
 
 
 class ResidentShards:
@@ -221,17 +233,23 @@ class ResidentShards:
             self.forget_files([shard])
         return True
 
-    def open_many(self, shards: list[int]) -> OpenedShards:
-        """Open the files of ``shards`` (to be read by ``load_many``): the kernel starts reading them now, so
-        the device works on this group while the previous one is copied. No Python runs per file."""
-        fds, sizes = bulk.open_files([self.layout.shard_file(self.root, s) for s in shards])
-        return OpenedShards(list(shards), fds, sizes)
+    def open_many(self, shards: list[int], direct: bool = False) -> OpenedShards:
+        """Open the files of ``shards`` (to be read by ``read_many``). ``direct``: with ``O_DIRECT`` where the
+        file system allows it (``bulk.open_files``); the others the kernel starts reading now. No Python runs
+        per file."""
+        fds, sizes, opened_direct = bulk.open_files([self.layout.shard_file(self.root, s) for s in shards], direct)
+        return OpenedShards(list(shards), fds, sizes, opened_direct)
 
     def load_many(self, opened: OpenedShards, budget: int, expected: tuple[dict[int, int], int]) -> int:
-        """``load`` for a group of opened files (then closed): those that fit ``budget`` are read whole into
-        one mapping (each at a page boundary, its pages its own) by one compiled call with the GIL released,
-        then checked and held like ``load``'s. ``expected``: (generations, epoch) as ``generations`` gave
-        them when the caller listed the shards; a shard changed since is not held. Returns how many were held."""
+        """``load`` for a group of opened files (then closed): ``read_many``, then ``hold_many``. Returns how
+        many were held."""
+        return self.hold_many(self.read_many(opened, budget), budget, expected)
+
+    def read_many(self, opened: OpenedShards, budget: int) -> "ReadShards | None":
+        """The files of ``opened`` (then closed) that fit ``budget`` as the tier stands, read whole into one
+        mapping (each at a page boundary, its pages its own) by one compiled call with the GIL released;
+        None if none fits. Touches nothing of the tier: reads of several groups may run at once, on any
+        threads, and ``hold_many`` decides what is held."""
         try:
             sizes = opened.sizes
             room = budget - self.nbytes
@@ -248,19 +266,27 @@ class ResidentShards:
                 room -= size
                 end += _page_round(max(1, size))
             if not take.any():
-                return 0
+                return None
             mapping = mmap.mmap(-1, end, flags=mmap.MAP_PRIVATE)
             base = np.frombuffer(mapping, dtype=np.uint8)
-            got = bulk.read_files(opened.fds, sizes, base, offsets, take)
+            got = bulk.read_files(opened.fds, sizes, base, offsets, take, opened.direct)
         finally:
             opened.close()
+        return ReadShards(opened.shards, sizes, offsets, take, got, mapping, base)
+
+    def hold_many(self, read: "ReadShards | None", budget: int, expected: tuple[dict[int, int], int]) -> int:
+        """Check and hold, like ``load``'s, the shards ``read_many`` read whole, within ``budget``; the pages
+        of those not held are given back. ``expected``: (generations, epoch) as ``generations`` gave them
+        when the caller listed the shards; a shard changed since is not held. Returns how many were held."""
+        if read is None:
+            return 0
         generations, epoch = expected
         held: list[int] = []
-        for i in np.flatnonzero(take).tolist():
-            shard, size, offset = opened.shards[i], int(sizes[i]), int(offsets[i])
-            span = (mapping, offset, _page_round(max(1, size)))
-            buf = base[offset:offset + size]
-            ok = got[i] == size
+        for i in np.flatnonzero(read.take).tolist():
+            shard, size, offset = read.shards[i], int(read.sizes[i]), int(read.offsets[i])
+            span = (read.mapping, offset, _page_round(max(1, size)))
+            buf = read.base[offset:offset + size]
+            ok = read.got[i] == size
             if ok:
                 self.loads += 1
                 try:
@@ -272,7 +298,7 @@ class ResidentShards:
                                     span=span) and self.buffers.get(shard) is buf:
                 held.append(shard)
             else:  # not held (refused, or another thread's copy is): its pages are given back
-                mapping.madvise(mmap.MADV_DONTNEED, span[1], span[2])
+                read.mapping.madvise(mmap.MADV_DONTNEED, span[1], span[2])
         if held and self.forget_files is not None:
             self.forget_files(held)
         return len(held)
