@@ -146,6 +146,44 @@ def test_reads_are_merged_and_issued_together(store_path, atari_frames, monkeypa
         assert disk_stats(s)["max_queue_depth"] == 1
 
 
+def test_a_batch_opens_its_cold_files_at_once_and_a_misplaced_one_is_still_named(store_path, atari_frames,
+                                                                                 monkeypatch):
+    """The files a batch needs that no descriptor is kept for are opened, and their index tails read, on the
+    reading threads at once (right after a restart each waits for the device); their identities are checked
+    as one at a time: a misplaced file among them is the same error, a tail read that fails is retried by
+    the file's own open, and every row is true."""
+    from mmreplay.storage.sharded import ShardedArray
+    store, ref = make_store(store_path, atari_frames, "lz4hc")
+    store.close()
+    real, threads = ShardedArray.open_file, []
+
+    def open_file(self, shard):
+        threads.append(threading.current_thread().name)
+        return None if len(threads) == 3 else real(self, shard)  # one fails: its own open reads it again
+
+    monkeypatch.setattr(ShardedArray, "open_file", open_file)
+    monkeypatch.setattr(disk, "COLD_OPEN_S", 0.0)  # every open counts as one that waited for the device
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=8, preload=False) as s:
+        valid = ref.valid_ids(s.inspect.valid_range()[0])
+        assert_batch_matches(s.inspect.get(valid), ref, valid)
+        files = {frame_shard_file(s, k) for k in range(s.geometry.frames.rows // s.geometry.frames.shard_rows)}
+        on_threads = [name for name in threads if name.startswith("mmreplay-io-")]
+        assert len(files) >= 4 and len(on_threads) >= len(files) - 2  # the first one is opened by the batch
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=8, preload=False) as s:
+        first, second = frame_shard_file(s, 0), frame_shard_file(s, 1)
+        with open(first, "rb") as f:
+            original = f.read()
+        with open(second, "rb") as src, open(first, "wb") as dst:
+            dst.write(src.read())
+        try:
+            with pytest.raises(mmreplay.CorruptDataError, match="not the shard file the last commit expects"):
+                s.inspect.get(valid)
+        finally:
+            with open(first, "wb") as f:
+                f.write(original)
+        assert_batch_matches(s.inspect.get(valid), ref, valid)
+
+
 class FailingPread:
     """``os.preadv`` (what the reading threads read chunks with) that fails (``mode``) on the chunk reads
     numbered in ``fail_on`` (reads of a shard's tail, its index, are left alone), and works otherwise."""

@@ -25,10 +25,12 @@ closed by the array's bound on open files.
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +44,9 @@ from mmreplay.storage.sharded import MAX_OPEN_FILES, ShardedArray
 MERGE_GAP = 4096
 MAX_MERGED_READ = 1 << 20
 SHARDS_PER_ROUND = MAX_OPEN_FILES // 2
+# An open and index-tail read that took longer than this waited for the device (a few microseconds from the
+# kernel's caches; ~0.1-3 ms cold): the batch's other unopened files are opened at once on the IO threads.
+COLD_OPEN_S = 200e-6
 EMPTY_INT = int(EMPTY)
 
 
@@ -209,6 +214,17 @@ def _read_fully(read: _Read) -> None:
         read.done += got
 
 
+@dataclass
+class _Call:
+    """A function run on an IO thread (``IoThreads.call``), its result put at ``results[at]``."""
+    fn: object
+    results: list
+    at: int
+
+    def run(self) -> None:
+        self.results[self.at] = self.fn()
+
+
 class IoThreads:
     """``depth`` threads that run reads handed to them; made on first use, and again in a forked child."""
 
@@ -258,26 +274,48 @@ class IoThreads:
                     thread.start()
             return self._queue
 
+    def call(self, fns: list) -> list:
+        """``fn()`` of each of ``fns`` on the threads, all at once; their results, in order, once all have
+        ended (the first error raised then)."""
+        if len(fns) < 2 or self.depth == 1:
+            return [fn() for fn in fns]
+        jobs = self._started()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        results: list = [None] * len(fns)
+        for i, fn in enumerate(fns):
+            jobs.put((_Call(fn, results, i), done))
+        errors = [err for err in (done.get() for _ in fns) if err is not None]
+        if errors:
+            raise errors[0]
+        return results
+
     @staticmethod
     def _serve(jobs: queue.SimpleQueue) -> None:
         while True:
             job = jobs.get()
             if job is None:
                 return
-            read, done = job
+            work, done = job
             try:
-                _read_fully(read)
+                work.run() if isinstance(work, _Call) else _read_fully(work)
             except BaseException as exc:  # handed to the caller, which raises it
                 done.put(exc)
             else:
                 done.put(None)
 
     def close(self) -> None:
+        """The threads told to end, and waited for (briefly: an idle thread ends at once): each holds a stack
+        and, once it allocated, a malloc arena of address space, which a process that opens store after store
+        under an address-space limit would otherwise pile up."""
         with self._lock:
-            if self._pid == os.getpid():
-                for _ in self._threads:
-                    self._queue.put(None)
+            threads = self._threads if self._pid == os.getpid() else []
+            for _ in threads:
+                self._queue.put(None)
             self._threads, self._queue, self._pid = [], None, -1
+        deadline = time.monotonic() + 1.0
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class FileReads:
@@ -346,6 +384,7 @@ class FileReads:
         within: list[int] = []
         which, fds, shards, inners_at, offs, szs, listed = [], [], [], [], [], [], []
         with array.files_held():
+            self._open_at_once(array, [int(chunks[group[0]]) // per for group in groups])
             for group in groups:
                 shard = int(chunks[group[0]]) // per
                 fd, index, crcs = array.open_shard(shard)
@@ -400,6 +439,38 @@ class FileReads:
         stats.count_round(lengths.tolist(), len(which), sum(1 for c in carried if c > 1), waited,
                           min(self.io_depth, waited), partial, int((whole - sizes[at]).sum()) if at.size else 0)
         return (memory, buf), at
+
+    def _open_at_once(self, array: ShardedArray, shards: list[int]) -> None:
+        """Open the files of ``shards`` not open yet, and read their index tails, on the IO threads at once
+        once they turn out cold: right after a restart each open and tail read waits for the device (the
+        inode, then the tail), and one after the other they bounded a batch to a few hundred files a second.
+        They are opened here one at a time while that takes under ``COLD_OPEN_S`` each (files in the kernel's
+        caches: no thread is worth starting); from the first that waited for the device, the rest go to the
+        threads. The caller holds the files; what fails here is left to ``open_shard``, which reports it."""
+        todo = array.unopened(shards)
+        if len(todo) < 2 or self.io_depth == 1:
+            return
+        for k, shard in enumerate(todo):
+            start = time.perf_counter()
+            got = array.open_file(shard)
+            if got is not None:
+                array.adopt_file(shard, *got)
+            if time.perf_counter() - start >= COLD_OPEN_S and len(todo) - k > 2:
+                rest = todo[k + 1:]
+                break
+        else:
+            return
+        opened = self.threads.call([functools.partial(array.open_file, shard) for shard in rest])
+        for k, (shard, got) in enumerate(zip(rest, opened)):
+            if got is None:
+                continue
+            try:
+                array.adopt_file(shard, *got)
+            except BaseException:  # closed by adopt_file; the rest are closed before the error goes on
+                for later in opened[k + 1:]:
+                    if later is not None:
+                        os.close(later[0])
+                raise
 
     @staticmethod
     def _check_tag_crcs(array, chunks, buffer, pos, sizes, crc_checks) -> None:

@@ -302,12 +302,45 @@ class ShardedArray:
                 raise CorruptDataError(f"array {self.layout.path!r}, shard {shard}: file {path} is missing, but the "
                                        "last commit says it holds committed data (deleted or moved?)") from None
             return -1, None  # not remembered: the file may be written later
+        return self._adopt(shard, fd, path)
+
+    def unopened(self, shards) -> list[int]:
+        """Those of ``shards`` whose file this array holds no descriptor for (caller holds ``files_held()``)."""
+        return [s for s in shards if s not in self._fds]
+
+    def open_file(self, shard: int) -> tuple[int, int, bytes] | None:
+        """(descriptor, size, index tail) of shard ``shard``'s file, read without touching this array's state,
+        so that many files can be opened at once on other threads (each open and tail read of a cold file
+        waits for the device); ``adopt_file`` then checks and keeps it. None for any failure: ``open_shard``
+        then opens the file itself and reports what is wrong."""
+        try:
+            fd = os.open(self.layout.shard_file(self.root, shard), os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            return fd, size, read_tail(fd, size, self.layout.chunks_per_shard)
+        except OSError:
+            os.close(fd)
+            return None
+
+    def adopt_file(self, shard: int, fd: int, size: int, tail: bytes) -> None:
+        """Keep a file ``open_file`` opened, as ``open_shard`` would have (its identity and index checked,
+        errors raised the same way); the caller holds ``files_held()``. A shard opened meanwhile keeps its
+        descriptor and this one is closed."""
+        if shard in self._fds:
+            os.close(fd)
+            return
+        self._adopt(shard, fd, self.layout.shard_file(self.root, shard), (size, tail))
+
+    def _adopt(self, shard: int, fd: int, path: str, read: tuple[int, bytes] | None = None
+               ) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
         if hasattr(os, "posix_fadvise"):  # chunk reads are small and random: no readahead (a cgroup pays for it)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         try:
             index = self._indexes.get(shard)
             if index is None:
-                index = self._read_checked_index(fd, shard, path)
+                index = self._read_checked_index(fd, shard, path, read)
         except OSError as exc:
             os.close(fd)
             raise OSError(exc.errno, f"{exc.strerror} (reading the index of array {self.layout.path!r}, shard "
@@ -322,12 +355,16 @@ class ShardedArray:
             os.close(old)
         return fd, index
 
-    def _read_checked_index(self, fd: int, shard: int, path: str) -> tuple[np.ndarray, np.ndarray]:
-        """The shard's index from its file, after checking the file's identity (when the commit lists one;
-        the tag's chunk crcs are kept for ``read_chunk``)."""
+    def _read_checked_index(self, fd: int, shard: int, path: str, read: tuple[int, bytes] | None = None
+                            ) -> tuple[np.ndarray, np.ndarray]:
+        """The shard's index from its file (``read``: its (size, tail), read already), after checking the
+        file's identity (when the commit lists one; the tag's chunk crcs are kept for ``read_chunk``)."""
         n = self.layout.chunks_per_shard
-        size = os.fstat(fd).st_size
-        tail = read_tail(fd, size, n)
+        if read is None:
+            size = os.fstat(fd).st_size
+            tail = read_tail(fd, size, n)
+        else:
+            size, tail = read
         crcs = self._check_tail(shard, tail)
         index = _as_columns(index_from_tail(tail, size, n, f"array {self.layout.path!r}, shard {shard}"))
         # 4 bytes a chunk (a tuple of ints costs ~36): a reader keeps these for every shard it read from
