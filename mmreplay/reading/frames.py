@@ -134,6 +134,7 @@ class FrameReader(FrameEvents):
                 new.runs = old.runs
             if new.resident is not None:
                 new.resident.check_file = col.array.check_file  # only the files the commit expects are held
+                new.resident.proven_files = col.array.proven_files
                 new.resident.forget_files = col.array.forget
             if old is not None:
                 new.tier.hits, new.tier.misses = old.tier.hits, old.tier.misses

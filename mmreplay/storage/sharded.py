@@ -26,13 +26,14 @@ from typing import Callable
 
 import numpy as np
 
+from mmreplay._native import shardcheck
 from mmreplay.errors import CorruptDataError
 from mmreplay.storage.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write
 from mmreplay.storage.layout import ArrayLayout
-from mmreplay.storage.shardfile import (CRC_BYTES, EMPTY, ShardTag, build_shard, check_identity, check_written_since,
-                                       decode_chunk, encode_chunk, identity, index_from_tail, read_tail, tag_nbytes,
-                                       tail_nbytes)
+from mmreplay.storage.shardfile import (CRC_BYTES, EMPTY, TAG_MAGIC, TAG_VERSION, ShardTag, array_crc, build_shard,
+                                       check_identity, check_written_since, decode_chunk, encode_chunk, identity,
+                                       index_from_tail, read_tail, tag_nbytes, tail_nbytes)
 
 EMPTY_INT = int(EMPTY)
 
@@ -120,6 +121,18 @@ class ShardedArray:
             return
         raise CorruptDataError(f"{self.where(shard, inner)}: the shard index marks this chunk empty, but the last "
                                "commit says it holds committed rows (an older or misplaced shard file?)")
+
+    def proven_files(self, shards: list[int], buffer: np.ndarray, offsets: np.ndarray, sizes: np.ndarray
+                     ) -> np.ndarray:
+        """Per whole shard file read into ``buffer`` (file ``i``: ``sizes[i]`` bytes at ``offsets[i]``), True if
+        one compiled check proves it the file the commit expects, each chunk included (``_native/shardcheck``);
+        False: not proven, and ``check_file`` decides (the partial shard, a file the commit lists no identity
+        for, anything wrong)."""
+        partial = self.partial[0] if self.partial is not None else None
+        identities = np.array([-1 if s == partial else self.identities.get(s, -1) for s in shards], dtype=np.int64)
+        return shardcheck.expected_files(buffer, offsets, sizes, identities, np.asarray(shards, dtype=np.int64),
+                                         self.layout.chunks_per_shard, array_crc(self.layout.path), TAG_MAGIC,
+                                         TAG_VERSION)
 
     def check_file(self, shard: int, raw) -> None:
         """``raw`` (a whole shard file read elsewhere, e.g. into the compressed tier) must be a well-formed
