@@ -286,7 +286,10 @@ class FrameReader(FrameEvents):
                         continue  # the tiers were planned again: this pass's generations say nothing about them
                     wanted = self._to_load(name, col, group)
                     if wanted:
-                        in_flight.append((name, col, pool.submit(self._read_group, col, wanted)))
+                        try:
+                            in_flight.append((name, col, pool.submit(self._read_group, col, wanted)))
+                        except RuntimeError:  # the interpreter is shutting down: no new reader may start
+                            return
                     while len(in_flight) >= PRELOAD_READS_AHEAD:
                         self._hold_group(in_flight.popleft(), listed)
             while in_flight and not self._stop.is_set():
