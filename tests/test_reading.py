@@ -157,7 +157,7 @@ def rss_of_mapping_pages(buf: np.ndarray) -> int:
 
 
 def test_a_group_of_shards_is_read_whole_within_the_budget_each_on_its_own_pages(tmp_path):
-    """``open_many``/``load_many`` (the background pass's reads): what fits the budget is held, byte for
+    """``open_many``/``read_many``/``hold_many`` (the background pass's reads): what fits the budget is held, byte for
     byte as the files are, the rest refused; a missing file is skipped; a shard dropped later gives its
     pages back although the others of its group stay."""
     lay = layout(tmp_path, rows=96)
@@ -169,7 +169,7 @@ def test_a_group_of_shards_is_read_whole_within_the_budget_each_on_its_own_pages
     budget = len(raw[0]) + len(raw[1]) + len(raw[2]) + len(raw[3]) // 2  # room for three of them
     opened = res.open_many([0, 4, 1, 2, 3, 5])  # shard 4 has no file
     assert opened.sizes[1] == -1 and opened.fds[1] == -1
-    assert res.load_many(opened, budget, res.generations(range(6))) == 3
+    assert res.hold_many(res.read_many(opened, budget), budget, res.generations(range(6))) == 3
     assert (opened.fds == -1).all()  # every descriptor closed
     assert sorted(res.buffers) == [0, 1, 2] and res.nbytes <= budget and res.full(budget)
     for shard in (0, 1, 2):
@@ -254,7 +254,7 @@ def test_a_group_load_that_raced_a_drop_installs_nothing_stale(tmp_path):
     listed = res.generations([0, 1])
     opened = res.open_many([0, 1])
     res.drop([1])  # what the writer's replacement of the file does meanwhile
-    assert res.load_many(opened, 1 << 20, listed) == 1
+    assert res.hold_many(res.read_many(opened, 1 << 20), 1 << 20, listed) == 1
     assert sorted(res.buffers) == [0]
 
 

@@ -56,7 +56,7 @@ def _page_round(n: int) -> int:
 
 class OpenedShards:
     """Shard files of one column opened together (``ResidentShards.open_many``), the kernel already
-    reading them (``bulk.open_files``); ``load_many`` reads, holds and closes them."""
+    reading those not opened ``O_DIRECT`` (``bulk.open_files``); ``read_many`` reads and closes them."""
 
     def __init__(self, shards: list[int], fds: np.ndarray, sizes: np.ndarray, direct: np.ndarray):
         self.shards, self.fds, self.sizes, self.direct = shards, fds, sizes, direct
@@ -91,7 +91,7 @@ class ResidentShards:
         self.nbytes = 0
         self.loads = 0  # shards read from their files
         self.refused = 0  # size of the last file refused for want of room (a partial tier is full)
-        # shard -> (mapping, offset, bytes) of a shard loaded by ``load_many`` into a mapping it shares with
+        # shard -> (mapping, offset, bytes) of a shard read by ``read_many`` into a mapping it shares with
         # others of its group: released, its own pages are given back at once (``_release``)
         self._spans: dict[int, tuple[mmap.mmap, int, int]] = {}
         self._generation: dict[int, int] = {}  # shard -> writer-side changes so far (drops and installs)
@@ -251,11 +251,6 @@ class ResidentShards:
         per file."""
         fds, sizes, opened_direct = bulk.open_files([self.layout.shard_file(self.root, s) for s in shards], direct)
         return OpenedShards(list(shards), fds, sizes, opened_direct)
-
-    def load_many(self, opened: OpenedShards, budget: int, expected: tuple[dict[int, int], int]) -> int:
-        """``load`` for a group of opened files (then closed): ``read_many``, then ``hold_many``. Returns how
-        many were held."""
-        return self.hold_many(self.read_many(opened, budget), budget, expected)
 
     def read_many(self, opened: OpenedShards, budget: int) -> "ReadShards | None":
         """The files of ``opened`` (then closed) that fit ``budget`` as the tier stands, read whole into one
