@@ -125,7 +125,7 @@ class Settings:
     - ``encoder``: where a writer compresses its image shards: ``"process"`` (default: a child process, so
       compression runs beside the adds) or ``"thread"`` (the store's writer thread; e.g. when /dev/shm is too
       small for the shared buffers). Overridden by ``MMREPLAY_ENCODER``.
-    - ``partial_reads``: a run of frames (the temporal codec, layout 2) that the disk path read whole once is
+    - ``partial_reads``: a run of frames (the temporal codec, layouts 2 and 3) that the disk path read whole once is
       later read only in the bytes the frames a batch needs take, each checked against a crc32c kept in RAM
       (``reading/runs.py``; ~170 bytes a run of 16, counted against ``cache_bytes``). ``False``: every miss
       reads its whole run. Overridden by ``MMREPLAY_PARTIAL_READS`` (``0`` or ``1``).

@@ -19,21 +19,24 @@ from test_nstep import assert_nstep_matches
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "atari_fixture.npz")
 LAYOUT2 = {"name": "temporal", "level": 3, "run": 8, "search": 8, "layout": 2}
+# layout 3: the same bytes, frames up to one reference from the key LZ4 blocks (a partial read's chain crosses both)
+LAYOUT3 = {"name": "temporal", "level": 3, "run": 8, "search": 8, "layout": 3, "lz4_depth": 1}
 CAPACITY = 256
 TINY = 1 << 12  # nothing fits: every run comes from its file
 LARGE = 1 << 30
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """A layout-2 store whose 256-row ring wrapped three times and then some (37 rows: the head sits inside
+@pytest.fixture(scope="module", params=[LAYOUT2, LAYOUT3], ids=["layout2", "layout3"])
+def recorded(tmp_path_factory, request):
+    """A layout-2 (or -3) store whose 256-row ring wrapped three times and then some (37 rows: the head sits inside
     a run), with episodes of 5 steps (starts fall inside runs of 8), and its reference."""
     with np.load(FIXTURE, allow_pickle=False) as data:
         frames = data["frames"]
     path = str(tmp_path_factory.mktemp("partial") / "store.mmr")
     ref = ReferenceReplay(3, CAPACITY)
     with mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6), capacity=CAPACITY,
-                               frame_stack=3, reward_values=(-1, 0, 1), frame_codec=LAYOUT2, durable=False) as s:
+                               frame_stack=3, reward_values=(-1, 0, 1), frame_codec=request.param,
+                               durable=False) as s:
         frame = 0
         for t in range(3 * CAPACITY + 37):
             step = t % 5

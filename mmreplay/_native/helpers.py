@@ -29,8 +29,9 @@ from numba import types
 from mmreplay._native.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
 from mmreplay._native.gather import gather_stacks
 from mmreplay._native.bounds import check_indices
-from mmreplay._native.decode import check_decodes, check_frame_decodes, check_plan, decode_chunks, decode_frame_groups, ensure_linked
-from mmreplay._native.runs import decode_partial_groups
+from mmreplay._native.decode import (check_decodes, check_frame_decodes, check_plan, decode_chunks,
+                                     decode_frame_groups_with, ensure_linked, zstd_create_dctx, zstd_free_dctx)
+from mmreplay._native.runs import decode_partial_groups_with
 from mmreplay import settings
 from mmreplay._native import cache, decode as native, gather, intrinsics, kernel_cache, runs, temporal_header
 
@@ -69,7 +70,7 @@ def _now_ns(timespec):  # pragma: no cover (compiled)
 
 # -- the work itself ---------------------------------------------------------------------------------
 @numba.njit(cache=True, nogil=True)
-def _run_piece(ctrl, piece):  # pragma: no cover (compiled)
+def _run_piece(ctrl, piece, dctx):  # pragma: no cover (compiled)
     kind, total, per = ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE]
     lo = piece * per
     hi = min(total, lo + per)
@@ -81,8 +82,8 @@ def _run_piece(ctrl, piece):  # pragma: no cover (compiled)
         js = numba.carray(address(ctrl[ARG + 3]), (n_requests,), np.int64)
         dsts = numba.carray(address(ctrl[ARG + 4]), (n_requests,), np.int64)
         status = numba.carray(address(ctrl[ARG + 5]), (total,), np.int8)
-        bad = decode_frame_groups(src[lo:hi], sizes[lo:hi], starts[lo:hi + 1], js, dsts, ctrl[ARG + 6], ctrl[ARG + 7],
-                                  status[lo:hi])
+        bad = decode_frame_groups_with(dctx, src[lo:hi], sizes[lo:hi], starts[lo:hi + 1], js, dsts, ctrl[ARG + 6],
+                                       ctrl[ARG + 7], status[lo:hi])
         if bad:
             atomic_add(ctrl, BAD, bad)
         return
@@ -101,8 +102,9 @@ def _run_piece(ctrl, piece):  # pragma: no cover (compiled)
         dir_refs = numba.carray(address(ctrl[ARG + 11]), (n_rows, width), np.int8)
         dir_bounds = numba.carray(address(ctrl[ARG + 12]), (n_rows, width + 1), np.uint32)
         dir_fcrc = numba.carray(address(ctrl[ARG + 13]), (n_rows, width), np.uint32)
-        bad = decode_partial_groups(src[lo:hi], firsts[lo:hi], lasts[lo:hi], rows[lo:hi], starts[lo:hi + 1], js, dsts,
-                                    ctrl[ARG + 8], ctrl[ARG + 9], dir_n, dir_refs, dir_bounds, dir_fcrc, status[lo:hi])
+        bad = decode_partial_groups_with(dctx, src[lo:hi], firsts[lo:hi], lasts[lo:hi], rows[lo:hi], starts[lo:hi + 1],
+                                         js, dsts, ctrl[ARG + 8], ctrl[ARG + 9], dir_n, dir_refs, dir_bounds, dir_fcrc,
+                                         status[lo:hi])
         if bad:
             atomic_add(ctrl, BAD, bad)
         return
@@ -133,8 +135,9 @@ def _run_piece(ctrl, piece):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def _claim_and_run(ctrl):  # pragma: no cover (compiled)
-    """Claim and run pieces of the current job until none is left; False if there was none to claim."""
+def _claim_and_run(ctrl, dctx):  # pragma: no cover (compiled)
+    """Claim and run pieces of the current job until none is left; False if there was none to claim. ``dctx``:
+    the thread's zstd context, kept across pieces (0: none, each decode then makes its own)."""
     ran = False
     while True:
         ticket = atomic_load(ctrl, TICKET)
@@ -142,7 +145,7 @@ def _claim_and_run(ctrl):  # pragma: no cover (compiled)
         if nxt >= n:
             return ran
         if atomic_cas(ctrl, TICKET, ticket, ticket + 1):
-            _run_piece(ctrl, nxt)
+            _run_piece(ctrl, nxt, dctx)
             atomic_add(ctrl, DONE, 1)
             ran = True
 
@@ -165,7 +168,10 @@ def _post(ctrl, n_pieces, n_helpers):  # pragma: no cover (compiled)
 def _work(ctrl):  # pragma: no cover (compiled)
     """The caller's part: pieces until none is left, then wait for those helpers hold. Returns the
     number of failed decodes."""
-    _claim_and_run(ctrl)
+    dctx = zstd_create_dctx()
+    _claim_and_run(ctrl, dctx)
+    if dctx != 0:
+        zstd_free_dctx(dctx)
     n = (atomic_load(ctrl, TICKET) >> 16) & MAX_PIECES
     while atomic_load(ctrl, DONE) < n:
         sched_yield()
@@ -179,8 +185,10 @@ def _serve(ctrl, me, spin_ns):  # pragma: no cover (compiled)
     timespec = np.zeros(2, dtype=np.int64)
     atomic_store(ctrl, SLEEPING + me, 0)
     idle_since = _now_ns(timespec)
+    dctx = zstd_create_dctx()  # one for this wake-up's pieces, freed before sleeping
+    stop = 1
     while atomic_load(ctrl, STOP) == 0:
-        if _claim_and_run(ctrl):
+        if _claim_and_run(ctrl, dctx):
             idle_since = _now_ns(timespec)
             continue
         if _now_ns(timespec) - idle_since > spin_ns:
@@ -189,9 +197,12 @@ def _serve(ctrl, me, spin_ns):  # pragma: no cover (compiled)
             if ticket & MAX_PIECES < (ticket >> 16) & MAX_PIECES:
                 atomic_store(ctrl, SLEEPING + me, 0)
                 continue
-            return 0
+            stop = 0
+            break
         sched_yield()
-    return 1
+    if dctx != 0:
+        zstd_free_dctx(dctx)
+    return stop
 
 
 class CodecHelpers:

@@ -1,4 +1,4 @@
-"""Compiled kernels of partial run reads: what a layout-2 temporal run's directory entry holds, which bytes of
+"""Compiled kernels of partial run reads: what a layout-2 (or -3) temporal run's directory entry holds, which bytes of
 the run a batch needs, and the decode of those bytes alone (``reading/runs.py`` keeps the entries).
 
 Invariant: ``decode_partial_groups`` writes a frame to its destination only after the crc32c of every zstd
@@ -22,9 +22,8 @@ from mmreplay._native import decode as native
 from mmreplay._native import intrinsics, kernel_cache
 from mmreplay._native.bounds import check_array, check_indices, span
 from mmreplay._native import temporal_header as temporal
-from mmreplay._native.decode import (BAD_CHECKSUM, BAD_CODEC, BAD_SIZE, OK, TEMPORAL_HEADER, TEMPORAL_MAGIC2, _zstd,
-                                     check_frame_decodes, crc32c, memcpy, zstd_create_dctx, zstd_free_dctx,
-                                     zstd_is_error)
+from mmreplay._native.decode import (BAD_CHECKSUM, BAD_CODEC, BAD_SIZE, OK, TEMPORAL_HEADER, TEMPORAL_MAGIC2,
+                                     check_frame_decodes, crc32c, memcpy, zstd_create_dctx, zstd_free_dctx)
 from mmreplay._native.intrinsics import address
 
 kernel_cache.follow(__file__, native, intrinsics, temporal)  # the kernels inline decode's
@@ -33,7 +32,7 @@ kernel_cache.follow(__file__, native, intrinsics, temporal)  # the kernels inlin
 @numba.njit(cache=True, nogil=True)
 def index_runs(src_addrs, sizes, rows, dir_n, dir_refs, dir_bounds, dir_fcrc):  # pragma: no cover (compiled)
     """Entry ``rows[g]`` from the chunk of ``sizes[g]`` bytes (its 4 checksum bytes included) at
-    ``src_addrs[g]``, whose checksum the caller matched: layout-2 runs of at most ``dir_refs.shape[1]``
+    ``src_addrs[g]``, whose checksum the caller matched: layout-2 (or -3) runs of at most ``dir_refs.shape[1]``
     frames whose header is well formed get one (``dir_n`` set last); others none (``dir_n`` 0). Returns the
     number of entries made."""
     made = 0
@@ -157,11 +156,9 @@ def _decode_partial(src, first, last, r, js, dsts, fb, scratch, dctx, dir_n, dir
                 a, b = np.int64(dir_bounds[r, f]), np.int64(dir_bounds[r, f + 1])
                 if crc32c(base + a, b - a) != dir_fcrc[r, f]:
                     return BAD_CHECKSUM
-                got = _zstd(dctx, at, fb, base + a, b - a)
-                if zstd_is_error(got) != 0:
-                    return BAD_CODEC
-                if got != fb:
-                    return BAD_SIZE
+                status = native.decode_frame(dctx, at, fb, base + a, b - a)
+                if status != OK:
+                    return status
                 d = np.int64(dir_refs[r, f])
                 if d != 0:
                     frame = numba.carray(address(at), (fb,), np.uint8)
@@ -180,9 +177,20 @@ def decode_partial_groups(src_addrs, firsts, lasts, rows, starts, js, dsts, fram
     ``js[starts[g]:starts[g + 1]]`` go to ``dsts[starts[g]:starts[g + 1]]``, each decoded with the frames its
     references lead to, every one checked against its recorded crc32c first. ``status[g]`` says how it went;
     returns the failures."""
+    dctx = zstd_create_dctx()
+    bad = decode_partial_groups_with(dctx, src_addrs, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows,
+                                     dir_n, dir_refs, dir_bounds, dir_fcrc, status)
+    if dctx != 0:
+        zstd_free_dctx(dctx)
+    return bad
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_partial_groups_with(dctx, src_addrs, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows, dir_n,
+                               dir_refs, dir_bounds, dir_fcrc, status):  # pragma: no cover (compiled)
+    """``decode_partial_groups`` with the caller's zstd context (0: none; a codec helper keeps one)."""
     scratch = np.empty(max(run_rows, dir_refs.shape[1]) * frame_nbytes, dtype=np.uint8)
     loc = np.zeros(3 * max(1, dir_refs.shape[1]), dtype=np.int64)
-    dctx = zstd_create_dctx()
     bad = 0
     for g in range(src_addrs.size):
         a, b = starts[g], starts[g + 1]
@@ -190,8 +198,6 @@ def decode_partial_groups(src_addrs, firsts, lasts, rows, starts, js, dsts, fram
                                     np.int64(scratch.ctypes.data), dctx, dir_n, dir_refs, dir_bounds, dir_fcrc, loc)
         if status[g] != OK:
             bad += 1
-    if dctx != 0:
-        zstd_free_dctx(dctx)
     return bad
 
 

@@ -1,5 +1,5 @@
-"""Partial reads of temporal runs from their files: a directory, in RAM, of the layout-2 runs the disk path has
-read, so that a later miss reads only the bytes of the frames it needs.
+"""Partial reads of temporal runs from their files: a directory, in RAM, of the layout-2 (and -3) runs the disk
+path has read, so that a later miss reads only the bytes of the frames it needs.
 
 Invariant: a frame decoded from a partial read is returned only if the crc32c of each zstd frame on its chain
 equals the one recorded here, and what is recorded here was computed from bytes whose whole-chunk checksum

@@ -45,16 +45,21 @@ def validate_codec(spec: Any) -> Mapping[str, Any]:
 
 
 def validate_temporal(spec: Mapping[str, Any]) -> None:
-    """A temporal codec spec (``storage/temporal.py``): zstd level, frames per run, reference search."""
+    """A temporal codec spec (``storage/temporal.py``): zstd level, frames per run, reference search, layout
+    (and for layout 3 the chain depth up to which frames are LZ4)."""
     level, run = spec.get("level", temporal.DEFAULT_LEVEL), spec.get("run", temporal.DEFAULT_RUN)
     search = spec.get("search", temporal.DEFAULT_SEARCH)
     layout = spec.get("layout", temporal.DEFAULT_LAYOUT)
     if layout not in temporal.LAYOUTS or isinstance(layout, bool):
         raise ValueError(f"temporal codec {dict(spec)} invalid: layout must be one of {temporal.LAYOUTS}, "
                          f"got {layout!r}")
-    max_run = temporal.MAX_RUN if layout == 1 else 64  # layout 2: references are signed bytes
-    for key, value, lo, hi in (("level", level, -7, 22), ("run", run, 1, max_run),
-                               ("search", search, 0, temporal.MAX_RUN)):
+    max_run = temporal.MAX_RUN if layout == 1 else 64  # layouts 2 and 3: references are signed bytes
+    checks = [("level", level, -7, 22), ("run", run, 1, max_run), ("search", search, 0, temporal.MAX_RUN)]
+    if layout == 3:  # frames up to this many references from a key are LZ4 (a chain is shorter than the run)
+        checks.append(("lz4_depth", spec.get("lz4_depth", temporal.DEFAULT_LZ4_DEPTH), 0, max_run))
+    elif "lz4_depth" in spec:
+        raise ValueError(f"temporal codec {dict(spec)} invalid: lz4_depth applies to layout 3 only")
+    for key, value, lo, hi in checks:
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
             raise ValueError(f"temporal codec {dict(spec)} invalid: {key} must be an integer in {lo}..{hi}, "
                              f"got {value!r}")
@@ -80,7 +85,8 @@ class Compressor:
             level = int(spec.get("level", temporal.DEFAULT_LEVEL))
             search = int(spec.get("search", temporal.DEFAULT_SEARCH))
             layout = int(spec.get("layout", temporal.DEFAULT_LAYOUT))
-            self.encode = lambda arr: temporal.encode(arr, level, search, layout)
+            lz4_depth = int(spec.get("lz4_depth", temporal.DEFAULT_LZ4_DEPTH))
+            self.encode = lambda arr: temporal.encode(arr, level, search, layout, lz4_depth)
             self._decompress = None
         elif spec["name"] == "blosc":
             self.format_code = BLOSC_FORMAT_CODE[spec.get("cname", "lz4")]
@@ -180,7 +186,8 @@ def zarr_compressor(spec: Mapping[str, Any], dtype: np.dtype):
         temporal.register_with_zarr()
         return temporal.zarr_codec_class()(level=int(spec.get("level", temporal.DEFAULT_LEVEL)),
                                            search=int(spec.get("search", temporal.DEFAULT_SEARCH)),
-                                           layout=int(spec.get("layout", temporal.DEFAULT_LAYOUT)))
+                                           layout=int(spec.get("layout", temporal.DEFAULT_LAYOUT)),
+                                           lz4_depth=int(spec.get("lz4_depth", temporal.DEFAULT_LZ4_DEPTH)))
     if spec["name"] == "blosc":
         return BloscCodec(cname=spec.get("cname", "lz4"), clevel=int(spec.get("clevel", 5)),
                           shuffle="noshuffle" if dtype.itemsize == 1 else "shuffle", typesize=dtype.itemsize,
