@@ -299,3 +299,72 @@ def test_a_binding_budget_pays_for_the_run_directory_and_the_index(recorded):
         index = s._state.ring.nbytes
         assert index > 0 and stats["runs"]["nbytes"] > 0 and stats["compressed"]["capacity_bytes"] > 0
         assert stats["compressed"]["capacity_bytes"] + stats["runs"]["nbytes"] + index <= PARTIAL_RESIDENT_SHARE * budget
+
+
+def _frames_bytes(path):
+    root = os.path.join(path, "frames", "obs")
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+
+
+def test_a_failed_tier_decode_waits_for_the_file_reads_beside_it(recorded, monkeypatch):
+    """A batch whose runs lie partly in the tier and partly in files reads the files on the file-reads thread
+    while it decodes the tier's: when that decode fails, the batch raises its error only after the reads
+    ended, and the next batches are true."""
+    from mmreplay.reading.frames import FrameReader
+
+    path, ref = recorded
+    monkeypatch.setattr(disk, "_cached_first", False)
+    with mmreplay.Store.open(path, mode="r", cache_bytes=_frames_bytes(path) // 2) as s:
+        wait_preloaded(s)
+        held = int(np.count_nonzero(column(s).resident.chunk_addr > 0))
+        assert 0 < held < CAPACITY // 8, held  # some runs held, some read from their files
+        real, calls = FrameReader._run_frame_decodes, []
+
+        def failing(self, *args):
+            calls.append(self)
+            if len(calls) == 1:
+                raise CorruptDataError("injected: the tier's decode failed")
+            return real(self, *args)
+
+        monkeypatch.setattr(FrameReader, "_run_frame_decodes", failing)
+        reads = s.inspect.cache_stats()["obs"]["disk"]["reads"]
+        with pytest.raises(CorruptDataError, match="injected"):
+            s.inspect.get(ref.valid_ids(s.inspect.valid_range()[0]))
+        assert s.inspect.cache_stats()["obs"]["disk"]["reads"] > reads  # the files were read beside it
+        all_batches(s, ref)
+        nstep_batches(s, ref)
+
+
+def test_a_forked_child_reads_runs_from_files_with_its_own_thread(recorded):
+    """A child forked while the parent's file-reads, IO and codec-helper threads exist (none of them is in the
+    child) reads runs from their files through a store it opens itself: true rows, no hang."""
+    import time
+
+    path, ref = recorded
+    with mmreplay.Store.open(path, mode="r", cache_bytes=TINY) as s:
+        all_batches(s, ref)  # the parent's file-reads and IO threads exist now
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            code = 1
+            try:  # the parent's store refuses a forked child (StoreClosedError): the child opens its own
+                with mmreplay.Store.open(path, mode="r", cache_bytes=TINY) as mine:
+                    all_batches(mine, ref)
+                    nstep_batches(mine, ref)
+                code = 0
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 120
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung reading runs from their files")
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(status) == 0
+        all_batches(s, ref)
