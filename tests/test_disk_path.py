@@ -415,17 +415,17 @@ def test_while_the_background_pass_runs_a_miss_reads_its_chunks_not_whole_shards
     """Right after a restart the background pass reads every shard in file order; a batch that loaded the
     shards of its own frames whole as well read ~100x the bytes it needed (10M Atari: 43 batch-32/s in the
     first 10 s). While the pass runs, misses are chunk reads; the pass still fills the tier."""
-    from mmreplay.reading.frames import FrameReader
+    from mmreplay.reading.preload import BackgroundPass
 
     store, ref = make_store(store_path, atari_frames, "delta-zstd")
     store.close()
     hold = threading.Event()
-    real = FrameReader._preload
+    real = BackgroundPass._run
 
     def paused(self, shards, listed):
         hold.wait(60)
         return real(self, shards, listed)
-    monkeypatch.setattr(FrameReader, "_preload", paused)
+    monkeypatch.setattr(BackgroundPass, "_run", paused)
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=LARGE) as s:
         try:
             for _ in range(4):

@@ -16,6 +16,7 @@ import mmreplay
 from conftest import wait_preloaded
 from mmreplay._native import decode as native
 from mmreplay.reading.frames import FrameReader
+from mmreplay.reading.preload import BackgroundPass
 from mmreplay.reading.tiers import (MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, PARTIAL_RESIDENT_SHARE, TierPlan,
                                     plan_tiers)
 from mmreplay.reading.resident import EMPTY_CHUNK, ResidentShards
@@ -263,13 +264,13 @@ def test_the_background_pass_lets_go_of_the_file_indexes_of_what_it_holds(atari_
     while the pass was starting) is let go, as is its descriptor (~3 KB a shard: ~30 MB for 10M Atari)."""
     import threading
     path, data = atari_like
-    hold, real = threading.Event(), FrameReader._preload
+    hold, real = threading.Event(), BackgroundPass._run
 
     def paused(self, shards, listed):
         hold.wait(60)
         return real(self, shards, listed)
 
-    monkeypatch.setattr(FrameReader, "_preload", paused)
+    monkeypatch.setattr(BackgroundPass, "_run", paused)
     with mmreplay.Store.open(path, mode="r") as s:
         col = s._state.reader.columns["obs"]
         array = col.column.array
@@ -289,9 +290,9 @@ def test_a_group_load_that_fails_leaks_no_descriptor_and_the_rows_stay_true(atar
     """The background pass reads the next groups of files on reader threads while it holds the first: if
     a read raises (an ``mmap`` refused for want of memory), the pass stops there, the groups read or opened
     meanwhile are closed all the same and held nowhere, and what the tier lacks is read from the files."""
-    from mmreplay.reading import frames as frames_module
+    from mmreplay.reading import preload as preload_module
     path, data = atari_like
-    monkeypatch.setattr(frames_module, "PRELOAD_GROUP_FILES", 1)  # one file a group: several groups
+    monkeypatch.setattr(preload_module, "PRELOAD_GROUP_FILES", 1)  # one file a group: several groups
     real, calls = ResidentShards.read_many, []
 
     def fails_first(self, opened, *args, **kw):
@@ -304,8 +305,8 @@ def test_a_group_load_that_fails_leaks_no_descriptor_and_the_rows_stay_true(atar
     monkeypatch.setattr(ResidentShards, "read_many", fails_first)
     before = set(os.listdir("/proc/self/fd"))
     with mmreplay.Store.open(path, mode="r") as s:
-        s._state.reader._preloader.join(60)
-        assert 0 in calls and len(calls) <= frames_module.PRELOAD_READS_AHEAD  # stopped at the failure
+        s._state.reader.background.join(60)
+        assert 0 in calls and len(calls) <= preload_module.PRELOAD_READS_AHEAD  # stopped at the failure
         assert not s._state.reader.columns["obs"].resident.buffers  # the groups read beside it: dropped
         g = np.arange(*s.inspect.valid_range())
         np.testing.assert_array_equal(s.inspect.get(g).obs.numpy(), expected_obs(data, g))

@@ -122,15 +122,15 @@ def test_the_loader_never_installs_a_shard_the_resumed_writer_entered(wrapped, m
         monkeypatch.setattr(bulk, "read_files", read_files)
     # Which shard the writer enters next is known once the store is open: the loader is held at start-up
     # (it lists the shards, then waits here) until it is named.
-    from mmreplay.reading.frames import FrameReader
-    real_preload = FrameReader._preload
+    from mmreplay.reading.preload import BackgroundPass
+    real_preload = BackgroundPass._run
     named = threading.Event()
 
     def preload(self, *args):
         assert named.wait(WAIT)
         return real_preload(self, *args)
 
-    monkeypatch.setattr(FrameReader, "_preload", preload)
+    monkeypatch.setattr(BackgroundPass, "_run", preload)
     with mmreplay.Store.open(path, cache_bytes=budget, durable=False) as s:
         ring, reader = s._state.frames, s._state.reader
         assert reader.columns["obs"].direct and reader.columns["obs"].resident is not None
@@ -142,7 +142,7 @@ def test_the_loader_never_installs_a_shard_the_resumed_writer_entered(wrapped, m
             add(s, 1)
         add(s, ring.shard_rows // 2)  # rows of the new lap, in RAM, in the shard the loader is about to install
         go.set()
-        reader._preloader.join()
+        reader.background.join()
         check_newest(s)
         add(s, ring.shard_rows)  # the writer leaves the shard: it is written and installed
         check_newest(s)
@@ -170,7 +170,7 @@ WINDOW = textwrap.dedent("""
     path, budget = {path!r}, {budget}
     s = mmreplay.Store.open(path, cache_bytes=budget, durable=False)
     ring, reader = s._state.frames, s._state.reader
-    reader._preloader.join()
+    reader.background.join()
     col = reader.columns["obs"]
     res = col.resident
     assert col.direct and res is not None
@@ -323,7 +323,7 @@ HOSTILE_READ = textwrap.dedent("""
     for path in sys.argv[1:]:
         print("reading", path, flush=True)  # the last line names the store if this process dies
         with mmreplay.Store.open(path, mode="r", cache_bytes={budget}) as s:
-            s._state.reader._preloader.join()
+            s._state.reader.background.join()
             oldest, head = s.inspect.valid_range()
             try:
                 s.inspect.get(np.arange(oldest + 4, head))

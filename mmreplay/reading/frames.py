@@ -16,8 +16,8 @@ of that batch in the cache. Each frame passes through at most three tiers:
 The reader learns of writes through ``FrameEvents`` (it is the ring's listener): shards written or
 changed elsewhere, rows about to be overwritten, a ring that grew. A batch holds its column's compressed
 tier still while it decodes (``ResidentShards.reading``), so the writer thread's installs and the
-background loader (``start_preload``) never free or move bytes under a decode; the loader installs no
-shard that the writer entered, wrote or dropped after the loader listed it. The budget (``cache_bytes``)
+background pass (``reading/preload.py``) never free or move bytes under a decode; the pass installs no
+shard that the writer entered, wrote or dropped after the pass listed it. The budget (``cache_bytes``)
 is split between the tiers by ``plan_tiers``; when the decoded cache could hold only a small share of the
 frames, frames are decoded straight into the batch instead (``_decode_into_batch``), and when the compressed
 frames do not fit beside a useful decoded cache, nearly all of the budget goes to the compressed tier.
@@ -25,7 +25,6 @@ frames do not fit beside a useful decoded cache, nearly all of the budget goes t
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import threading
@@ -34,10 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from mmreplay.errors import CorruptDataError
-from mmreplay._native import bulk
 from mmreplay._native.bounds import address_of
 from mmreplay._native import decode as native
 from mmreplay.reading.disk import FileReads
+from mmreplay.reading.preload import BackgroundPass
 from mmreplay.settings import DEFAULT_IO_DEPTH
 from mmreplay._native.gather import checked_gather_cached, checked_gather_stacks, checked_index_cached
 from mmreplay._native.helpers import DECODES_PER_PIECE, RUNS_PER_PIECE, STACKS_PER_PIECE, codec_helpers
@@ -53,14 +52,6 @@ SHARED_MIN_STACKS = 2 * STACKS_PER_PIECE
 # the copy of a low-dim batch (32 stacks of 16-byte rows) well under 1 us (~10% of low-dim batch-32's time).
 SHARED_MIN_STACK_BYTES = 256 * 1024
 SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE
-# The background pass reads this many bytes of shard files at once (at most this many files), up to
-# PRELOAD_READS_AHEAD groups at a time. Small, because a batch's chunk reads wait behind what is queued: on
-# a VM whose disk streamed ~100 MB/s from one reader of ~100 KB files, 4 MB groups made batches slower while
-# the tier filled.
-PRELOAD_GROUP_BYTES = 1 << 20
-PRELOAD_GROUP_FILES = 64
-# Groups read at once by the background pass's reader threads (each opens its files, then reads them whole).
-PRELOAD_READS_AHEAD = 4
 SHARED_MIN_RUNS = 2 * RUNS_PER_PIECE
 # What a frame compresses to before any shard of it was written (Atari frames: ~13x with lz4).
 ASSUMED_RATIO = 8.0
@@ -86,8 +77,7 @@ class FrameReader(FrameEvents):
         # again from the real figure (``shard_written`` measures, the next read re-plans, under the lock).
         self._measured = measured
         self._replan_with: dict[str, int] | None = None
-        self._preloader: threading.Thread | None = None
-        self._stop = threading.Event()
+        self.background = BackgroundPass(self)
         self._file_reads: ThreadPoolExecutor | None = None  # see _read_runs_beside
         self._file_reads_pid = -1
         self._file_reads_lock = threading.Lock()
@@ -109,7 +99,7 @@ class FrameReader(FrameEvents):
         ``ring_bytes`` compressed bytes per column if it were full. A column's compressed shards already held
         stay held (they are the same bytes); its decoded cache stays unless its role changed."""
         ring = self.ring
-        self._ring_bytes = ring_bytes
+        self.ring_bytes = ring_bytes  # compressed bytes of each column's ring, as planned
         self._planned_rows = rows = self._rows_to_plan()
         ring_bytes = {name: int(b * rows / ring.rows) for name, b in ring_bytes.items()}
         decoded_ring = sum(max(1, c.spec.row_nbytes) * rows for c in ring.columns.values())
@@ -161,7 +151,7 @@ class FrameReader(FrameEvents):
         if self._replan_with is not None:
             self._replan_if_measured()
         elif self.ring.head - self.ring.oldest > self._planned_rows:
-            self._plan(self._ring_bytes)
+            self._plan(self.ring_bytes)
 
     @staticmethod
     def _compressed_ring_bytes(ring: FrameRing) -> tuple[dict[str, int], bool]:
@@ -244,108 +234,15 @@ class FrameReader(FrameEvents):
             if col.resident is not None:
                 col.resident.drop()
 
-    # -- the compressed tier filled in the background --------------------------------------------
+    # -- the compressed tier filled in the background (reading/preload.py) --------------------------
     def start_preload(self) -> None:
-        """Read every committed shard into the compressed tier, in file order, on a daemon thread: right
-        after a restart one sequential pass (~0.5 GB for 1M Atari transitions, ~2 s here) replaces
-        hundreds of thousands of small random reads. Called as the store's state is loaded, before anything
-        is added: the shards are listed, and their generations taken, before the writer can enter any of
-        them; a shard the writer enters (or writes, or that is dropped) after that is never installed from
-        its file by this pass."""
-        if not any(c.resident is not None for c in self.columns.values()) or self._preloader is not None:
-            return
-        shards = self._committed_file_shards()
-        listed = {name: (col.resident, col.resident.generations(shards))
-                  for name, col in self.columns.items() if col.resident is not None}
-        self._preloader = threading.Thread(target=self._preload, args=(shards, listed), name="mmreplay-preload",
-                                           daemon=True)
-        self._preloader.start()
-
-    def _committed_file_shards(self) -> list[int]:
-        ring = self.ring
-        first, last = ring.oldest // ring.shard_rows, ring.staging_shard
-        return sorted({ring.file_shard(s) for s in range(first, last)})
-
-    def _preload(self, shards: list[int], listed: dict) -> None:
-        """``listed``: per column, the tier and the generations (and epoch) its shards had when listed.
-        Reads the shards in file order, ``_group_size`` files at a time (``bulk``: no Python per file, the
-        GIL released for every system call), up to ``PRELOAD_READS_AHEAD`` groups at once on reader threads
-        (a cold restart waits on the device for each file's inode and data: one reader at a time left a
-        fast disk idle); this thread checks and holds the groups in order. One file at a time from Python
-        where ``bulk`` is not available."""
-        if not bulk.AVAILABLE:
-            self._preload_one_by_one_all(shards, listed)
-            return
-        step = self._group_size()  # once: a group size that changed mid-pass would skip or repeat shards
-        in_flight: collections.deque = collections.deque()
-        pool = ThreadPoolExecutor(PRELOAD_READS_AHEAD, thread_name_prefix="mmreplay-preload-read")
-        try:
-            for lo in range(0, len(shards), step):
-                group = shards[lo:lo + step]
-                for name, col in list(self.columns.items()):
-                    if self._stop.is_set():
-                        return
-                    if name not in listed or col.resident is not listed[name][0]:
-                        continue  # the tiers were planned again: this pass's generations say nothing about them
-                    wanted = self._to_load(name, col, group)
-                    if wanted:
-                        try:
-                            in_flight.append((name, col, pool.submit(self._read_group, col, wanted)))
-                        except RuntimeError:  # the interpreter is shutting down: no new reader may start
-                            return
-                    while len(in_flight) >= PRELOAD_READS_AHEAD:
-                        self._hold_group(in_flight.popleft(), listed)
-            while in_flight and not self._stop.is_set():
-                self._hold_group(in_flight.popleft(), listed)
-        except OSError:
-            return  # e.g. no memory for a group's mapping: the tier stays partial, the rest is read from files
-        finally:
-            for _, _, future in in_flight:
-                future.cancel()
-            pool.shutdown(wait=True)  # reads in flight end (their descriptors closed); their bytes are dropped
-
-    def _read_group(self, col: ColumnReader, shards: list[int]):
-        """A reader thread's part: the group's files opened (``O_DIRECT`` where allowed: the bytes go from the
-        device into the tier's pages, never through the page cache, so they count once against a memory
-        cgroup) and read whole."""
-        res = col.resident
-        return res.read_many(res.open_many(shards, direct=True), col.tier.capacity_bytes)
-
-    def _hold_group(self, entry, listed: dict) -> None:
-        name, col, future = entry
-        read = future.result()  # an OSError of the reader ends the pass (see ``_preload``)
-        if col.resident is listed[name][0] and not self._stop.is_set():
-            col.resident.hold_many(read, col.tier.capacity_bytes, listed[name][1])
-
-    def _preload_one_by_one_all(self, shards: list[int], listed: dict) -> None:
-        for name, col in list(self.columns.items()):
-            if name in listed and col.resident is listed[name][0]:
-                self._preload_one_by_one(col, shards, listed[name][1])
-
-    def _group_size(self) -> int:
-        """Shard files a background read takes at once: ~``PRELOAD_GROUP_BYTES`` of them (they are alike)."""
-        ring = self.ring
-        per_file = sum(self._ring_bytes.values()) / max(1, ring.rows // ring.shard_rows)
-        return int(max(1, min(PRELOAD_GROUP_FILES, PRELOAD_GROUP_BYTES // max(1.0, per_file))))
-
-    def _to_load(self, name: str, col: ColumnReader, group: list[int]) -> list[int]:
-        """The shards of ``group`` the tier still lacks and may hold (none once it is full)."""
-        res = col.resident
-        if res.full(col.tier.capacity_bytes):
-            return []
-        in_ram = self.ring.ram_shards(name)  # the writer is in them (their rows come from RAM)
-        return [s for s in group if s not in res.buffers and s not in in_ram]
-
-    def _preload_one_by_one(self, col: ColumnReader, group: list[int], expected) -> None:
-        generations, epoch = expected
-        for shard in self._to_load(col.spec.name, col, group):
-            if self._stop.is_set() or col.resident.full(col.tier.capacity_bytes):
-                return
-            col.resident.load(shard, col.tier.capacity_bytes, (generations[shard], epoch))
+        """Start the background pass that reads the committed shards into the compressed tier. Called as the
+        store's state is loaded, before anything is added (the pass lists the shards then)."""
+        self.background.start()
 
     def preloading(self) -> bool:
         """Is the background pass that fills the compressed tier still running?"""
-        return self._preloader is not None and self._preloader.is_alive()
+        return self.background.running()
 
     def stats(self) -> dict[str, dict]:
         """Per observation key, what ``store.inspect.cache_stats()`` returns."""
@@ -353,9 +250,7 @@ class FrameReader(FrameEvents):
         return {name: col.stats(loading) for name, col in self.columns.items()}
 
     def stop_preload(self) -> None:
-        self._stop.set()
-        if self._preloader is not None:
-            self._preloader.join()
+        self.background.stop()
 
     # -- reading ----------------------------------------------------------------------------------
     def gather(self, name: str, frame_ids: np.ndarray, out: np.ndarray) -> None:
