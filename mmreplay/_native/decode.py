@@ -91,8 +91,8 @@ def _zstd(dctx, dst, capacity, src, size):  # pragma: no cover (compiled)
     return zstd_decompress(dst, capacity, src, size)
 
 
-ZSTD_FRAME_MAGIC = 0xFD2FB528
-LZ4_MAX_BYTES = 0x7E000000  # LZ4_MAX_INPUT_SIZE: larger sizes do not fit LZ4's int arguments
+ZSTD_FRAME_MAGIC = temporal.ZSTD_MAGIC
+LZ4_MAX_BYTES = temporal.LZ4_MAX_BYTES
 
 
 @numba.njit(cache=True, nogil=True)

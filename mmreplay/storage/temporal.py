@@ -72,7 +72,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numcodecs import zstd
 
-from mmreplay._native.temporal_header import HEADER, MAGIC, MAGIC2, MAX_RUN  # one header for encoder and decoder
+# one header for encoder and decoder
+from mmreplay._native.temporal_header import HEADER, LZ4_MAX_BYTES, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
 
 if TYPE_CHECKING:  # zarr is imported lazily: the storage layer's readers never need it
     from zarr.core.array_spec import ArraySpec
@@ -86,7 +87,6 @@ DEFAULT_LEVEL = 3
 DEFAULT_RUN = 8  # frames per chunk: a stack of 4 and its next frame mostly fall in one run
 DEFAULT_SEARCH = 8  # covers vector envs of up to 8 interleaved streams
 DEFAULT_LZ4_DEPTH = 0  # layout 3: the frames coded alone (chain depth 0) in LZ4, every residual in zstd
-LZ4_MAX_BYTES = 0x7E000000  # LZ4's largest input (its sizes are C ints); larger frames stay zstd
 LZ4HC_LEVEL = 9  # LZ4's high-compression default: level 12 saved ~1% more here at several times the time
 
 
@@ -174,7 +174,6 @@ def decode_run(data, out: np.ndarray) -> np.ndarray:
     return out
 
 
-ZSTD_MAGIC = 0xFD2FB528
 _FCS_BYTES = (0, 2, 4, 8)
 _DICT_ID_BYTES = (0, 1, 2, 4)
 
@@ -254,11 +253,12 @@ def encode_frames_run(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int
         raise ValueError(f"a layout-2 temporal chunk holds 1..127 frames, got {n}")
     frames = chunk.reshape(n, -1).view(np.uint8)
     refs, residuals = choose_references_toward_key(frames, search)
-    key_bytes = len(zstd.compress(frames[key_position(n)], level))
+    key = key_position(n)
+    key_coded = zstd.compress(frames[key], level)  # coded alone: its residual is the frame itself
     parts = []
     for i in range(n):
-        coded = zstd.compress(residuals[i], level)
-        if refs[i] and len(coded) >= ALONE_TRY_SHARE * key_bytes:
+        coded = key_coded if i == key else zstd.compress(residuals[i], level)
+        if refs[i] and len(coded) >= ALONE_TRY_SHARE * len(key_coded):
             alone = zstd.compress(frames[i], level)
             if len(alone) < len(coded):
                 refs[i], coded = 0, alone  # chains through frame i still decode: it is the same frame
