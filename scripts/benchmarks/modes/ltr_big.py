@@ -9,7 +9,7 @@
 ``dmc``       1M transitions of real DMC frames (3x84x84 RGB, frame stack 3, episodes of 500 steps) in a
               4 GB cgroup, batch 256 with n-step 3 (gamma 0.99), against a DrQ-v2-style loader
               (``peers/drqv2_loader``: 4 DataLoader workers holding 50k stacked transitions in RAM),
-              unconstrained.
+              unconstrained (the faster of its two allocator settings).
 
 Both also run: the same mmreplay child with the frames forced not to fit (``--ltr-disk-cache-mib``, below the
 compressed store), whose reads issued per second are set against the device's own random 4 KiB reads/s at
@@ -225,8 +225,9 @@ def task_mmreplay(spec: dict) -> dict:
 
 
 def task_drqv2(spec: dict) -> dict:
-    """The DrQ-v2-style loader (4 workers, 50k transitions in RAM): batch-256 n-step-3 windows."""
-    child_setup(tune=False)
+    """The DrQ-v2-style loader (4 workers, 50k transitions in RAM): batch-256 n-step-3 windows. Its workers
+    inherit the allocator setting (``tune_malloc``: raised mmap threshold, or glibc's defaults)."""
+    child_setup(tune=spec.get("tune_malloc", False))
     from ..peers.drqv2_loader import make_loader
     t0 = time.perf_counter()
     it = make_loader(spec["n"], 256, spec["workers"], N_STEP["dmc"], GAMMA)
@@ -286,17 +287,15 @@ def run(runner, args) -> dict:
             "warm_max_s": args.ltr_warm_max_s, "verify_batches": args.ltr_verify_batches, "path": path}
     runs = {"mmreplay": [], "disk": [], "device": [], "peer": [], "peer_default_malloc": []}
     sb3_n = 10_000 if args.quick else 100_000
+    peer, peer_name = ({"task": "ltr_sb3", "n": sb3_n}, f"sb3 {sb3_n:,}") if wl == "atari10m" else \
+        ({"task": "ltrb_drqv2", "n": args.ltr_drq_n, "workers": 4}, "drqv2 loader")
     cg = make_memory_cgroup(limit, f"mmreplay_ltr_{os.getpid()}")
     try:
         for rnd in range(args.ltr_repeats):
-            if wl == "atari10m":
-                for tune in (True, False):  # SB3's reference: the faster of the two allocator settings
-                    runs["peer" if tune else "peer_default_malloc"].append(runner.child(
-                        {**base, "task": "ltr_sb3", "n": sb3_n, "tune_malloc": tune}, timeout=args.child_timeout,
-                        label=f"ltr/sb3 {sb3_n:,} r{rnd} ({'tuned' if tune else 'default'} malloc)"))
-            else:
-                runs["peer"].append(runner.child({**base, "task": "ltrb_drqv2", "n": args.ltr_drq_n, "workers": 4},
-                                                 timeout=args.child_timeout, label=f"ltr/drqv2 loader r{rnd}"))
+            for tune in (True, False):  # the peer's reference: the faster of its two allocator settings
+                runs["peer" if tune else "peer_default_malloc"].append(runner.child(
+                    {**base, **peer, "tune_malloc": tune}, timeout=args.child_timeout,
+                    label=f"ltr/{peer_name} r{rnd} ({'tuned' if tune else 'default'} malloc)"))
             runs["mmreplay"].append(runner.child(
                 {**base, "task": "ltrb_mmreplay", "cold_s": args.ltr_cold_s, "cache_bytes": out["cache_bytes"]},
                 cgroup=cg, label=f"ltr/mmreplay {wl} in cgroup r{rnd}", timeout=args.child_timeout))
@@ -337,7 +336,9 @@ def summarize(runs: dict, wl: str) -> dict:
             for k in ("store_reads_per_s", "syscr_per_s", "device_read_bytes_per_s"):
                 s[name][f"b{B}_{k}"] = _median(rs, f"b{B}_disk", k)
     other = s.pop("peer_default_malloc")
+    s["peer"]["by_allocator"] = {}
     for k in ("b32_per_s", "b256_per_s"):
+        s["peer"]["by_allocator"][k] = {"tuned": s["peer"][k], "default": other[k]}
         vals = [v for v in (s["peer"][k], other[k]) if v is not None]
         s["peer"][k] = max(vals) if vals else None
     return s
@@ -405,6 +406,10 @@ def report(out: dict) -> str:
                      f"{f(r['b32_per_s'])} | {f(r['b256_per_s'])} | {f(r['b256_store_reads_per_s'])} / "
                      f"{f(r['b256_syscr_per_s'])} | {f(r['b256_device_read_bytes_per_s'], 1e6)} | {f(rss, 1e6)} |"
                      + (f" errors: {r['errors']}" if r["errors"] else ""))
+    key = "b32_per_s" if wl == "atari10m" else "b256_per_s"
+    both = s["peer"].get("by_allocator", {}).get(key, {})
+    lines.append(f"{peer}: the faster of its two allocator settings counts ({key[:-6]}/s: mmap threshold raised "
+                 f"{f(both.get('tuned'))}, glibc's defaults {f(both.get('default'))})")
     dev = s["device"]
     how = "O_DIRECT" if dev["direct"] else "page cache dropped, fadvise DONTNEED"
     lines.append(f"device, random 4 KiB reads/s from the store's shards ({how}): depth 1 {f(dev['qd1_reads_per_s'])}, depth 32 "
