@@ -146,6 +146,57 @@ def test_reads_are_merged_and_issued_together(store_path, atari_frames, monkeypa
         assert disk_stats(s)["max_queue_depth"] == 1
 
 
+def evict_chunk_bytes(store) -> None:
+    """The chunks of every frame shard file out of the page cache (written back first: dirty pages stay),
+    their index tails left in: the next reads of chunks wait for the device, a file's open does not."""
+    per = store.geometry.frames.shard_rows
+    root = os.path.join(store.path, "frames")
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if name.endswith(".json"):
+                continue
+            with open(path, "rb") as f:
+                raw = f.read()
+            index = np.frombuffer(raw[len(raw) - index_nbytes(per):-CRC_BYTES], dtype="<u8").reshape(per, 2)
+            stored = index[index[:, 0] != EMPTY]
+            data_end = int((stored[:, 0] + stored[:, 1]).max()) if stored.size else 0
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, data_end & ~4095, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def io_threads(store) -> list:
+    return store._state.reader.disk.threads._threads
+
+
+@pytest.mark.parametrize("starts_reads", [True, False], ids=["kernel-starts-reads", "older-kernel"])
+def test_reads_that_wait_for_the_device_are_collected_by_the_caller_once_the_kernel_started_them(
+        store_path, atari_frames, monkeypatch, starts_reads):
+    """Where ``RWF_NOWAIT`` starts the device reads it cannot serve (Linux >= 5.9), the caller collects
+    them itself, no thread involved; on an older kernel (simulated) the threads issue them. True rows both ways."""
+    if not disk._cached_first:
+        pytest.skip("this platform has no RWF_NOWAIT: every read goes to the threads")
+    store, ref = make_store(store_path, atari_frames, "lz4hc")
+    store.close()
+    monkeypatch.setattr(disk, "_nowait_starts_reads", starts_reads)
+    with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY, io_depth=8) as s:
+        evict_chunk_bytes(s)
+        for _ in range(3):
+            batch = s.sample(64)
+            assert_batch_matches(batch, ref, batch.indices.tolist())
+        stats = disk_stats(s)
+        if stats["page_cache_reads"] == stats["reads"]:
+            pytest.skip("the page cache kept the files (a file system that ignores POSIX_FADV_DONTNEED)")
+        if starts_reads:
+            assert io_threads(s) == []
+        else:
+            assert len(io_threads(s)) == 8 and stats["max_queue_depth"] > 1
+
+
 def test_a_batch_opens_its_cold_files_at_once_and_a_misplaced_one_is_still_named(store_path, atari_frames,
                                                                                  monkeypatch):
     """The files a batch needs that no descriptor is kept for are opened, and their index tails read, on the

@@ -9,13 +9,16 @@ decoded here: the caller checks and decodes the bytes with the compiled decoders
 
 How: each shard's index is parsed once and kept (``ShardedArray``); chunks of one file lying within
 ``MERGE_GAP`` bytes of each other (a sample's stack spans consecutive chunks) are one read; the reads are
-issued by ``io_depth`` threads at once (``os.pread`` releases the GIL), so the device sees up to
-``io_depth`` requests in flight instead of one. What the page cache already holds is read first by the
-caller, without waiting (``RWF_NOWAIT``), and never handed to a thread. That pass also starts the device
-reads of the rest: the kernel begins reading a missing page before it answers ``EAGAIN`` (seen here on
-Linux 6.18), so the threads mostly wait for reads already under way; the threads bound how many requests
-*they* keep in flight, the block layer's queue bounds the rest. Measured on this VM's disk: ~3,900 random 4 KiB reads/s
-from one thread, ~22,000/s with 32 in flight. Files read this way are opened with
+all put to the kernel at once. First pass, by the caller: each read asks for what the page cache holds,
+without waiting (``RWF_NOWAIT``). That pass also starts the device reads of the rest: the kernel begins
+reading a missing page before it answers ``EAGAIN`` (since Linux 5.9; seen here on 6.18), so once it ends
+every read of the batch is in flight at the device, and the caller collects them one after the other
+(each waits only for its own, already issued, request). Reads the pass could not start (a kernel before
+5.9, a file system that refuses the flag) are issued by ``io_depth`` threads at once (``os.preadv``
+releases the GIL), so the device sees up to ``io_depth`` requests in flight instead of one. Why not the
+threads for all: handing ~60 reads a batch to 32 threads cost ~0.14 of a core on 10M Atari forced to
+disk, for the same reads/s (docs/performance.md). Measured on this VM's disk: ~3,900 random 4 KiB
+reads/s from one thread, ~22,000/s with 32 in flight. Files read this way are opened with
 ``POSIX_FADV_RANDOM`` (``storage/sharded.py``): no readahead, which a memory cgroup would be charged for.
 The descriptors stay open while the reads run: they are issued with the array's file lock held
 (``ShardedArray.files_held``), in rounds of at most ``SHARDS_PER_ROUND`` files so that none of them is
@@ -53,7 +56,8 @@ EMPTY_INT = int(EMPTY)
 @dataclass
 class DiskStats:
     """What one column's disk path did. Queue depth: how many reads that had to wait for the device were in
-    flight together (those of one round, at most ``io_depth``), averaged over those reads."""
+    flight together (of one round: those the page-cache pass started, plus at most ``io_depth`` on the
+    threads), averaged over those reads."""
     reads: int = 0  # read requests issued
     bytes: int = 0  # bytes they read
     chunks: int = 0  # chunks they carried
@@ -161,12 +165,13 @@ class ChunkBytes:
 
 
 class _Read:
-    """One request: ``nbytes`` at ``offset`` of a shard file into ``view``; ``done`` bytes of it so far."""
-    __slots__ = ("fd", "offset", "nbytes", "view", "done", "array", "shard", "inner")
+    """One request: ``nbytes`` at ``offset`` of a shard file into ``view``; ``done`` bytes of it so far;
+    ``started``: the kernel already reads the rest (the page-cache pass started it)."""
+    __slots__ = ("fd", "offset", "nbytes", "view", "done", "started", "array", "shard", "inner")
 
     def __init__(self, fd, offset, nbytes, array, shard, inner):
         self.fd, self.offset, self.nbytes, self.array, self.shard, self.inner = fd, offset, nbytes, array, shard, inner
-        self.view, self.done = None, 0
+        self.view, self.done, self.started = None, 0, False
 
     def names(self) -> tuple[str, str]:
         """(the file, the first chunk read) for errors."""
@@ -182,17 +187,35 @@ _refused_roots: set[str] = set()
 _preadv = os.preadv  # bound at import: tests that fake ``os.preadv`` aim at the compressed tier's whole-file loads
 
 
+def _kernel_release() -> tuple[int, int]:
+    """(major, minor) of the running kernel, (0, 0) where it cannot be read."""
+    try:
+        major, minor = os.uname().release.split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    except (ValueError, AttributeError):
+        return 0, 0
+
+
+# An ``RWF_NOWAIT`` read that answers ``EAGAIN`` (or stops short) has started the device read of what it
+# lacks since Linux 5.9 (read-ahead allowed under ``IOCB_NOWAIT``, which came with io_uring's async buffered
+# reads); before, it only refused. Where it starts them, the caller waits for each in turn.
+_nowait_starts_reads = _kernel_release() >= (5, 9)
+
+
 def _read_cached(read: _Read) -> None:
-    """As much of ``read`` as the page cache holds now, without waiting for the device."""
+    """As much of ``read`` as the page cache holds now, without waiting for the device; the rest started at
+    the device where the kernel does that (``read.started``)."""
     try:
         got = _preadv(read.fd, [read.view[read.done:]], read.offset + read.done, os.RWF_NOWAIT)
     except BlockingIOError:
+        read.started = _nowait_starts_reads
         return
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             _refused_roots.add(read.array.root)
         return  # the blocking read tries again, and reports what is wrong
     read.done += max(0, got)
+    read.started = _nowait_starts_reads and got > 0  # short of the end: stopped at a page it started to read
 
 
 def _read_fully(read: _Read) -> None:
@@ -235,34 +258,40 @@ class IoThreads:
         self._pid = -1
         self._lock = threading.Lock()
 
-    def run(self, reads: list[_Read], while_waiting=None) -> int:
+    def run(self, reads: list[_Read], while_waiting=None) -> tuple[int, int]:
         """Every read done, or the first error raised once all have ended (no thread still writes into
-        the caller's buffer after this returns). ``while_waiting()``, when given, is called once the reads
-        that wait for the device are handed to the threads (the caller's other work overlaps them; an error
-        it raises is raised once every read ended). Returns how many had to wait for the device."""
+        the caller's buffer after this returns). ``while_waiting()``, when given, is called once every read
+        that waits for the device is under way (started by the page-cache pass, or handed to the threads):
+        the caller's other work overlaps them; an error it raises is raised once every read ended. Then the
+        caller collects the started ones. Returns how many had to wait for the device, and how many of them
+        were in flight together at most."""
         if _cached_first:
             for read in reads:
                 if read.array.root not in _refused_roots:
                     _read_cached(read)
             reads = [read for read in reads if read.done < read.nbytes]
-        if not reads or len(reads) == 1 or self.depth == 1:
+        started = [read for read in reads if read.started]
+        issue = [read for read in reads if not read.started]
+        if len(issue) < 2 or self.depth == 1:
             if while_waiting is not None:
                 while_waiting()
-            for read in reads:
+            for read in started + issue:
                 _read_fully(read)
-            return len(reads)
+            return len(reads), max(len(started), min(1, len(issue)))
         jobs = self._started()
         done: queue.SimpleQueue = queue.SimpleQueue()
-        for read in reads:
+        for read in issue:
             jobs.put((read, done))
         try:
             if while_waiting is not None:
                 while_waiting()
+            for read in started:
+                _read_fully(read)
         finally:  # even when it raised: no read may still be writing into the caller's buffer
-            errors = [err for err in (done.get() for _ in reads) if err is not None]
+            errors = [err for err in (done.get() for _ in issue) if err is not None]
         if errors:
             raise errors[0]
-        return len(reads)
+        return len(reads), len(started) + min(self.depth, len(issue))
 
     def _started(self) -> queue.SimpleQueue:
         with self._lock:
@@ -429,7 +458,7 @@ class FileReads:
             view = memoryview(buf)
             for read, start in zip(reads, starts.tolist()):
                 read.view = view[start:start + read.nbytes]
-            waited = self.threads.run(reads, while_waiting)
+            waited, depth = self.threads.run(reads, while_waiting)
         if at.size:
             pos[at] = starts[np.asarray(read_of, dtype=np.int64)] + np.asarray(within, dtype=np.int64)
             lo_of[at] = np.asarray(first, dtype=np.int64)
@@ -437,7 +466,7 @@ class FileReads:
             offset_of[at] = np.asarray(offs, dtype=np.int64)
         partial = int(np.count_nonzero(sizes[at] < whole)) if at.size else 0
         stats.count_round(lengths.tolist(), len(which), sum(1 for c in carried if c > 1), waited,
-                          min(self.io_depth, waited), partial, int((whole - sizes[at]).sum()) if at.size else 0)
+                          depth, partial, int((whole - sizes[at]).sum()) if at.size else 0)
         return (memory, buf), at
 
     def _open_at_once(self, array: ShardedArray, shards: list[int]) -> None:
