@@ -6,7 +6,7 @@ Invariant: the store's transition ``i`` (its index, the store never wraps) is da
 every frame, reward and action of it can be rebuilt from ``i`` and the pools alone, so each sampled row is
 checked against the real frames.
 
-    python -m benchmarks.ltr_data atari10m|dmc [--n N] [--codec delta-zstd]   (from scripts/; builds the store)
+    python -m benchmarks.ltr_data atari10m|dmc [--n N] [--codec delta-zstd|JSON spec]   (from scripts/; builds the store)
 """
 from __future__ import annotations
 
@@ -25,10 +25,24 @@ BUILD_MARKER = ".bench_complete.json"
 WORKLOADS = {"atari10m": 10_000_000, "dmc": 1_000_000}
 
 
+def frame_codec(codec: str):
+    """The ``frame_codec`` to create with: a name (``delta-zstd``), or a JSON codec spec
+    (``'{"name": "temporal", "layout": 3, "lz4_depth": 1, "level": 12, "run": 16, "search": 8}'``)."""
+    return json.loads(codec) if codec.lstrip().startswith("{") else codec
+
+
+def codec_label(codec: str) -> str:
+    """A file-name-safe label of ``codec``: the name itself, or a spec's settings (``temporal-layout3-lz4_depth1...``)."""
+    spec = frame_codec(codec)
+    if isinstance(spec, str):
+        return spec
+    return "-".join([str(spec.get("name", "codec"))] + [f"{k}{v}" for k, v in sorted(spec.items()) if k != "name"])
+
+
 def store_path(workdir: str, workload: str, codec: str, n: int | None = None) -> str:
     n = WORKLOADS[workload] if n is None else n
     name = {"atari10m": "atari10m", "dmc": "dmc1m"}[workload] if n == WORKLOADS[workload] else f"{workload}_{n}"
-    return os.path.join(workdir, f"store_{name}_{codec}")
+    return os.path.join(workdir, f"store_{name}_{codec_label(codec)}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,7 +138,7 @@ def build(workload: str, path: str, n: int, codec: str, step: int = 4096) -> dic
         obs_space, act_space, stack, rv = mm_spaces("atari")
         kw = dict(frame_stack=stack, reward_values=rv)
     t0 = time.perf_counter()
-    s = mmreplay.Store.create(path, obs_space, act_space, capacity=n, frame_codec=codec, durable=False,
+    s = mmreplay.Store.create(path, obs_space, act_space, capacity=n, frame_codec=frame_codec(codec), durable=False,
                               commit_every=1_000_000, commit_seconds=600.0, **kw)
     added, last = 0, time.perf_counter()
     for d in chunks(workload, n, step):
