@@ -307,6 +307,8 @@ def run(runner, args) -> dict:
                                                label=f"ltr/device reads r{rnd}", timeout=args.child_timeout))
     finally:
         remove_cgroup(cg)
+    out["machine"] = runner.child({"task": "ltrb_machine", "workload": wl}, label="ltr/machine calibration",
+                                  timeout=args.child_timeout)
     out["runs"] = runs
     out["summary"] = summarize(runs, wl)
     return out
@@ -418,6 +420,12 @@ def report(out: dict) -> str:
                  f"warm hit rate {s['mmreplay']['warm_hit_rate'] or 0:.3f}; mmreplay peak RSS while sampling "
                  f"{f(s['mmreplay'].get('peak_rss_sampling'), 1e6)} MB, with the verification {f(s['mmreplay']['peak_rss'], 1e6)} MB; rows checked "
                  f"{s['mmreplay']['verified'] + s['disk']['verified']:,}, wrong {s['mmreplay']['wrong'] + s['disk']['wrong']}")
+    m = out.get("machine") or {}
+    if "zstd_residual_us" in m:
+        lines.append(f"this machine, one core, a {m['frame_bytes']:,}-byte frame of the workload: zstd-12 residual "
+                     f"decode {m['zstd_residual_us']:.1f} us, LZ4 frame decode {m['lz4_frame_us']:.1f} us; copy "
+                     f"{m['copy_gb_s']:.1f} GB/s; Python loop {m['python_loop_ns']:.0f} ns a step (the store's rate "
+                     "follows the decodes, the peer's mostly the copies)")
     lines += ["", "| target | measured | wanted | |", "|---|---|---|---|"]
     for name, v, t, le in targets(out):
         ok = None if v is None else (v <= t if le else v >= t)
@@ -426,9 +434,49 @@ def report(out: dict) -> str:
     return "\n".join(lines)
 
 
+def workload_frames(wl: str, k: int) -> np.ndarray:
+    """``k`` consecutive real frames of the workload (one stream)."""
+    if wl == "dmc":
+        return np.ascontiguousarray(DmcSource().pool[:k])
+    from ..sources import AtariSource
+    return AtariSource().read_frames(0, k)
+
+
+def task_machine(spec: dict) -> dict:
+    """What this machine's cores do per frame of the workload, one core, best of 5 passes: a residual (the
+    byte difference from the previous frame) decoded by zstd level 12, a frame decoded by LZ4 (numcodecs);
+    a copy's bandwidth and a Python loop's step. The store's rate follows the decodes, the DrQ-v2 loader's
+    and SB3's mostly the copies: between two VMs of this project's kind, the 1M DMC store's in-RAM rate moved
+    2.3x and the loader's ~10%, which moved the ratio as much (docs/performance.md)."""
+    from numcodecs import LZ4, Zstd
+    frames = workload_frames(spec["workload"], 101)
+    residuals = [(frames[i] - frames[i - 1]).tobytes() for i in range(1, len(frames))]  # uint8: modulo 256
+    zstd, lz4 = Zstd(level=12), LZ4()
+    coded = {"zstd_residual": (zstd, [zstd.encode(r) for r in residuals]),
+             "lz4_frame": (lz4, [lz4.encode(f.tobytes()) for f in frames])}
+    out = {}
+    for name, (codec, items) in coded.items():
+        best = min(_seconds(lambda: [codec.decode(c) for c in items]) for _ in range(5))
+        out[f"{name}_us"] = best / len(items) * 1e6
+        out[f"{name}_bytes"] = float(np.mean([len(c) for c in items]))
+    src = np.ones(64 << 20, np.uint8)
+    dst = np.empty_like(src)
+    out["copy_gb_s"] = src.nbytes / min(_seconds(lambda: np.copyto(dst, src)) for _ in range(5)) / 1e9
+    n = 2_000_000
+    out["python_loop_ns"] = min(_seconds(lambda: sum(range(n))) for _ in range(3)) / n * 1e9
+    out["frame_bytes"] = int(frames[0].nbytes)
+    return out
+
+
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def task_build(spec: dict) -> dict:
     return build(spec["workload"], spec["path"], spec["n"], spec["codec"])
 
 
 TASKS = {"ltrb_mmreplay": task_mmreplay, "ltrb_drqv2": task_drqv2, "ltrb_device": task_device_reads,
-         "ltrb_build": task_build}
+         "ltrb_build": task_build, "ltrb_machine": task_machine}
