@@ -16,9 +16,10 @@ every read of the batch is in flight at the device, and the caller collects them
 (each waits only for its own, already issued, request). Reads the pass could not start (a kernel before
 5.9, a file system that refuses the flag) are issued by ``io_depth`` threads at once (``os.preadv``
 releases the GIL), so the device sees up to ``io_depth`` requests in flight instead of one. Why not the
-threads for all: handing ~60 reads a batch to 32 threads cost ~0.14 of a core on 10M Atari forced to
-disk, for the same reads/s (docs/performance.md). Measured on this VM's disk: ~3,900 random 4 KiB
-reads/s from one thread, ~22,000/s with 32 in flight. Files read this way are opened with
+threads for all: they only waited for reads the kernel had started, and handing each to a thread cost
+CPU; collected by the caller, 10M Atari forced to disk sampled 17% more b256/s at 15% less CPU a batch
+(docs/performance.md). Measured on one VM's disk: ~3,900 random 4 KiB reads/s from one thread, ~22,000/s
+with 32 in flight (another's: ~26,000 and ~40,000). Files read this way are opened with
 ``POSIX_FADV_RANDOM`` (``storage/sharded.py``): no readahead, which a memory cgroup would be charged for.
 The descriptors stay open while the reads run: they are issued with the array's file lock held
 (``ShardedArray.files_held``), in rounds of at most ``SHARDS_PER_ROUND`` files so that none of them is

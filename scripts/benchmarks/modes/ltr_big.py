@@ -447,7 +447,7 @@ def task_machine(spec: dict) -> dict:
     byte difference from the previous frame) decoded by zstd level 12, a frame decoded by LZ4 (numcodecs);
     a copy's bandwidth and a Python loop's step. The store's rate follows the decodes, the DrQ-v2 loader's
     and SB3's mostly the copies: between two VMs of this project's kind, the 1M DMC store's in-RAM rate moved
-    2.3x and the loader's ~10%, which moved the ratio as much (docs/performance.md)."""
+    1.7-2.3x and the loader's did not, which moved the ratio as much (docs/performance.md)."""
     from numcodecs import LZ4, Zstd
     frames = workload_frames(spec["workload"], 101)
     residuals = [(frames[i] - frames[i - 1]).tobytes() for i in range(1, len(frames))]  # uint8: modulo 256
