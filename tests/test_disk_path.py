@@ -146,6 +146,11 @@ def test_reads_are_merged_and_issued_together(store_path, atari_frames, monkeypa
         assert disk_stats(s)["max_queue_depth"] == 1
 
 
+def shard_index(raw, per: int) -> np.ndarray:
+    """The ``(per, 2)`` (offset, size) index at the tail of a shard file's bytes ``raw``."""
+    return np.frombuffer(bytes(raw[len(raw) - index_nbytes(per):-CRC_BYTES]), dtype="<u8").reshape(per, 2)
+
+
 def evict_chunk_bytes(store) -> None:
     """The chunks of every frame shard file out of the page cache (written back first: dirty pages stay),
     their index tails left in: the next reads of chunks wait for the device, a file's open does not."""
@@ -157,8 +162,7 @@ def evict_chunk_bytes(store) -> None:
             if name.endswith(".json"):
                 continue
             with open(path, "rb") as f:
-                raw = f.read()
-            index = np.frombuffer(raw[len(raw) - index_nbytes(per):-CRC_BYTES], dtype="<u8").reshape(per, 2)
+                index = shard_index(f.read(), per)
             stored = index[index[:, 0] != EMPTY]
             data_end = int((stored[:, 0] + stored[:, 1]).max()) if stored.size else 0
             fd = os.open(path, os.O_RDONLY)
@@ -304,7 +308,7 @@ def test_a_replaced_chunk_whose_own_checksum_is_right_is_an_error(store_path, at
         path = frame_shard_file(s, 0)
         per = s.geometry.frames.shard_rows  # lz4hc: one frame a chunk
         raw = bytearray(open(path, "rb").read())
-        index = np.frombuffer(bytes(raw[len(raw) - index_nbytes(per):-CRC_BYTES]), dtype="<u8").reshape(per, 2)
+        index = shard_index(raw, per)
         inner = int(np.flatnonzero(index[:, 0] != EMPTY)[3])
         offset, size = int(index[inner, 0]), int(index[inner, 1])
         raw[offset + size - CRC_BYTES - 1] ^= 0x01
