@@ -47,6 +47,11 @@ FRAME_CODECS = {
 # level 6, 59.1-61.0 with this (61.5-63.3 with a zstd context kept per helper thread); 5.06x smaller than raw.
 LARGE_FRAME_BYTES = 16384
 DELTA_ZSTD_LARGE = {"name": "temporal", "level": 12, "run": 16, "search": 8, "layout": 3, "lz4_depth": 0}
+# ``frame_codec="auto"`` (the default): what ``choose_frame_codec`` assumes a grey frame shrinks to, coded
+# alone with lz4hc. Real Atari frames measure ~15x (474 B of 7,056); 10x leaves room for busier games.
+PER_FRAME_RATIO_ASSUMED = 10
+# Colour frames smaller than this (test-sized thumbnails) are coded per frame: a run of them saves little.
+AUTO_TEMPORAL_MIN_BYTES = 4096
 
 
 def validate_name(name: Any, what: str = "column name") -> str:
@@ -303,6 +308,38 @@ def _observation_column(name: str, space: spaces.Space, codec: Mapping[str, Any]
     chunk_rows = 1 << (chunk_rows.bit_length() - 1)  # a power of two, so chunks tile shards exactly
     return ColumnSpec(name, "frame", shape, dtype.name, chunk_rows=chunk_rows,
                       codec=dict(codec) if is_image else dict(DEFAULT_NUMERIC_CODEC))
+
+
+def is_colour_frame(shape: Sequence[int], dtype) -> bool:
+    """A uint8 image with a colour axis (3 or 4 channels) first or last: (3, H, W) or (H, W, 3)."""
+    return (np.dtype(dtype) == np.uint8 and len(shape) == 3
+            and (shape[0] in (3, 4) or shape[-1] in (3, 4)) and min(shape[0], shape[-1]) <= 4)
+
+
+def choose_frame_codec(observation_space: spaces.Space, frames_kept: int | None, budget_bytes: int) -> str:
+    """The frame codec ``frame_codec="auto"`` picks for a new store (existing stores keep theirs).
+
+    - ``"delta-zstd"`` (runs of frames coded against each other) for colour frames of at least
+      ``AUTO_TEMPORAL_MIN_BYTES``: per frame they shrink ~1.6x (lz4hc), in runs ~5x (real DMC frames), and
+      every decode costs less from RAM than from disk;
+    - ``"delta-zstd"`` as well when the store's grey frames, coded one by one, would not fit ``budget_bytes``
+      (the session's ``cache_bytes``) at the store's frame capacity: ``frames_kept`` frames of
+      ``raw / PER_FRAME_RATIO_ASSUMED`` bytes each (10M Atari: ~7 GB against a 1 GiB budget);
+    - ``"lz4hc"`` otherwise (1M Atari: ~0.8 GB, held in RAM whole and decoded in ~1 us a frame), and for an
+      unbounded store (``capacity=None``), whose size is not known at creation.
+    """
+    columns = observation_space.spaces.values() if isinstance(observation_space, spaces.Dict) else [observation_space]
+    grey_bytes = 0
+    for space in columns:
+        if not isinstance(space, spaces.Box) or np.dtype(space.dtype) != np.uint8 or len(space.shape) not in (2, 3):
+            continue
+        raw = int(np.prod(space.shape, dtype=np.int64))
+        if is_colour_frame(space.shape, space.dtype) and raw >= AUTO_TEMPORAL_MIN_BYTES:
+            return "delta-zstd"
+        grey_bytes += raw
+    if frames_kept is not None and grey_bytes and frames_kept * grey_bytes // PER_FRAME_RATIO_ASSUMED > budget_bytes:
+        return "delta-zstd"
+    return "lz4hc"
 
 
 def _frame_codec(codec: str | Mapping[str, Any]) -> Mapping[str, Any]:
