@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from mmreplay.columns.encode import ColumnEncoder
-from mmreplay.columns.spec import ColumnSpec, Schema, schema_from_spaces
+from mmreplay.columns.spec import ColumnSpec, Schema, choose_frame_codec, schema_from_spaces
 from mmreplay.errors import FormatError, ReadOnlyError, StoreClosedError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.inspection import committed_work, store_info, verify
@@ -60,7 +60,7 @@ class Store:
     # -- construction -----------------------------------------------------------------------------
     @classmethod
     def create(cls, path: str | os.PathLike, observation_space, action_space, capacity: int | None = 1_000_000, *,
-               frame_stack: int = 1, reward_values: Sequence[float] | None = None, frame_codec: Any = "lz4hc",
+               frame_stack: int = 1, reward_values: Sequence[float] | None = None, frame_codec: Any = "auto",
                extras: Sequence[ColumnSpec] = (), columns: Mapping[str, ColumnSpec] | None = None,
                frame_capacity: int | None = None, stack_padding: str = "first", settings: Settings | None = None,
                **session: Any) -> "Store":
@@ -72,13 +72,20 @@ class Store:
         FrameStackObservation) or holds zeros (``"zeros"``, SB3's VecFrameStack).
         ``frame_capacity`` (default ``capacity * 9/8``) bounds the distinct observations kept: each
         episode needs one frame more than it has transitions, so very short episodes may make the
-        frame ring, not ``capacity``, the limit on ``len(store)``. ``settings`` (or its fields as
+        frame ring, not ``capacity``, the limit on ``len(store)``. ``frame_codec``: ``"lz4hc"`` (each frame
+        alone), ``"delta-zstd"`` (runs of frames coded against each other: ~5x smaller, more CPU a sample), a
+        codec dict, or ``"auto"`` (default): the temporal codec for colour frames and for stores whose frames,
+        coded one by one, would not fit ``cache_bytes`` at this capacity (``columns.spec.choose_frame_codec``);
+        the choice is stored, so reopening never changes it. ``settings`` (or its fields as
         keywords: ``cache_bytes=``, ``commit_every=``, ``commit_seconds=``, ``durable=``) are this
         session's choices, not stored.
         """
         path = os.fspath(path)
         settings = Settings.resolve(settings, session)
         validate_capacity(capacity, "capacity")
+        if frame_codec == "auto":  # chosen from the frames, the capacity and the budget (choose_frame_codec)
+            frames_kept = frame_capacity or (None if capacity is None else capacity + capacity // 8)
+            frame_codec = choose_frame_codec(observation_space, frames_kept, settings.cache_bytes)
         schema = schema_from_spaces(observation_space, action_space, reward_values=reward_values,
                                     frame_stack=frame_stack, frame_codec=frame_codec, extras=extras, columns=columns,
                                     stack_padding=stack_padding)
