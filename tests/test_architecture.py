@@ -148,6 +148,13 @@ def test_no_import_cycles_in_the_package():
         " <-> ".join(cycle) for cycle in cycles)
 
 
+def test_no_import_cycles_in_the_bench_harness():
+    graph = import_graph(ROOT / "scripts" / "benchmarks")
+    assert "benchmarks.modes.ltr_big" in graph and "benchmarks.modes.ltr_checks" in graph["benchmarks.modes.ltr_big"]
+    cycles = import_cycles(graph)
+    assert not cycles, "bench modules that import each other: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
 # -- docstrings: every class of the data path says what it is ------------------------------------------
 
 DATA_PATH = ("reading", "storage", "sampling", "index", "columns", "_native")

@@ -10,15 +10,7 @@ from __future__ import annotations
 import json
 import traceback
 
-from .measure import CpuMeter, log, tune_malloc
-
-
-def child_setup(tune: bool = True):
-    """Every child's first step: the allocator setting (``tune=False``: glibc's defaults, as users run) and
-    torch's thread count (left at its default)."""
-    tuned = tune_malloc() if tune else False
-    import torch
-    return tuned, torch.get_num_threads()
+from .measure import CpuMeter, child_setup, log  # noqa: F401  (child_setup: the tasks' first step)
 
 
 def all_tasks() -> dict:

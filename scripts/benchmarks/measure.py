@@ -149,3 +149,11 @@ class CpuMeter:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def child_setup(tune: bool = True):
+    """Every child's first step: the allocator setting (``tune=False``: glibc's defaults, as users run) and
+    torch's thread count (left at its default)."""
+    tuned = tune_malloc() if tune else False
+    import torch
+    return tuned, torch.get_num_threads()

@@ -15,8 +15,7 @@ import time
 import numpy as np
 
 from .cgroup import read_cgroup_stats
-from .child import child_setup
-from .measure import cur_rss_bytes, dir_bytes, drop_caches, io_read_bytes, log, peak_rss_bytes, rate_windows, time_adds
+from .measure import child_setup, cur_rss_bytes, dir_bytes, drop_caches, io_read_bytes, log, peak_rss_bytes, rate_windows, time_adds
 from .sources import ATARI_ACTIONS, AtariSource, atari_chunks
 
 

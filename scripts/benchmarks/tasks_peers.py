@@ -11,8 +11,7 @@ import tempfile
 import numpy as np
 
 from . import peers
-from .child import child_setup
-from .measure import cur_rss_bytes, peak_rss_bytes, rate_windows, time_adds
+from .measure import child_setup, cur_rss_bytes, peak_rss_bytes, rate_windows, time_adds
 from .sources import ATARI_ACTIONS, AtariSource, atari_chunks
 
 

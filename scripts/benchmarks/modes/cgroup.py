@@ -12,7 +12,7 @@ import shutil
 
 from ..cgroup import make_memory_cgroup, remove_cgroup
 from ..measure import dir_bytes, log
-from ..report import _f, md_table, table
+from ..tables import _f, md_table, table
 from ..runner import MiB, aggregate_runs
 from ..sources import FRAME_BYTES
 from .base import Mode

@@ -34,11 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..cgroup import make_memory_cgroup, read_cgroup_stats, remove_cgroup
-from ..child import child_setup
-from ..measure import dir_bytes, drop_caches, io_read_bytes, log, peak_rss_bytes, rate_windows
+from ..measure import child_setup, dir_bytes, drop_caches, io_read_bytes, log, peak_rss_bytes, rate_windows
 from ..sources import AtariSource
 from ..tasks_peers import task_peer
-from . import ltr_big
+from .ltr_big import TASKS as BIG_TASKS, report as big_report, run as run_big_workload, targets as big_targets
+from .ltr_checks import ground_truth, per_second, verify_batches, warm_up  # noqa: F401
 from .base import Mode
 
 STACK = 4
@@ -47,39 +47,6 @@ STACK = 4
 # ----------------------------------------------------------------------------------------------
 # children
 # ----------------------------------------------------------------------------------------------
-def per_second(fn, seconds: float) -> list[float]:
-    """Calls of ``fn`` in each second of the next ``seconds`` (the last one partial, scaled)."""
-    rates, t0 = [], time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        w0, k = time.perf_counter(), 0
-        while time.perf_counter() - w0 < 1.0 and time.perf_counter() - t0 < seconds:
-            fn()
-            k += 1
-        rates.append(k / (time.perf_counter() - w0))
-    return rates
-
-
-def ground_truth(src: AtariSource, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    rows = [src.get(int(i), int(i) + 1, stacks=True) for i in g]
-    return np.concatenate([r["obs"] for r in rows]), np.concatenate([r["next_obs"] for r in rows])
-
-
-def verify_batches(store, n_batches: int, batch: int = 256) -> dict:
-    """Sampled transitions (obs and next_obs stacks) against the real frames they were made from."""
-    src, wrong, checked = AtariSource(), 0, 0
-    smp = store.sampler(batch, seed=777, name="verify")
-    for _ in range(n_batches):
-        b = next(smp)
-        g = b.indices.numpy()
-        exp_o, exp_n = ground_truth(src, g)
-        ok = np.all((b.obs.numpy() == exp_o).reshape(len(g), -1), axis=1) & \
-            np.all((b.next_obs.numpy() == exp_n).reshape(len(g), -1), axis=1)
-        wrong += int((~ok).sum())
-        checked += len(g)
-    smp.close()
-    return {"verified": checked, "wrong": wrong}
-
-
 def codec_rate(path: str, n_shards: int = 40, frame_bytes: int = 84 * 84) -> tuple[float, float]:
     """Frames/s of the codec alone on this store's chunks held in RAM (the compiled decode: checksum and
     blosc/lz4, into a small buffer), on one thread and on every core at once; chunks of ``n_shards`` shard
@@ -201,22 +168,6 @@ def task_sb3(spec: dict) -> dict:
     return task_peer({**spec, "system": "sb3", "workload": "atari", "n_envs": 1, "batch_sizes": [32, 256]})
 
 
-def warm_up(store, smp, window_s: float, max_s: float) -> float:
-    """Sample until the decoded cache's hit rate is stable (two windows within half a point); returns it."""
-    t0, prev, stable, rate = time.perf_counter(), None, 0, 0.0
-    while time.perf_counter() - t0 < max_s and stable < 2:
-        st0 = store.inspect.cache_stats()["obs"]
-        t_end = time.perf_counter() + window_s
-        while time.perf_counter() < t_end:
-            next(smp)
-        st1 = store.inspect.cache_stats()["obs"]
-        looked = (st1["hits"] - st0["hits"]) + (st1["misses"] - st0["misses"])
-        rate = (st1["hits"] - st0["hits"]) / looked if looked else 1.0
-        stable = stable + 1 if prev is not None and abs(rate - prev) < 0.005 else 0
-        prev = rate
-    return rate
-
-
 def task_mm_100k(spec: dict) -> dict:
     child_setup(tune=False)  # glibc's defaults, as users run
     import mmreplay
@@ -270,7 +221,7 @@ def write_memmap_ring(workdir: str, n: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 def run(runner, args) -> dict:
     if args.ltr_workload != "atari1m":
-        return ltr_big.run(runner, args)
+        return run_big_workload(runner, args)
     n, wd = args.ltr_n or 1_000_000, runner.workdir
     codec = args.frame_codec
     base = {"windows": args.windows, "window_s": args.window_s, "warmup_s": max(args.warmup_s, 1.0),
@@ -395,7 +346,7 @@ class LargerThanRamMode(Mode):
     key = "larger_than_ram"
     exclusive = True
     tasks = {"ltr_mmreplay": task_mmreplay, "ltr_memmap": task_memmap, "ltr_sb3": task_sb3,
-             "ltr_mm_100k": task_mm_100k, **ltr_big.TASKS}
+             "ltr_mm_100k": task_mm_100k, **BIG_TASKS}
 
     def add_arguments(self, p) -> None:
         p.add_argument("--larger-than-ram", action="store_true",
@@ -436,7 +387,7 @@ class LargerThanRamMode(Mode):
 
     def report(self, part: dict, results: dict, args) -> list[str]:
         if part.get("workload") in ("atari10m", "dmc"):
-            return ["\n" + ltr_big.report(part)]
+            return ["\n" + big_report(part)]
         from mmreplay.settings import DEFAULT_CACHE_BYTES
         return ["\n" + report(part, DEFAULT_CACHE_BYTES)]
 
@@ -444,7 +395,7 @@ class LargerThanRamMode(Mode):
         if "summary" not in part:
             return
         if part.get("workload") in ("atari10m", "dmc"):
-            for name, value, threshold, le in ltr_big.targets(part):
+            for name, value, threshold, le in big_targets(part):
                 add(name, value, threshold, unit="x" if " vs " in name or "smaller" in name else "", le=le)
             return
         from mmreplay.settings import DEFAULT_CACHE_BYTES

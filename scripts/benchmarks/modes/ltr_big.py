@@ -29,11 +29,11 @@ import time
 import numpy as np
 
 from ..cgroup import make_memory_cgroup, read_cgroup_stats, remove_cgroup
-from ..child import child_setup
 from ..device_reads import task_device_reads
 from ..ltr_data import DmcSource, build, built, store_path
-from ..measure import drop_caches, log, peak_rss_bytes, rate_windows
+from ..measure import child_setup, drop_caches, log, peak_rss_bytes, rate_windows
 from ..runner import MiB
+from .ltr_checks import per_second, verify_batches, warm_up
 
 LIMITS = {"atari10m": 2_000_000_000, "dmc": 4_000_000_000}
 N_STEP = {"atari10m": 1, "dmc": 3}
@@ -161,7 +161,6 @@ def task_mmreplay(spec: dict) -> dict:
     the workload's n-step, reads issued, every verified row checked."""
     child_setup(tune=False)  # glibc's defaults, as users run
     import mmreplay
-    from .larger_than_ram import per_second, verify_batches, warm_up  # (that module imports this one)
     wl, n_step = spec["workload"], N_STEP[spec["workload"]]
     res = {"page_cache_dropped": drop_caches()}
     mem = res["memory"] = {"imported": memory_now()}

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 
 from ..measure import peak_rss_bytes, rate_windows
-from ..report import _f, md_table, table
+from ..tables import _f, md_table, table
 from ..runner import MiB, aggregate_runs
 from ..sources import make_lowdim_data
 from ..tasks_mmreplay import task_mm_fill

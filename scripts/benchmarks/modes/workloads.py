@@ -15,7 +15,7 @@ import os
 import shutil
 
 from ..measure import log
-from ..report import _f, md_table, table
+from ..tables import _f, md_table, table
 from ..runner import MiB, aggregate_runs
 from ..sources import FRAME_BYTES, make_lowdim_data
 from ..tasks_mmreplay import task_mm_fill, task_mm_sample
