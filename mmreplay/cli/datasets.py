@@ -204,14 +204,16 @@ def cmd_import(args) -> int:
 
 
 def _is_unreadable_data(exc: Exception) -> bool:
-    """A malformed JSON file, or h5py's OSError for a file that is not HDF5 ("file signature not found"):
-    messages that name no file. An operating-system error (errno set: missing file, disk full) or one of
-    ours is reported as it is."""
+    """A malformed JSON file, or h5py's plain OSError for a file that is not HDF5 ("file signature not
+    found"): messages that name no file. An operating-system error (errno set: missing file, disk full),
+    a subclass that says what it is (``FileExistsError``: the destination exists, ``PermissionError``...)
+    or one of ours is reported as it is."""
     from mmreplay.errors import MMReplayError
 
     if isinstance(exc, json.JSONDecodeError):
         return True
-    return not isinstance(exc, MMReplayError) and exc.errno is None and exc.filename is None
+    return type(exc) is OSError and not isinstance(exc, MMReplayError) and exc.errno is None and \
+        exc.filename is None
 
 
 def _reward_values(text: str) -> list[float]:

@@ -13,8 +13,12 @@ Invariants:
   d3rlpy's transition pickers). The final observation of a terminated episode has no place in d3rlpy's
   columns: it goes to ``mmreplay_final_observation_i`` (ignored by d3rlpy), and import reads it back, so
   a round trip is exact; a foreign file's terminal next observation is zeros, as d3rlpy uses.
-- Streaming: each episode's datasets are resizable and written ``block_rows`` at a time; import reads
-  ``block_rows`` rows at a time.
+- Streaming: each episode's datasets are resizable and written ``block_rows`` at a time; import checks
+  every dataset against ``bounds.py`` first, then reads at most ``block_rows`` rows and
+  ``bounds.BLOCK_BYTES`` bytes at a time.
+- Atomic (``outputs.staged``): the file is written beside ``out`` and renamed onto it when complete.
+  Episodes a live writer overwrites during the export are left out whole, and counted (``notes``,
+  metadata ``skipped_overwritten_episodes``); the file's episodes are numbered without gaps.
 - Compressed losslessly by default (gzip + shuffle; ``compression="lzf"`` or ``"none"``: ``hdf5.py``).
 """
 
@@ -22,15 +26,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from mmreplay.datasets import hdf5
+from mmreplay.datasets import bounds, hdf5
 from mmreplay.datasets.d4rl import _h5py
 from mmreplay.datasets.episodes import iter_pieces, list_episodes
-from mmreplay.datasets.outputs import new_output
+from mmreplay.datasets.outputs import staged
 from mmreplay.datasets.importing import (
     EpisodeWriter,
     export_metadata,
@@ -58,24 +63,24 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
     obs_specs = {s.name: (tuple(s.shape), s.np_dtype) for s in store.schema.observations}
     act_shape = store.action_space.shape or (1,)
     act_dtype = np.dtype(store.action_space.dtype)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # like `mmreplay export` into a new folder
-    tmp = out + ".partial"
-    with new_output(tmp), h5py.File(tmp, "w", libver=hdf5.LIBVER) as f:
+    with staged(out, "exporting") as staging, h5py.File(staging.path, "w", libver=hdf5.LIBVER) as f:
         f.create_dataset("columns", data=COLUMNS)
-        f.create_dataset("num_episodes", data=len(listing.episodes))
         f.create_dataset("version", data=VERSION)
-        f.attrs["mmreplay"] = json.dumps({**export_metadata(store, listing), "observation_keys": keys})
         cols: dict[str, Any] = {}
-        rows = 0
+        i = 0  # the file's episode number: episodes a writer overwrote during the export leave no gap
 
         def grow(name, values):
             hdf5.append(cols[name], values)
 
-        for piece in iter_pieces(store, listing.episodes, block_rows, progress):
-            i = piece.episode
+        for piece in iter_pieces(store, listing.episodes, block_rows, progress, lost=listing.lost):
+            if piece.lost:  # overwritten part way: what was written of it goes
+                for name in list(f):
+                    if re.fullmatch(rf"(observations|actions|rewards)_{i}(_\d+)?", name):
+                        del f[name]
+                continue
             if piece.start:
-                cols, rows = {}, 0
-                cap = max(1, min(block_rows, len(listing.episodes[i]) + 1))  # rows: steps + final observation
+                cols = {}
+                cap = max(1, min(block_rows, len(listing.episodes[piece.episode]) + 1))  # steps + final obs
                 for j, k in enumerate(keys):
                     name = f"observations_{i}_{j}" if dict_obs else f"observations_{i}"
                     shape, dtype = obs_specs[k]
@@ -86,7 +91,6 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
                 grow(k, piece.obs[k])
             grow("actions", piece.action.reshape(len(piece), *act_shape))
             grow("rewards", piece.reward.astype(np.float32).reshape(-1, 1))
-            rows += len(piece)
             if piece.end:
                 terminated = bool(piece.terminated[-1])
                 if terminated:
@@ -99,9 +103,12 @@ def export_d3rlpy(store, out, *, include_partial: bool = False, episodes: Sequen
                     grow("actions", np.zeros((1, *act_shape), act_dtype))
                     grow("rewards", np.zeros((1, 1), np.float32))
                 f.create_dataset(f"terminated_{i}", data=np.bool_(terminated))
-    os.replace(tmp, out)
-    return {"format": "d3rlpy", "path": out, "episodes": len(listing.episodes), "steps": listing.steps,
-            "compression": compression, "bytes": os.path.getsize(out), "notes": listing.notes}
+                i += 1
+        f.create_dataset("num_episodes", data=i)
+        listing.note_lost()
+        f.attrs["mmreplay"] = json.dumps({**export_metadata(store, listing), "observation_keys": keys})
+    return {"format": "d3rlpy", "path": out, "episodes": len(listing.exported), "steps": listing.exported_steps,
+            "compression": compression, "bytes": os.path.getsize(out), "notes": staging.notes + listing.notes}
 
 
 def _episode_obs(f, i: int, keys: list[str] | None):
@@ -135,11 +142,28 @@ def infer_spaces(f, keys):
     obs_space = spaces.Dict({k: box(v) for k, v in obs.items()}) if isinstance(obs, dict) else box(obs)
     act = f["actions_0"]
     if act.dtype.kind in "iu" and act.shape[1:] in ((), (1,)):
-        hi = max(int(np.max(f[f"actions_{i}"][()], initial=0)) for i in range(n))
+        hi = max(_max_in_blocks(f[f"actions_{i}"]) for i in range(n))
         act_space = spaces.Discrete(hi + 1)
     else:
         act_space = spaces.Box(-np.inf, np.inf, act.shape[1:], act.dtype)
     return obs_space, act_space
+
+
+def _max_in_blocks(ds) -> int:
+    step = bounds.block_rows_for(bounds.row_nbytes(ds.shape[1:], ds.dtype))
+    return max((int(np.max(ds[lo:lo + step])) for lo in range(0, ds.shape[0], step) if lo < ds.shape[0]), default=0)
+
+
+def _check_datasets(f, src: str, n_eps: int) -> None:
+    """Every episode dataset checked against ``bounds.py`` before any is read."""
+    if n_eps < 0 or n_eps > bounds.MAX_ROWS:
+        raise ValueError(f"{src!r}: num_episodes {n_eps} is out of range (0 to {bounds.MAX_ROWS:,})")
+    for name in f:
+        if name in ("columns", "version", "num_episodes"):
+            continue
+        if not hasattr(f[name], "shape"):
+            raise ValueError(f"{src!r}: {name!r} is a group, expected a dataset")
+        bounds.check_hdf5_dataset(f[name], f"{src!r}: {name!r}")
 
 
 def import_d3rlpy(src, path, *, observation_space=None, action_space=None, block_rows: int = 4096, progress=None,
@@ -159,6 +183,7 @@ def import_d3rlpy(src, path, *, observation_space=None, action_space=None, block
         meta = parse_metadata(f.attrs.get("mmreplay"))
         keys = meta.get("observation_keys") if meta.get("observation_keys") != ["obs"] else None
         n_eps = int(f["num_episodes"][()])
+        _check_datasets(f, src, n_eps)
         obs_space, act_space = spaces_from_metadata(meta)
         if observation_space is None or action_space is None:
             inferred = (obs_space, act_space) if obs_space is not None else infer_spaces(f, keys)
@@ -169,7 +194,7 @@ def import_d3rlpy(src, path, *, observation_space=None, action_space=None, block
                            total) as writer:
             for i in range(n_eps):
                 _import_episode(f, i, keys, writer, observation_space, action_space, block_rows)
-    return {"format": "d3rlpy", "path": writer.store.path, "episodes": writer.episodes, "steps": writer.steps}
+    return {"format": "d3rlpy", **writer.summary()}
 
 
 def _import_episode(f, i, keys, writer, obs_space, act_space, block_rows) -> None:
@@ -182,6 +207,10 @@ def _import_episode(f, i, keys, writer, obs_space, act_space, block_rows) -> Non
     if f[f"actions_{i}"].shape[0] != m or f[f"rewards_{i}"].shape[0] != m:
         raise ValueError(f"d3rlpy file: episode {i} has {m} observation rows but {f[f'actions_{i}'].shape[0]} "
                          f"actions and {f[f'rewards_{i}'].shape[0]} rewards")
+    row_bytes = sum(bounds.row_nbytes(ds.shape[1:], ds.dtype) for ds in
+                    (obs.values() if isinstance(obs, dict) else [obs])) * 2  # observations and next observations
+    row_bytes += sum(bounds.row_nbytes(f[name].shape[1:], f[name].dtype) for name in (f"actions_{i}", f"rewards_{i}"))
+    block_rows = bounds.block_rows_for(row_bytes, block_rows)
     spaces_by_key = obs_space.spaces if isinstance(obs, dict) else {None: obs_space}
     for k, ds in (obs.items() if isinstance(obs, dict) else [(None, obs)]):
         if k not in spaces_by_key or tuple(ds.shape[1:]) != tuple(spaces_by_key[k].shape):

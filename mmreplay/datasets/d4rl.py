@@ -11,7 +11,12 @@ Invariants:
   files), rows are read as ``qlearning_dataset`` reads them: next obs = ``observations[i + 1]``; a
   ``timeouts`` row has no known next observation and is dropped, and the step before it becomes the
   episode's last, marked truncated; the file's last row is dropped unless it has a next observation.
-- Streaming: rows are read and written ``block_rows`` at a time (datasets are chunked and resizable).
+- Streaming: rows are written ``block_rows`` at a time (datasets are chunked and resizable) and read in
+  blocks of at most ``block_rows`` rows and ``bounds.BLOCK_BYTES`` bytes, after every dataset was checked
+  against ``bounds.py`` (a file that declares more than it holds is refused before any allocation).
+- Atomic (``outputs.staged``): the file is written beside ``out`` and renamed onto it when complete.
+  Exporting a store that a writer is overwriting exports the episodes that survive the export, whole, and
+  says how many were overwritten meanwhile (summary ``notes`` and the file's ``mmreplay`` metadata).
 - Compressed losslessly by default (gzip + shuffle; ``compression="lzf"`` or ``"none"``: ``hdf5.py``).
 - Dict observations have no flat form here: refused, naming the keys.
 """
@@ -25,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from mmreplay.datasets import hdf5
+from mmreplay.datasets import bounds, hdf5
 from mmreplay.datasets.episodes import iter_pieces, list_episodes
-from mmreplay.datasets.outputs import new_output
+from mmreplay.datasets.outputs import staged
 from mmreplay.datasets.importing import (
     EpisodeWriter,
     export_metadata,
@@ -63,9 +68,7 @@ def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence
     obs_shape = store.observation_space.shape
     obs_dtype = np.dtype(store.observation_space.dtype)
     act_shape, act_dtype = store.action_space.shape, np.dtype(store.action_space.dtype)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # like `mmreplay export` into a new folder
-    tmp = out + ".partial"
-    with new_output(tmp), h5py.File(tmp, "w", libver=hdf5.LIBVER) as f:
+    with staged(out, "exporting") as staging, h5py.File(staging.path, "w", libver=hdf5.LIBVER) as f:
         def column(name, shape, dtype):
             return hdf5.resizable(f, name, shape, dtype, max(1, min(block_rows, listing.steps)), compression)
         cols = {"observations": column("observations", obs_shape, obs_dtype),
@@ -73,8 +76,14 @@ def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence
                 "actions": column("actions", act_shape, act_dtype),
                 "rewards": column("rewards", (), np.float32),
                 "terminals": column("terminals", (), np.bool_), "timeouts": column("timeouts", (), np.bool_)}
-        f.attrs["mmreplay"] = json.dumps(export_metadata(store, listing))
-        for piece in iter_pieces(store, listing.episodes, block_rows, progress):
+        episode_start = 0  # rows before the current episode: an episode the writer overwrote is cut back to it
+        for piece in iter_pieces(store, listing.episodes, block_rows, progress, lost=listing.lost):
+            if piece.lost:
+                for col in cols.values():
+                    col.resize(episode_start, axis=0)
+                continue
+            if piece.start:
+                episode_start = cols["actions"].shape[0]
             timeouts = piece.truncated.copy()
             if piece.end and not (piece.terminated[-1] or piece.truncated[-1]):
                 timeouts[-1] = True  # an unfinished episode (include_partial): the only way to end it here
@@ -82,9 +91,10 @@ def export_d4rl(store, out, *, include_partial: bool = False, episodes: Sequence
                                  ("actions", piece.action), ("rewards", piece.reward),
                                  ("terminals", piece.terminated), ("timeouts", timeouts)):
                 hdf5.append(cols[name], values)
-    os.replace(tmp, out)
-    return {"format": "d4rl", "path": out, "episodes": len(listing.episodes), "steps": listing.steps,
-            "compression": compression, "bytes": os.path.getsize(out), "notes": listing.notes}
+        listing.note_lost()
+        f.attrs["mmreplay"] = json.dumps(export_metadata(store, listing))  # at the end: what was overwritten
+    return {"format": "d4rl", "path": out, "episodes": len(listing.exported), "steps": listing.exported_steps,
+            "compression": compression, "bytes": os.path.getsize(out), "notes": staging.notes + listing.notes}
 
 
 def infer_spaces(f, meta):
@@ -102,7 +112,8 @@ def infer_spaces(f, meta):
         obs_space = spaces.Box(-np.inf, np.inf, obs.shape[1:], obs.dtype)
     act = f["actions"]
     if act.dtype.kind in "iu" and act.shape[1:] in ((), (1,)):
-        hi = max((int(np.max(act[i:i + 1 << 20])) for i in range(0, act.shape[0], 1 << 20)), default=0)
+        step = bounds.block_rows_for(bounds.row_nbytes(act.shape[1:], act.dtype))
+        hi = max((int(np.max(act[i:i + step])) for i in range(0, act.shape[0], step)), default=0)
         act_space = spaces.Discrete(hi + 1)
     else:
         act_space = spaces.Box(-np.inf, np.inf, act.shape[1:], act.dtype)
@@ -119,6 +130,7 @@ def import_d4rl(src, path, *, observation_space=None, action_space=None, block_r
         if missing:
             raise ValueError(f"{src!r} is not a D4RL-style file: missing dataset(s) {missing} (expected "
                              f"{list(KEYS)} and optionally 'next_observations'; found {sorted(f.keys())})")
+        row_bytes = _check_datasets(f, src)
         n = f["observations"].shape[0]
         for k in ("actions", "rewards", "terminals", "timeouts", "next_observations"):
             if k in f and f[k].shape[0] != n:
@@ -130,10 +142,22 @@ def import_d4rl(src, path, *, observation_space=None, action_space=None, block_r
             raise ValueError(f"{src!r}: observations have shape {f['observations'].shape[1:]} per row, the "
                              f"observation space {obs_space} expects {obs_space.shape}")
         has_next = "next_observations" in f
+        block = bounds.block_rows_for(row_bytes, block_rows)
         with EpisodeWriter(path, obs_space, act_space, store_options(meta, store_kwargs), progress, n) as writer:
-            _import_rows(f, n, has_next, writer, block_rows, squeeze_action=act_space.shape == ())
-    return {"format": "d4rl", "path": writer.store.path, "episodes": writer.episodes, "steps": writer.steps,
-            "next_observations": has_next}
+            _import_rows(f, n, has_next, writer, block, squeeze_action=act_space.shape == ())
+    return {"format": "d4rl", **writer.summary(), "next_observations": has_next}
+
+
+def _check_datasets(f, src: str) -> int:
+    """Check every column of the file against ``bounds.py`` before reading any: the bytes of one row of
+    all of them together (what a read block holds per row)."""
+    total = 0
+    for k in (*KEYS, "next_observations"):
+        if k in f:
+            if not hasattr(f[k], "shape"):
+                raise ValueError(f"{src!r}: {k!r} is a group, expected a dataset")
+            total += bounds.check_hdf5_dataset(f[k], f"{src!r}: {k!r}")
+    return total
 
 
 def _import_rows(f, n: int, has_next: bool, writer: EpisodeWriter, block_rows: int, squeeze_action: bool) -> None:

@@ -1,27 +1,44 @@
 """Writing episodes from a dataset into a new store: the one write path every importer uses.
 
 Invariants:
-- The store is created only after the source's spaces and first episode were read and checked, at a
-  path that must not exist yet (``Store.create`` refuses otherwise); nothing existing is touched. A
-  failure part way leaves a store holding the episodes written before it, closed cleanly.
+- Atomic: the store is built in a sibling of the destination (``outputs.staged``: ``<path>.importing-
+  <pid>-<token>``) and renamed onto ``path`` only once it is complete and committed. An import that fails
+  removes its sibling; one that is killed leaves it, and the next import into the same ``path`` removes it
+  and says so (imports restart from the beginning: there is no partial store to resume). So ``path``
+  never holds a partial store that ``Store.open`` would open as data, whatever happens to the process.
+- The store is created only after the source's spaces and first episode were read and checked, at a path
+  that must not exist yet (or be an empty directory); nothing existing is touched.
 - Each episode is written in order with ``Store.extend``, in pieces of any size: a piece continues its
   episode because its first observation equals the previous piece's last next observation, bit for bit
   (the store's own linking rule). An episode that ends without terminated/truncated (unfinished) moves the
   writer to a fresh stream, so the next episode can never be linked onto it by accident.
-- Values are checked by the store (shape, dtype, range) before anything of a piece is stored.
+- Values are checked by the store (shape, dtype, range) before anything of a piece is stored; the
+  source's arrays are checked against ``bounds.py`` before they are read, and read in byte-bounded blocks.
+
+How a format uses it (a new import format gets atomicity and leftover cleaning for free)::
+
+    with EpisodeWriter(path, observation_space, action_space, store_options(meta, store_kwargs),
+                       progress, total_steps) as writer:
+        for each episode, in order, in blocks of ``bounds.block_rows_for(row_bytes, block_rows)`` rows:
+            writer.write(obs, action, reward, next_obs, terminated, truncated, end=last_block_of_episode)
+    return {"format": ..., **writer.summary()}
+
+Everything the format reads happens inside the ``with`` block; the rename happens when it ends without
+an exception. ``writer.notes`` says what leftovers of killed imports were removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from mmreplay.columns.spaces import space_from_json, space_to_json
-from mmreplay.datasets.outputs import new_output
+from mmreplay.datasets.outputs import staged
 
 ProgressFn = Callable[[int, int], None]
 
@@ -31,15 +48,17 @@ STORE_KEYS = ("frame_stack", "stack_padding", "reward_values")
 
 def export_metadata(store, listing) -> dict[str, Any]:
     """What an export records about its store (JSON): spaces, the store options an import restores, and
-    what was left out."""
+    what was left out (written when the export is done: ``skipped_overwritten_episodes`` counts the
+    episodes a writer overwrote while they were read)."""
     reward = store.schema.reward
     return {"format": "mmreplay-export", "version": 1, "source": os.path.abspath(store.path),
             "observation_space": space_to_json(store.observation_space),
             "action_space": space_to_json(store.action_space),
             "frame_stack": store.frame_stack, "stack_padding": store.schema.stack_padding,
             "reward_values": list(reward.values) if reward.kind == "packed" else None,
-            "episodes": len(listing.episodes), "steps": listing.steps,
-            "skipped_cut_episodes": listing.skipped_cut, "skipped_unfinished_episodes": listing.skipped_unfinished}
+            "episodes": len(listing.exported), "steps": listing.exported_steps,
+            "skipped_cut_episodes": listing.skipped_cut, "skipped_unfinished_episodes": listing.skipped_unfinished,
+            "skipped_overwritten_episodes": len(listing.lost)}
 
 
 def parse_metadata(text) -> dict[str, Any]:
@@ -66,20 +85,21 @@ def spaces_from_metadata(meta: Mapping[str, Any]):
 
 
 class EpisodeWriter:
-    """Creates the store lazily and appends episodes piece by piece. Used as a context manager: the store
-    is closed (committed) when the block ends, and removed again if the block raises (``outputs.py``), so
-    a failed import leaves nothing that a later run would open as data."""
+    """Creates the store lazily (in the staging sibling) and appends episodes piece by piece. Used as a
+    context manager: the store is closed (committed) and renamed onto ``path`` when the block ends, and
+    removed if the block raises (see the module invariants)."""
 
     def __init__(self, path, observation_space, action_space, store_kwargs: Mapping[str, Any],
                  progress: ProgressFn | None = None, total_steps: int | None = None):
-        from mmreplay.store import Store
-
         if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
             raise FileExistsError(f"cannot import into {os.fspath(path)!r}: it exists and is not an empty "
                                   "directory (imports always create a new store)")
         self.path = os.fspath(path)
-        self._create = lambda: Store.create(path, observation_space, action_space, **store_kwargs)
+        self._spaces = (observation_space, action_space)
+        self._store_kwargs = dict(store_kwargs)
+        self._staging = None
         self.store = None
+        self.notes: list[str] = []
         self.dict_obs = hasattr(observation_space, "spaces") and isinstance(observation_space.spaces, dict)
         self.keys = list(observation_space.spaces) if self.dict_obs else ["obs"]
         self.stream = 0
@@ -90,7 +110,11 @@ class EpisodeWriter:
 
     def open(self):
         if self.store is None:
-            self.store = self._create()
+            from mmreplay.store import Store
+
+            if self._staging is None:
+                raise RuntimeError("EpisodeWriter: use it as a context manager (with EpisodeWriter(...) as w)")
+            self.store = Store.create(self._staging.path, *self._spaces, **self._store_kwargs)
         return self.store
 
     def write(self, obs, action, reward, next_obs, terminated, truncated, *, end: bool) -> None:
@@ -113,9 +137,14 @@ class EpisodeWriter:
         store.close()
         return store
 
+    def summary(self) -> dict[str, Any]:
+        """What every import reports: the new store's path, episodes and steps, and notes."""
+        return {"path": self.path, "episodes": self.episodes, "steps": self.steps, "notes": list(self.notes)}
+
     def __enter__(self) -> "EpisodeWriter":
-        self._guard = new_output(self.path)
-        self._guard.__enter__()
+        self._guard = staged(self.path, "importing")
+        self._staging = self._guard.__enter__()
+        self.notes = list(self._staging.notes)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -124,8 +153,10 @@ class EpisodeWriter:
                 self.close()
             elif self.store is not None:
                 self.store.close()  # released before its files go
-        finally:
-            self._guard.__exit__(*exc)
+        except BaseException:
+            self._guard.__exit__(*sys.exc_info())
+            raise
+        self._guard.__exit__(*exc)
 
 
 def obs_rows(obs, lo: int, hi: int):

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from mmreplay.datasets import hdf5
+from mmreplay.datasets import bounds, hdf5
 from mmreplay.datasets.episodes import as_space_value, iter_pieces, list_episodes
-from mmreplay.datasets.outputs import new_output
+from mmreplay.datasets.outputs import staged
 from mmreplay.datasets.importing import (
     EpisodeWriter,
     check_obs_shape,
@@ -279,23 +279,27 @@ def export_minari(store, out, *, dataset_id: str | None = None, include_partial:
         notes.append("no env spec given (env_spec= / --env-id): the dataset's recover_environment() will fail; "
                      "give the env id, or for a wrapped env its EnvSpec JSON (env.spec.to_json())")
     raw = {"jpeg_encoding": False} if "jpeg_encoding" in inspect.signature(MinariStorage.new).parameters else {}
-    with new_output(out):
-        os.makedirs(out)
+    with staged(out, "exporting") as staging:
+        os.makedirs(staging.path)
         # absolute: Minari's get_size joins a relative data path onto itself (OUT/data/OUT/data/...)
-        storage = MinariStorage.new(os.path.join(os.path.abspath(out), "data"), observation_space=obs_space,
+        storage = MinariStorage.new(os.path.join(staging.path, "data"), observation_space=obs_space,
                                     action_space=act_space, env_spec=spec, data_format=data_format, **raw)
+        pieces = iter_pieces(store, listing.episodes, block_rows, progress, lost=listing.lost)
+        if data_format == "hdf5":
+            steps, episodes_written = _write_hdf5_episodes(storage, pieces, listing, store.schema.dict_obs,
+                                                           compression)
+        else:
+            steps, episodes_written = _write_arrow_episodes(storage, pieces, store.schema.dict_obs, block_rows)
+        listing.note_lost()
+        meta = export_metadata(store, listing)  # at the end: it counts what a live writer overwrote meanwhile
         storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__, **given,
                                  "mmreplay": json.dumps({**meta, "compression": compression})})
-        pieces = iter_pieces(store, listing.episodes, block_rows, progress)
-        if data_format == "hdf5":
-            steps = _write_hdf5_episodes(storage, pieces, listing, store.schema.dict_obs, compression)
-        else:
-            steps = _write_arrow_episodes(storage, pieces, store.schema.dict_obs, block_rows)
-        storage.update_metadata({"total_episodes": len(listing.episodes), "total_steps": steps,
+        storage.update_metadata({"total_episodes": episodes_written, "total_steps": steps,
                                  "dataset_size": storage.get_size()})
     return {"format": "minari", "path": out, "dataset_id": dataset_id, "data_format": data_format,
-            "compression": compression, "episodes": len(listing.episodes), "steps": listing.steps,
-            "bytes": _dir_bytes(out), "env_spec": None if spec is None else spec.id, "notes": notes}
+            "compression": compression, "episodes": episodes_written, "steps": steps,
+            "bytes": _dir_bytes(out), "env_spec": None if spec is None else spec.id,
+            "notes": staging.notes + notes + [n for n in listing.notes if n not in notes]}
 
 
 def _require_pyarrow() -> None:
@@ -315,14 +319,18 @@ def _write_hdf5_episodes(storage, pieces, listing, dict_obs: bool, compression: 
     into datasets created at the episode's known size."""
     h5py = hdf5.h5py_module()
     steps = 0
+    i = 0  # the dataset's episode number: episodes a writer overwrote during the export leave no gap
     path = os.path.join(os.fspath(storage.data_path), "main_data.hdf5")
     with h5py.File(path, "a", track_order=True, libver=hdf5.LIBVER) as f:
         cols: dict[str, Any] = {}
         at = 0
         for piece in pieces:
-            i = piece.episode
+            if piece.lost:  # overwritten part way: what was written of it goes
+                steps -= at
+                del f[f"episode_{i}"]
+                continue
             if piece.start:
-                n = len(listing.episodes[i])
+                n = len(listing.episodes[piece.episode])
                 group = f.create_group(f"episode_{i}")
                 group.attrs["id"] = i
                 group.attrs["total_steps"] = n
@@ -344,7 +352,8 @@ def _write_hdf5_episodes(storage, pieces, listing, dict_obs: bool, compression: 
             if piece.end:
                 for k, v in piece.next_obs.items():
                     cols[f"obs/{k}"][at] = v[-1]  # the final observation: row N
-    return steps
+                i += 1
+    return steps, i
 
 
 def _write_arrow_episodes(storage, pieces, dict_obs: bool, block_rows: int) -> int:
@@ -352,9 +361,13 @@ def _write_arrow_episodes(storage, pieces, dict_obs: bool, block_rows: int) -> i
     from minari.data_collector import EpisodeBuffer
 
     pending: list = []
-    pending_rows = steps = 0
+    pending_rows = steps = episodes = 0
     cur: dict[str, list] = {}
     for piece in pieces:
+        if piece.lost:  # overwritten part way: its buffered steps go
+            steps -= sum(len(a) for a in cur.get("action", []))
+            cur = {}
+            continue
         if piece.start:
             cur = {"obs": [], "action": [], "reward": [], "term": [], "trunc": []}
         cur["obs"].append(piece.obs)
@@ -370,13 +383,14 @@ def _write_arrow_episodes(storage, pieces, dict_obs: bool, block_rows: int) -> i
                 rewards=np.concatenate(cur["reward"]), terminations=np.concatenate(cur["term"]),
                 truncations=np.concatenate(cur["trunc"])))
             pending_rows += frames[next(iter(frames))].shape[0]
+            episodes += 1
             cur = {}
             if pending_rows >= block_rows:
                 storage.update_episodes(pending)
                 pending, pending_rows = [], 0
     if pending:
         storage.update_episodes(pending)
-    return steps
+    return steps, episodes
 
 
 def open_minari(src):
@@ -411,6 +425,7 @@ def import_minari(src, path, *, progress=None, **store_kwargs) -> dict[str, Any]
                          "JPEG-encoded (lossy): they are not the frames the env gave. Refusing to import "
                          "them as recorded data; collect again with DataCollector(env, jpeg_encoding=False) "
                          "(Minari >= 0.5.4) for a lossless dataset")
+    _check_hdf5_episodes(storage, src)
     opts = store_options(parse_metadata(meta.get("mmreplay")), store_kwargs)
     with EpisodeWriter(path, obs_space, act_space, opts, progress, dataset.total_steps) as writer:
         for ep in dataset.iterate_episodes():
@@ -421,4 +436,31 @@ def import_minari(src, path, *, progress=None, **store_kwargs) -> dict[str, Any]
             nx = {k: v[1:] for k, v in obs.items()} if isinstance(obs, dict) else obs[1:]
             writer.write(o, np.asarray(ep.actions), np.asarray(ep.rewards), nx, np.asarray(ep.terminations, bool),
                          np.asarray(ep.truncations, bool), end=True)
-    return {"format": "minari", "path": writer.store.path, "episodes": writer.episodes, "steps": writer.steps}
+    return {"format": "minari", **writer.summary()}
+
+
+def _check_hdf5_episodes(storage, src) -> None:
+    """Every dataset of an HDF5 Minari dataset checked against ``bounds.py`` before Minari reads any, and
+    each episode's bytes against ``bounds.MAX_EPISODE_BYTES`` (Minari's reader loads whole episodes).
+    Arrow datasets are read by pyarrow, which checks its own buffers."""
+    path = os.path.join(os.fspath(storage.data_path), "main_data.hdf5")
+    if not os.path.isfile(path):
+        return
+    h5py = hdf5.h5py_module()
+    with h5py.File(path, "r") as f:
+        for name, episode in f.items():
+            total = 0
+
+            def check(_key, obj, name=name):
+                nonlocal total
+                if isinstance(obj, h5py.Dataset):
+                    bounds.check_hdf5_dataset(obj, f"Minari dataset {os.fspath(src)!r}: episode {name!r}")
+                    total += int(np.prod(obj.shape, dtype=object)) * obj.dtype.itemsize if obj.shape else 0
+            if isinstance(episode, h5py.Dataset):
+                check(name, episode)
+            else:
+                episode.visititems(check)
+            if total > bounds.MAX_EPISODE_BYTES:
+                raise ValueError(f"Minari dataset {os.fspath(src)!r}: episode {name!r} holds {total:,} bytes, more "
+                                 f"than the {bounds.MAX_EPISODE_BYTES:,} an import accepts (Minari's reader loads "
+                                 "an episode whole)")
