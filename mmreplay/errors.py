@@ -17,6 +17,13 @@ class FormatError(MMReplayError):
     """Stored metadata is malformed, from a newer format version, or inconsistent."""
 
 
+class UnsafeEntryError(FormatError, OSError):
+    """An entry of a store is not what mmreplay makes there: a symbolic link, a FIFO, a device, or a directory
+    where a regular file should be (or a file where a directory should be). Nothing was read from it or
+    written through it. An ``OSError`` too, so that a writer meeting one stops writing as after any failed
+    write (``StorageError``)."""
+
+
 class CorruptDataError(MMReplayError):
     """A stored chunk failed its checksum or decoded to the wrong size."""
 

@@ -184,9 +184,9 @@ def test_a_grown_unbounded_ring_is_durable_before_the_commit_that_names_it(tmp_p
         return real_fsync(fd)
     real_write = files.atomic_write
 
-    def atomic_write(path, data, *, fsync=False):
+    def atomic_write(path, data, **kw):
         events.append(("write", path))
-        return real_write(path, data, fsync=fsync)
+        return real_write(path, data, **kw)
     monkeypatch.setattr(files.os, "fsync", fsync)
     monkeypatch.setattr("mmreplay.storage.commit.atomic_write", atomic_write)
     store = mmreplay.Store.create(tmp_path / "s", gym.spaces.Box(0, 255, (4, 4), np.uint8), gym.spaces.Discrete(2),

@@ -1,7 +1,7 @@
 """Whole shard files read many at a time, with the GIL released for every system call.
 
 Invariant: ``open_files`` returns, per path, an open descriptor and the file's size (or -1 for both when
-the file cannot be opened), and whether it was opened ``O_DIRECT`` (asked for, and allowed by the file
+the file cannot be opened or is not a regular file), and whether it was opened ``O_DIRECT`` (asked for, and allowed by the file
 system); a file opened plainly the kernel has been asked to start reading (``POSIX_FADV_WILLNEED``).
 ``read_files`` reads each file whole from offset 0 into its destination and says how many bytes it got (-1:
 not read; a count other than the size: the read failed or the file changed). It writes nothing outside
@@ -18,6 +18,10 @@ two compiled calls. Direct reads put the device's bytes straight into the tier's
 to make and then drop (~15% of the pass's CPU, measured on a 1.5 GB/s disk), and nothing that counts twice
 against a memory cgroup. A file system that refuses ``O_DIRECT`` at open (tmpfs) or at a read gets the
 plain path for that file.
+
+Only regular files are read: each is opened ``O_NOFOLLOW | O_NONBLOCK`` (a link is refused, and a FIFO opens at
+once instead of waiting for a writer that never comes) and ``statx``'d on its descriptor; anything else is
+closed and reported as not opened (-1), which sends the caller to ``storage/files.open_regular``'s error.
 
 ``read_files`` writes only inside the buffer it is given: before the kernel runs, every file it will read
 is checked to fit that buffer at its offset, a direct one at an aligned address with its rounded-up size
@@ -36,19 +40,37 @@ from numba import types
 
 from mmreplay._native.bounds import check_array
 
-AVAILABLE = hasattr(os, "posix_fadvise") and hasattr(os, "O_CLOEXEC")
+
+
+def _libc_has(name: str) -> bool:
+    try:
+        import ctypes
+
+        return hasattr(ctypes.CDLL(None), name)
+    except (ImportError, OSError):
+        return False
+
+
+# statx (glibc >= 2.28) tells a file's type and size through one fixed, architecture-independent layout
+AVAILABLE = hasattr(os, "posix_fadvise") and hasattr(os, "O_CLOEXEC") and hasattr(os, "O_NOFOLLOW") \
+    and _libc_has("statx")
 
 _i64, _int = types.int64, types.intc
 # open(2) is variadic; called with its third (mode) argument given, as its variadic form receives it
 _open = types.ExternalFunction("open", _int(_i64, _int, _int))
 _pread = types.ExternalFunction("pread", _i64(_int, _i64, _i64, _i64))
 _close = types.ExternalFunction("close", _int(_int))
-_lseek = types.ExternalFunction("lseek", _i64(_int, _i64, _int))
 _fadvise = types.ExternalFunction("posix_fadvise", _int(_int, _i64, _i64, _int))
 # fcntl(2) is variadic: called with its third argument given, as for open(2)
 _fcntl = types.ExternalFunction("fcntl", _int(_int, _int, _int))
+_statx = types.ExternalFunction("statx", _int(_int, _i64, _int, types.uint32, _i64))
 
-_FLAGS = (os.O_RDONLY | os.O_CLOEXEC) if AVAILABLE else 0
+_FLAGS = (os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK) if AVAILABLE else 0
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_AT_EMPTY_PATH = 0x1000  # statx of the descriptor itself
+_STATX_TYPE_SIZE = 0x1 | 0x200
+_STATX_BYTES = 256  # sizeof(struct statx); stx_mode: u16 at 28, stx_size: u64 at 40
+_S_IFMT, _S_IFREG = 0o170000, 0o100000
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 try:
     from fcntl import F_GETFL as _F_GETFL, F_SETFL as _F_SETFL
@@ -56,14 +78,15 @@ except ImportError:  # no fcntl (Windows): AVAILABLE is False there, nothing her
     _F_GETFL = _F_SETFL = 0
 # What a direct read's address, offset and length are multiples of (the common logical block sizes divide it)
 DIRECT_ALIGN = 4096
-_SEEK_END = os.SEEK_END
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
 _DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", 4)
 
 
 @numba.njit(nogil=True, cache=True)
-def _open_all(paths, starts, flags, direct_flag, seek_end, willneed, fds, sizes, direct):  # pragma: no cover
+def _open_all(paths, starts, flags, direct_flag, willneed, fds, sizes, direct, statbuf, mode, size_out
+              ):  # pragma: no cover - compiled
     base = paths.ctypes.data
+    empty = statbuf.ctypes.data + _STATX_BYTES  # a NUL byte: statx's path for "the descriptor itself"
     for i in range(starts.size):
         fd = -1
         if direct_flag != 0:
@@ -75,11 +98,17 @@ def _open_all(paths, starts, flags, direct_flag, seek_end, willneed, fds, sizes,
         sizes[i] = -1
         if fd < 0:
             continue
-        size = _lseek(fd, 0, seek_end)
-        if size < 0:
+        # a regular file only (mode/size_out view statbuf's bytes); then O_NONBLOCK, there for FIFOs, goes
+        ok = _statx(fd, empty, _AT_EMPTY_PATH, _STATX_TYPE_SIZE, statbuf.ctypes.data) == 0 \
+            and (mode[0] & _S_IFMT) == _S_IFREG
+        if ok:
+            fl = _fcntl(fd, _F_GETFL, 0)
+            ok = fl >= 0 and _fcntl(fd, _F_SETFL, fl & ~_O_NONBLOCK) >= 0
+        if not ok:
             _close(fd)
             fds[i] = -1
             continue
+        size = np.int64(size_out[0])
         sizes[i] = size
         if not direct[i]:
             _fadvise(fd, 0, size, willneed)
@@ -139,8 +168,10 @@ def open_files(paths: list[str], direct: bool = False) -> tuple[np.ndarray, np.n
     sizes = np.full(len(paths), -1, dtype=np.int64)
     opened_direct = np.zeros(len(paths), dtype=np.bool_)
     if len(paths):
-        _open_all(buf, starts, _FLAGS, _O_DIRECT if direct and AVAILABLE else 0, _SEEK_END, _WILLNEED, fds, sizes,
-                  opened_direct)
+        statbuf = np.zeros(_STATX_BYTES + 8, dtype=np.uint8)  # + a NUL byte (statx's empty path), aligned views
+        mode, size = statbuf[28:30].view(np.uint16), statbuf[40:48].view(np.uint64)
+        _open_all(buf, starts, _FLAGS, _O_DIRECT if direct and AVAILABLE else 0, _WILLNEED, fds, sizes,
+                  opened_direct, statbuf, mode, size)
     return fds, sizes, opened_direct
 
 

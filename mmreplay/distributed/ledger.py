@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import os
 
-from mmreplay.storage.files import fsync_dir
+from mmreplay.storage.files import atomic_write, fsync_dir, read_regular
 
 LEDGER_FILE = "ledger.json"
 LEDGER_VERSION = 1
+MAX_LEDGER_BYTES = 1 << 24  # two entries of client sequence numbers: kilobytes
 
 
 def ledger_path(shard_dir: str) -> str:
@@ -28,12 +29,15 @@ def ledger_path(shard_dir: str) -> str:
 def read_ledger(shard_dir: str) -> list[dict]:
     """The ledger's entries (oldest first); none for a shard that never committed a batch."""
     path = ledger_path(shard_dir)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return []
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    if doc.get("version") != LEDGER_VERSION:
-        raise ValueError(f"{path}: ledger version {doc.get('version')!r}, this mmreplay reads {LEDGER_VERSION}")
+    try:  # a link, FIFO or device there is refused (UnsafeEntryError), never read through
+        doc = json.loads(read_regular(path, MAX_LEDGER_BYTES))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: the ledger is not valid JSON ({exc})") from None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if version != LEDGER_VERSION:
+        raise ValueError(f"{path}: ledger version {version!r}, this mmreplay reads {LEDGER_VERSION}")
     return doc["entries"]
 
 
@@ -57,14 +61,8 @@ def write_ledger(shard_dir: str, committed: dict | None, head: int, clients: dic
     """Write the entry for ``head`` beside ``committed`` (the entry of the store's current commit; an entry
     written before a crash that never reached the store is dropped) and replace the file atomically."""
     new = ([committed] if committed is not None and committed["head"] != head else []) + [make_entry(head, clients)]
-    path = ledger_path(shard_dir)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"version": LEDGER_VERSION, "entries": new}, f)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    data = json.dumps({"version": LEDGER_VERSION, "entries": new}).encode()
+    atomic_write(ledger_path(shard_dir), data, root=shard_dir, fsync=durable)  # never through a planted link
     if durable:
         fsync_dir(shard_dir)
     return new

@@ -36,8 +36,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from mmreplay.errors import CorruptDataError
+from mmreplay.errors import CorruptDataError, UnsafeEntryError
 from mmreplay._native import bulk
+from mmreplay.storage.files import open_regular
 from mmreplay.storage.layout import ArrayLayout
 from mmreplay.storage.shardfile import EMPTY, index_nbytes, parse_index
 
@@ -212,8 +213,8 @@ class ResidentShards:
         generation, epoch = expected if expected is not None else (self._generation.get(shard, 0), self._epoch)
         path = self.layout.shard_file(self.root, shard)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+            fd = open_regular(path)  # never a FIFO (it would hang the loader) or a link out of the store
+        except (OSError, UnsafeEntryError):
             return False
         try:
             size = os.fstat(fd).st_size

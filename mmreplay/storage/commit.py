@@ -32,7 +32,7 @@ from typing import Any, Callable
 import google_crc32c
 
 from mmreplay.errors import CorruptDataError, FormatError, NotAStoreError
-from mmreplay.storage.files import atomic_write, fsync_dir, fsync_written
+from mmreplay.storage.files import atomic_write, fsync_dir, fsync_written, makedirs_inside, open_regular, read_fd_capped
 
 COMMIT_GROUP = "commit"
 COMMIT_FILE = os.path.join(COMMIT_GROUP, "zarr.json")
@@ -75,11 +75,11 @@ def write_commit(root: str, record: dict[str, Any], *, durable: bool = True) -> 
              "attributes": {COMMIT_KEY: record, CHECKSUM_KEY: record_checksum(record)}}
     data = json.dumps(group, separators=(",", ":"), allow_nan=False).encode()
     directory = os.path.join(root, COMMIT_GROUP)
-    if not os.path.isdir(directory):
-        os.makedirs(directory)
+    if not os.path.lexists(directory):
+        makedirs_inside(root, directory)
         if durable:
             fsync_dir(root)
-    atomic_write(os.path.join(root, COMMIT_FILE), data, fsync=durable)
+    atomic_write(os.path.join(root, COMMIT_FILE), data, root=root, fsync=durable)
     if durable:
         fsync_dir(directory)
 
@@ -100,7 +100,7 @@ def open_commit(root: str) -> tuple[int, bytes]:
     """The commit file opened (the caller closes the fd) and its bytes, read through that fd."""
     path = os.path.join(root, COMMIT_FILE)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)  # never a link, FIFO or device: /dev/zero says size 0 and never ends
     except FileNotFoundError:
         if os.path.exists(os.path.join(root, "zarr.json")):
             raise NotAStoreError(f"{root!r} has no commit record ({COMMIT_FILE} is missing): the store was never "
@@ -109,20 +109,11 @@ def open_commit(root: str) -> tuple[int, bytes]:
                                  "written") from None
         raise NotAStoreError(f"{root!r} is not an mmreplay store: {COMMIT_FILE} is missing") from None
     try:  # readers call this after every batch: read what is there, not into a buffer of the maximum size
-        size = os.fstat(fd).st_size
-        if size > MAX_RECORD_BYTES:
-            raise FormatError(f"{path}: commit record is larger than {MAX_RECORD_BYTES} bytes")
-        parts = []
-        while True:
-            part = os.read(fd, size + 1)
-            if not part:
-                break
-            parts.append(part)
-            size = 1 << 16
+        raw = read_fd_capped(fd, path, MAX_RECORD_BYTES)
     except BaseException:
         os.close(fd)
         raise
-    return fd, b"".join(parts)
+    return fd, raw
 
 
 def parse_commit(raw: bytes, path: str) -> dict[str, Any]:

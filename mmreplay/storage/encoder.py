@@ -76,9 +76,9 @@ class ShardEncoder:
 
     def submit(self, jobs: list[dict], arrays: list[np.ndarray], outputs: list[np.ndarray] | None = None
                ) -> "PendingShard":
-        """Encode ``arrays[i]`` per ``jobs[i]`` (path, rows, chunk_rows, codec) in the child, which writes the
-        shard file; or, with ``outputs`` (shared uint8 buffers from ``allocate``) and ``jobs[i]["head_chunks"]
-        = m``, only chunks ``[0, m)``, back to back into ``outputs[i]``: ``result()`` then gives their sizes
+        """Encode ``arrays[i]`` per ``jobs[i]`` (path, root: the store's path, rows, chunk_rows, codec) in the
+        child, which writes the shard file; or, with ``outputs`` (shared uint8 buffers from ``allocate``) and
+        ``jobs[i]["head_chunks"] = m``, only chunks ``[0, m)``, back to back into ``outputs[i]``: ``result()`` then gives their sizes
         and the caller finishes the shard."""
         for i, (job, array) in enumerate(zip(jobs, arrays)):
             job.update(segment=self._segments[array.ctypes.data].name, shape=list(array.shape),
@@ -191,8 +191,8 @@ def encode_job(job: dict, segments: dict, compressors: dict) -> list[int] | None
             at += len(chunk)
         return sizes
     encoded = [encode_chunk(compressor, array[i * c:(i + 1) * c]) for i in range(n_used)]
-    os.makedirs(os.path.dirname(job["path"]), exist_ok=True)
-    atomic_write(job["path"], build_shard(encoded + [None] * (n_chunks - n_used)))
+    # job["root"]: the store's path; the file's directories are made inside it, never through a link
+    atomic_write(job["path"], build_shard(encoded + [None] * (n_chunks - n_used)), root=job["root"])
     return None
 
 

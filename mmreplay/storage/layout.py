@@ -21,11 +21,12 @@ import numpy as np
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.errors import FormatError
 from mmreplay.storage.codecs import zarr_compressor
-from mmreplay.storage.files import atomic_write, fsync_dir
+from mmreplay.storage.files import atomic_write, fsync_dir, read_regular
 
 FRAMES_GROUP = "frames"
 TRANSITIONS_GROUP = "transitions"
 PRIORITIES_GROUP = "priorities"
+MAX_ARRAY_META_BYTES = 1 << 20  # an array's zarr.json is under 2 KB
 INDEX_CODEC = {"name": "blosc", "cname": "lz4", "clevel": 5}
 
 
@@ -123,11 +124,10 @@ class ArrayLayout:
         this layout's rows); without it no zarr reader can open the array."""
         path = os.path.join(root, self.path, "zarr.json")
         try:
-            with open(path, "rb") as f:
-                meta = json.loads(f.read(1 << 20))
+            meta = json.loads(read_regular(path, MAX_ARRAY_META_BYTES))
         except FileNotFoundError:
             return [f"array {self.path!r}: {path} is missing"]
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, FormatError) as exc:  # FormatError: a link, FIFO or device (UnsafeEntryError)
             return [f"array {self.path!r}: {path} is unreadable ({exc})"]
         shape = meta.get("shape") if isinstance(meta, dict) else None
         codecs = meta.get("codecs") if isinstance(meta, dict) else None
@@ -186,11 +186,10 @@ def resize_arrays(root: str, layouts, rows: int) -> None:
     unbounded ring may grow in the commit a store makes at exit (see ``storage/forking.py``)."""
     for layout in layouts:
         path = os.path.join(root, layout.path, "zarr.json")
-        with open(path, "rb") as f:
-            try:
-                meta = json.loads(f.read(1 << 20))
-            except ValueError as exc:
-                raise FormatError(f"{path}: not valid JSON ({exc}), cannot grow {layout.path!r}") from None
+        try:
+            meta = json.loads(read_regular(path, MAX_ARRAY_META_BYTES))
+        except ValueError as exc:
+            raise FormatError(f"{path}: not valid JSON ({exc}), cannot grow {layout.path!r}") from None
         shape = meta.get("shape") if isinstance(meta, dict) else None
         if not isinstance(shape, list) or not shape or not isinstance(shape[0], int) or \
                 meta.get("node_type") != "array":
@@ -201,5 +200,5 @@ def resize_arrays(root: str, layouts, rows: int) -> None:
         if new_len > shape[0]:
             meta["shape"] = [new_len, *shape[1:]]
             # durable before any commit names the grown ring (growth doubles: rare, so always fsynced)
-            atomic_write(path, json.dumps(meta, indent=2).encode(), fsync=True)
+            atomic_write(path, json.dumps(meta, indent=2).encode(), root=root, fsync=True)
             fsync_dir(os.path.dirname(path))

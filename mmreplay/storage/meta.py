@@ -16,11 +16,11 @@ import re
 import numpy as np
 
 from mmreplay.columns.spec import Schema
-from mmreplay.errors import FormatError, NotAStoreError
+from mmreplay.errors import FormatError, NotAStoreError, UnsafeEntryError
 from mmreplay.storage.codecs import validate_codec
 from mmreplay.storage.commit import COMMIT_FILE, check_version
-from mmreplay.storage.files import remove_contents
-from mmreplay.storage.layout import FRAMES_GROUP, RingGeometry, StoreGeometry
+from mmreplay.storage.files import read_regular, remove_contents
+from mmreplay.storage.layout import FRAMES_GROUP, MAX_ARRAY_META_BYTES, RingGeometry, StoreGeometry
 
 FRAME_SHARD_TARGET_BYTES = 8 << 20
 UNBOUNDED_TRANSITION_SHARD = 16384
@@ -30,6 +30,7 @@ MIN_CACHE_SLOTS = 64  # reading/cache.py's floor: an open allocates at least thi
 # plan_geometry makes a frame shard ~8 MiB (at least 8 or 64 rows, or one chunk): staging blocks far larger
 # come from edited metadata, and are refused before the writer allocates them from the schema
 MAX_STAGING_BYTES = 64 * FRAME_SHARD_TARGET_BYTES
+MAX_META_BYTES = 1 << 24  # a store's zarr.json (the schema) is a few KB
 ZARR_PARTIAL = re.compile(r"zarr\.[0-9a-f]{32}\.partial")  # zarr's temporary file of a zarr.json being written
 
 
@@ -100,9 +101,13 @@ def read_meta(path: str) -> dict:
     if not os.path.isdir(path):
         raise NotAStoreError(f"no store at {path!r}: not a directory")
     try:
-        with open(zarr_json, "rb") as f:
-            group = json.loads(f.read(1 << 24))
+        group = json.loads(read_regular(zarr_json, MAX_META_BYTES))
     except FileNotFoundError:
+        if not os.listdir(path):
+            raise NotAStoreError(f"{path!r} is an empty directory, not an mmreplay store (no zarr.json): nothing "
+                                 "was stored there (a "
+                                 "Store.create interrupted before it wrote anything leaves this); Store.create on "
+                                 "this path starts over, or delete the directory") from None
         leftovers = interrupted_creation(path)
         if leftovers:
             raise NotAStoreError(f"{path!r}: the creation of a store there was interrupted before its metadata was "
@@ -184,9 +189,10 @@ def _check_frame_arrays(schema: Schema, path: str, where: str) -> None:
     for spec in schema.observations:
         array_json = os.path.join(path, FRAMES_GROUP, spec.name, "zarr.json")
         try:
-            with open(array_json, "rb") as f:
-                array = json.loads(f.read(1 << 20))
+            array = json.loads(read_regular(array_json, MAX_ARRAY_META_BYTES))  # a link or FIFO: UnsafeEntryError
             shape, dtype = tuple(array["shape"][1:]), np.dtype(array["data_type"])
+        except UnsafeEntryError:
+            raise
         except (OSError, ValueError, TypeError, KeyError, IndexError):
             continue
         if (shape, dtype) != (spec.shape, spec.np_dtype):

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from mmreplay.errors import CorruptDataError, FormatError
+from mmreplay.storage.files import check_regular_or_absent, makedirs_inside
 from mmreplay.storage.layout import PRIORITIES_GROUP, RingGeometry, priority_layout, resize_arrays
 from mmreplay.storage.sharded import ShardedArray
 
@@ -57,6 +58,12 @@ def ensure_arrays(root: str, name: str, rows: int, shard_rows: int) -> list[str]
     """Zarr metadata for set ``name``'s two buffers (created once, grown with an unbounded ring); returns
     the metadata files it created (to fsync before a commit names them)."""
     layouts = [priority_layout(name, b, rows, shard_rows) for b in BUFFERS]
+    # zarr follows links and opens FIFOs: the directories it writes into are made here first (never through a
+    # link), and the group metadata it reads must be regular files (else UnsafeEntryError, nothing written)
+    for layout in layouts:
+        makedirs_inside(root, os.path.join(root, layout.path))
+    for group in ("", PRIORITIES_GROUP, f"{PRIORITIES_GROUP}/{name}"):
+        check_regular_or_absent(os.path.join(root, group, "zarr.json"))
     missing = [lay for lay in layouts if not os.path.exists(os.path.join(root, lay.path, "zarr.json"))]
     created = []
     if missing:
@@ -147,7 +154,7 @@ class PriorityFiles:
         array = self._array(buffer)
         for shard in np.unique(np.asarray(live, dtype=np.int64) // self.shard_rows).tolist():
             path = array.layout.shard_file(self.root, shard)
-            if not os.path.exists(path):
+            if not os.path.lexists(path):  # a link or FIFO there: the read below refuses it
                 raise CorruptDataError(f"priorities {self.name!r}: {path} is missing, but the last commit says it "
                                        "holds priorities of stored transitions")
         raw = array.read_rows(0, self.rows)  # a shard never written reads as zeros (zarr's fill value)

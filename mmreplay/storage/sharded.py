@@ -27,9 +27,9 @@ from typing import Callable
 import numpy as np
 
 from mmreplay._native import shardcheck
-from mmreplay.errors import CorruptDataError
+from mmreplay.errors import CorruptDataError, UnsafeEntryError
 from mmreplay.storage.codecs import numcodecs_compressor
-from mmreplay.storage.files import atomic_write
+from mmreplay.storage.files import atomic_write, open_regular
 from mmreplay.storage.layout import ArrayLayout
 from mmreplay.storage.shardfile import (CRC_BYTES, EMPTY, TAG_MAGIC, TAG_VERSION, ShardTag, array_crc, build_shard,
                                        check_identity, check_written_since, decode_chunk, encode_chunk, identity,
@@ -177,8 +177,7 @@ class ShardedArray:
         index = self._index_of(raw)  # the tag sits before the index: its place from the end is the same
         tail = raw[len(raw) - tail_nbytes(n):]
         path = self.layout.shard_file(self.root, shard)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, raw)
+        atomic_write(path, raw, root=self.root)  # its directories made inside the store, never through a link
         with self._lock:
             self._close_fd(shard)
             self._indexes[shard] = _as_columns(index)
@@ -312,7 +311,9 @@ class ShardedArray:
             return fd, self._indexes.get(shard)
         path = self.layout.shard_file(self.root, shard)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path)  # a FIFO would hang every reader, a link lead out of the store
+        except UnsafeEntryError as exc:
+            raise CorruptDataError(f"array {self.layout.path!r}, shard {shard}: {exc}") from None
         except FileNotFoundError:
             if not self.missing_ok:
                 raise CorruptDataError(f"array {self.layout.path!r}, shard {shard}: file {path} is missing, but the "
@@ -330,8 +331,8 @@ class ShardedArray:
         waits for the device); ``adopt_file`` then checks and keeps it. None for any failure: ``open_shard``
         then opens the file itself and reports what is wrong."""
         try:
-            fd = os.open(self.layout.shard_file(self.root, shard), os.O_RDONLY)
-        except OSError:
+            fd = open_regular(self.layout.shard_file(self.root, shard))
+        except (OSError, UnsafeEntryError):
             return None
         try:
             size = os.fstat(fd).st_size
