@@ -57,6 +57,7 @@ from mmreplay.errors import StoreClosedError
 from mmreplay.sampling.batch import Batch
 from mmreplay.sampling.nstep import check_nstep
 from mmreplay.sampling.strategy import NStep, Uniform
+from mmreplay.storage.files import read_regular
 from mmreplay.store import Store
 
 SETTINGS_FORMAT = "mmreplay.sb3-buffer"
@@ -475,8 +476,7 @@ def load_replay_buffer(model, path: str | os.PathLike, *, rollback_to_checkpoint
     path = os.fspath(path)
     if not os.path.exists(path) and os.path.exists(path + ".json"):
         path += ".json"
-    with open(path) as f:
-        buffer = _buffer_from_json(f.read())
+    buffer = _buffer_from_json(read_regular(path, 1 << 24).decode())  # never a FIFO or /dev/zero: bounded
     buffer.device = model.device
     model.replay_buffer = buffer
     if model.num_timesteps > 0:

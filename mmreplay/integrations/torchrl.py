@@ -47,6 +47,7 @@ except ImportError:  # TorchRL < 0.14: give ReplayBuffer(..., collate_fn=lambda 
     _OutOfCoreStorage = Storage
 
 from mmreplay.sampling.strategy import Prioritized, Sequences, Uniform
+from mmreplay.storage.files import read_regular
 from mmreplay.store import Store
 
 UNBOUNDED_MAX_SIZE = 1 << 62  # what an unbounded store tells TorchRL's writer (its cursor is taken mod this)
@@ -367,8 +368,8 @@ class MMReplayStorage(_OutOfCoreStorage):
             json.dump(self.state_dict(), f)
 
     def loads(self, path) -> None:
-        with open(os.path.join(path, CHECKPOINT_FILE)) as f:
-            self.load_state_dict(json.load(f))
+        # a small JSON file: never a FIFO or /dev/zero (read_regular refuses them, and caps the bytes read)
+        self.load_state_dict(json.loads(read_regular(os.path.join(path, CHECKPOINT_FILE), 1 << 24)))
         self._bump_mutation_revision()
 
     def flush(self) -> None:
@@ -413,8 +414,7 @@ class _StoreSampler(Sampler):
             json.dump(self.state_dict(), f)
 
     def loads(self, path):
-        with open(os.path.join(path, "sampler_state.json")) as f:
-            self.load_state_dict(json.load(f))
+        self.load_state_dict(json.loads(read_regular(os.path.join(path, "sampler_state.json"), 1 << 24)))
 
 
 class MMReplayRandomSampler(_StoreSampler):
