@@ -33,17 +33,20 @@ from tests.test_datasets import assert_episodes_equal, build_store, make_episode
 h5py = pytest.importorskip("h5py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: the child: ``mmreplay`` with Store.create committing every 32 transitions, paused (marker written) the
-#: first time its progress passes ``PAUSE_AT`` rows while rows remain
+#: the child: ``mmreplay`` paused (marker written) the first time its progress passes ``pause_at`` rows
+#: while rows remain; a store it creates commits what it holds first (as its auto-commit would)
 CHILD = textwrap.dedent("""
     import os, sys, time
     from mmreplay.cli.progress import Progress
     from mmreplay.store import Store
     marker, pause_at = sys.argv[1], int(sys.argv[2])
+    made = []
     create = Store.create.__func__
-    Store.create = classmethod(lambda cls, *a, **k: create(cls, *a, **{**k, "commit_every": 32}))
+    Store.create = classmethod(lambda cls, *a, **k: made.append(create(cls, *a, **k)) or made[-1])
     def progress(self, done, total):
         if done >= pause_at and done < total and not os.path.exists(marker):
+            for store in made:
+                store.flush()
             open(marker, "w").close()
             time.sleep(600)
     Progress.__call__ = progress
