@@ -20,17 +20,35 @@ import dataclasses
 import math
 import numbers
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 MIB = 1 << 20
 DEFAULT_CACHE_BYTES = 1024 * MIB  # without a memory limit
-# With a memory limit, the default budget is this share of it (or of the machine's RAM, if that is smaller):
-# the rest is for the index ring, the batches, Python and the trainer (~0.5 GB for the 10M Atari benchmark).
+# With a memory limit (the machine's RAM, if that is smaller), the default budget is what the limit leaves
+# once the process's own memory is paid for (``budget_under_limit``), and never more than this share of it:
+# the rest of a large limit stays for the trainer (its model, its envs), which allocates after the store opens.
 LIMIT_SHARE = 0.7
+# What a reading process adds to its RSS between ``Store.open`` and the end of its first batches, besides the
+# budget itself and the index ring (which the budget pays for: ``FrameReader``). Measured (2026-12-07, 1 MiB
+# cache, 150 batch-32 then 150 batch-256, RSS from just before the open to the peak, ring left out): 200k
+# Atari 152 MiB, 50k DMC-like 3x84x84 RGB (frame stack 3) 217 MiB, 1M low-dim 127 MiB. What it is: the
+# compiled kernels loaded from numba's cache, zarr's event loop, the codec helper and IO threads' stacks and
+# malloc arenas, the batch buffers (DMC batch-256: 2 x 16 MB of stacks) and the decoded slab grown to hold one
+# batch's runs of frames (``ChunkCache``). A writer adds its staging shards (~100 MiB for Atari), less than this.
+OPEN_ALLOWANCE = 224 * MIB
+# Left unplanned under a limit: page cache of the files read (charged to the cgroup; reclaimable, but not at
+# once), allocator slack and what the measurements above did not see.
+MIN_LIMIT_MARGIN = 32 * MIB
+LIMIT_MARGIN_SHARE = 1 / 16
+# A limit too small for the rule still gets a working store: this budget (one batch's frames fit, measured
+# per batch in ``ChunkCache``), with a warning (once a process) that the limit is likely to be exceeded.
+MIN_CACHE_BYTES = 32 * MIB
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_SELF_CGROUP = "/proc/self/cgroup"
 MEMINFO = "/proc/meminfo"
+PROC_SELF_STATM = "/proc/self/statm"
 NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as the largest page-aligned int64
 DEFAULT_COMMIT_EVERY = 25_000
 DEFAULT_COMMIT_SECONDS = 30.0
@@ -88,28 +106,66 @@ def _physical_memory() -> int | None:
     return None
 
 
+def process_rss() -> int:
+    """This process's resident memory now (bytes; 0 where ``/proc`` is missing)."""
+    try:
+        with open(PROC_SELF_STATM) as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def budget_under_limit(limit: int, baseline: int) -> int:
+    """The default budget of a process whose memory is limited to ``limit`` bytes and which holds
+    ``baseline`` bytes (its RSS as the store opens): the limit less the baseline, less what opening and the
+    first batches add (``OPEN_ALLOWANCE``), less a margin (``LIMIT_MARGIN_SHARE`` of the limit, at least
+    ``MIN_LIMIT_MARGIN``); at most ``LIMIT_SHARE`` of the limit. May be below ``MIN_CACHE_BYTES`` (even
+    negative): ``default_cache_bytes`` decides what then."""
+    margin = max(MIN_LIMIT_MARGIN, int(limit * LIMIT_MARGIN_SHARE))
+    return min(int(LIMIT_SHARE * limit), limit - baseline - OPEN_ALLOWANCE - margin)
+
+
+_warned_small_limit = False
+
+
 def default_cache_bytes() -> int:
-    """``LIMIT_SHARE`` of the process's memory limit (of the machine's RAM if that is smaller), else
-    ``DEFAULT_CACHE_BYTES``."""
+    """Under a memory limit (the machine's RAM if that is smaller): ``budget_under_limit`` of it with this
+    process's RSS now as the baseline, at least ``MIN_CACHE_BYTES`` (a limit too small for that warns, once a
+    process, and the store still works); without one, ``DEFAULT_CACHE_BYTES``."""
     limit = memory_limit()
     if limit is None:
         return DEFAULT_CACHE_BYTES
     ram = _physical_memory()
-    return max(1, int(LIMIT_SHARE * (limit if ram is None else min(limit, ram))))
+    limit = limit if ram is None else min(limit, ram)
+    baseline = process_rss()
+    budget = budget_under_limit(limit, baseline)
+    if budget >= MIN_CACHE_BYTES:
+        return budget
+    global _warned_small_limit
+    if not _warned_small_limit:
+        _warned_small_limit = True
+        warnings.warn(f"mmreplay: a memory limit of {limit / MIB:.0f} MiB leaves too little for a frame budget once "
+                      f"this process's {baseline / MIB:.0f} MiB and ~{OPEN_ALLOWANCE / MIB:.0f} MiB for reading are "
+                      f"paid for; using cache_bytes={MIN_CACHE_BYTES / MIB:.0f} MiB, and the process may still "
+                      "exceed the limit (pass cache_bytes= to choose, or raise the limit)", RuntimeWarning,
+                      stacklevel=2)
+    return MIN_CACHE_BYTES
 
 
 @dataclass(frozen=True)
 class Settings:
     """Per-session settings of a ``Store`` (``Store.create(..., settings=)`` / ``Store.open(..., settings=)``).
 
-    - ``cache_bytes``: RAM for frames, per process: compressed shards held whole (all of them when they
-      fit) and decoded frames (an LRU cache of chunks); split between the two by
-      ``reading.tiers.plan_tiers``. Default: when the process runs under a memory limit (its cgroup's
-      ``memory.max``, cgroup v2, or ``memory.limit_in_bytes``, v1, or an ancestor's, the tightest), 70% of
-      that limit (of the machine's RAM if smaller); otherwise 1 GiB. A value passed explicitly always
-      wins. Several processes in one cgroup that each open stores (DataLoader workers) should pass it.
-      When the compressed frames do not fit it (a *partial* tier), it also pays for the store's index ring
-      and the run directory of ``partial_reads``.
+    - ``cache_bytes``: RAM the store holds for reading, per process: its index ring, then compressed
+      shards held whole (all of them when they fit) and decoded frames (an LRU cache of chunks), split
+      between the two by ``reading.tiers.plan_tiers`` (and the run directory of ``partial_reads``). Default:
+      when the process runs under a memory limit (its cgroup's ``memory.max``, cgroup v2, or
+      ``memory.limit_in_bytes``, v1, or an ancestor's, the tightest; the machine's RAM if smaller), the
+      limit less the process's RSS when the store opens, less ~224 MiB for what opening and the first
+      batches add (compiled kernels, threads, batch buffers), less a margin of 1/16 of the limit (at least
+      32 MiB), and at most 70% of the limit (``budget_under_limit``); at least 32 MiB (a limit too small
+      for that warns once). Without a limit: 1 GiB. A value passed explicitly always wins. Several
+      processes in one cgroup that each open stores (DataLoader workers) should pass it.
     - ``commit_every`` / ``commit_seconds``: a writer commits on its own after this many transitions or
       seconds since the last commit. A crash loses at most what was added since the last commit (call
       ``flush()`` to commit now; ``close()`` always commits).

@@ -411,6 +411,7 @@ def fake_cgroup(tmp_path, monkeypatch):
         monkeypatch.setattr(settings, "CGROUP_ROOT", str(root))
         monkeypatch.setattr(settings, "PROC_SELF_CGROUP", str(tmp_path / "self_cgroup"))
         monkeypatch.setattr(settings, "MEMINFO", str(tmp_path / "meminfo"))
+        monkeypatch.setattr(settings, "process_rss", lambda: 0)  # tests/test_budget.py covers the baseline
 
     return make
 
@@ -442,10 +443,10 @@ def test_the_default_budget_is_70_percent_of_the_memory_limit(fake_cgroup, lines
 def test_a_store_opened_under_a_memory_limit_plans_for_it(fake_cgroup, store_path, atari_frames):
     store, _ = make_store(store_path, atari_frames, "lz4hc", n=300)
     store.close()
-    fake_cgroup(["0::/job"], {"job/memory.max": str(64 << 20)})
+    fake_cgroup(["0::/job"], {"job/memory.max": str(GIB)})
     with mmreplay.Store.open(store_path, mode="r") as s:
-        assert s.settings.cache_bytes == int(0.7 * (64 << 20))
-        assert s._state.reader.cache_bytes == int(0.7 * (64 << 20))
+        assert s.settings.cache_bytes == int(0.7 * GIB)
+        assert s._state.reader.cache_bytes == int(0.7 * GIB)
     with mmreplay.Store.open(store_path, mode="r", cache_bytes=TINY) as s:
         assert s._state.reader.cache_bytes == TINY
 

@@ -53,6 +53,9 @@ SHARED_MIN_STACKS = 2 * STACKS_PER_PIECE
 SHARED_MIN_STACK_BYTES = 256 * 1024
 SHARED_MIN_DECODES = 2 * DECODES_PER_PIECE
 SHARED_MIN_RUNS = 2 * RUNS_PER_PIECE
+# Frames keep at least this much of a budget that the index ring takes nearly all of (one batch's frames fit
+# anyway: the decoded slab grows to hold a batch, ``ChunkCache``).
+MIN_FRAME_BUDGET = 4 << 20
 # What a frame compresses to before any shard of it was written (Atari frames: ~13x with lz4).
 ASSUMED_RATIO = 8.0
 
@@ -67,7 +70,7 @@ class FrameReader(FrameEvents):
         self.ring = ring
         self.cache_bytes = int(cache_bytes)
         self.partial_reads = partial_reads  # runs read from files only in the bytes a batch needs (reading/runs.py)
-        # what the store holds in RAM besides frames (its index ring and columns): paid for from a partial tier
+        # what the store holds in RAM besides frames (its index ring and columns): paid for from the budget
         self.held_elsewhere = int(held_elsewhere)
         self.disk = FileReads(io_depth)
         ring_bytes, measured = self._compressed_ring_bytes(ring)
@@ -103,7 +106,7 @@ class FrameReader(FrameEvents):
         self._planned_rows = rows = self._rows_to_plan()
         ring_bytes = {name: int(b * rows / ring.rows) for name, b in ring_bytes.items()}
         decoded_ring = sum(max(1, c.spec.row_nbytes) * rows for c in ring.columns.values())
-        self.plan = plan_tiers(self.cache_bytes, sum(ring_bytes.values()), decoded_ring)
+        self.plan = plan_tiers(self.frame_budget(), sum(ring_bytes.values()), decoded_ring)
         total_row_bytes = sum(max(1, c.spec.row_nbytes) for c in ring.columns.values())
         compressed = sum(ring_bytes.values())
         for name, col in ring.columns.items():
@@ -118,9 +121,6 @@ class FrameReader(FrameEvents):
                                                       and decodes_direct(old.codec, col.spec.chunk_rows))
             # a partial tier: the runs it lacks are read from their files, only in part where they can be
             partial = self.plan.resident_bytes < compressed and self.partial_reads
-            if self.plan.resident_bytes < compressed and resident > 0:
-                # the budget binds: the store's other RAM (the index ring) is paid for from the tier, by shares
-                resident = max(1, resident - int(self.held_elsewhere * ring_bytes[name] / max(1, compressed)))
             new = ColumnReader(col, ring, decoded, resident, self.plan.direct, cache=old.cache if keep else None,
                                partial_reads=partial)
             if old is not None and old.runs is not None and new.runs is not None:
@@ -138,6 +138,13 @@ class FrameReader(FrameEvents):
                 elif old.resident is not None:
                     old.resident.drop()
             self.columns[name] = new
+
+    def frame_budget(self) -> int:
+        """What the budget leaves for frames once the store's other RAM (its index ring) is paid for: the
+        budget is everything the store holds for reading (``Settings.cache_bytes``), so that a default
+        derived from a memory limit stays inside it. At least ``MIN_FRAME_BUDGET`` (or the whole budget, when
+        it is smaller: a tiny budget is a choice)."""
+        return max(min(MIN_FRAME_BUDGET, self.cache_bytes), self.cache_bytes - self.held_elsewhere)
 
     def _replan_if_measured(self) -> None:
         ring_bytes, self._replan_with = self._replan_with, None
