@@ -4,7 +4,9 @@ Invariants:
 - Atomic: the store is built in a sibling of the destination (``outputs.staged``: ``<path>.importing-
   <pid>-<token>``) and renamed onto ``path`` only once it is complete and committed. An import that fails
   removes its sibling; one that is killed leaves it, and the next import into the same ``path`` removes it
-  and says so (imports restart from the beginning: there is no partial store to resume). So ``path``
+  and says so (imports restart from the beginning), unless the format is resumable (``dqn_replay.py``:
+  ``EpisodeWriter(..., resumable=True)`` keeps the sibling when it fails, ``resume=True`` reopens the
+  newest one left and continues in it, renamed to this process's sibling). So ``path``
   never holds a partial store that ``Store.open`` would open as data, whatever happens to the process.
 - The store is created only after the source's spaces and first episode were read and checked, at a path
   that must not exist yet (or be an empty directory); nothing existing is touched.
@@ -90,7 +92,8 @@ class EpisodeWriter:
     removed if the block raises (see the module invariants)."""
 
     def __init__(self, path, observation_space, action_space, store_kwargs: Mapping[str, Any],
-                 progress: ProgressFn | None = None, total_steps: int | None = None):
+                 progress: ProgressFn | None = None, total_steps: int | None = None, *, resume: bool = False,
+                 resumable: bool = False):
         if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
             raise FileExistsError(f"cannot import into {os.fspath(path)!r}: it exists and is not an empty "
                                   "directory (imports always create a new store)")
@@ -107,6 +110,12 @@ class EpisodeWriter:
         self.steps = 0
         self.progress = progress
         self.total = total_steps
+        self._resume = (resume, resumable)  # a resumable format (dqn_replay.py) keeps its sibling when it fails
+
+    @property
+    def resumed(self) -> bool:
+        """The store is the one a killed import of ``path`` left, reopened to continue (``resume=True``)."""
+        return bool(self._staging and self._staging.resumed)
 
     def open(self):
         if self.store is None:
@@ -114,7 +123,13 @@ class EpisodeWriter:
 
             if self._staging is None:
                 raise RuntimeError("EpisodeWriter: use it as a context manager (with EpisodeWriter(...) as w)")
-            self.store = Store.create(self._staging.path, *self._spaces, **self._store_kwargs)
+            if self.resumed:
+                from mmreplay.settings import Settings
+
+                session = {k: v for k, v in self._store_kwargs.items() if k in Settings.__dataclass_fields__}
+                self.store = Store.open(self._staging.path, "a", **session)
+            else:
+                self.store = Store.create(self._staging.path, *self._spaces, **self._store_kwargs)
         return self.store
 
     def write(self, obs, action, reward, next_obs, terminated, truncated, *, end: bool) -> None:
@@ -142,7 +157,8 @@ class EpisodeWriter:
         return {"path": self.path, "episodes": self.episodes, "steps": self.steps, "notes": list(self.notes)}
 
     def __enter__(self) -> "EpisodeWriter":
-        self._guard = staged(self.path, "importing")
+        resume, resumable = self._resume
+        self._guard = staged(self.path, "importing", resume=resume, keep_on_failure=resumable)
         self._staging = self._guard.__enter__()
         self.notes = list(self._staging.notes)
         return self

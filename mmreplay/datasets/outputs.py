@@ -38,13 +38,17 @@ class Staging:
     destination: str
     path: str
     notes: list[str] = field(default_factory=list)
+    resumed: str | None = None  # the killed job's sibling this one continues in (``resume=True``), renamed to ``path``
 
 
 @contextlib.contextmanager
-def staged(destination: str | os.PathLike, job: str) -> Iterator[Staging]:
+def staged(destination: str | os.PathLike, job: str, *, resume: bool = False,
+           keep_on_failure: bool = False) -> Iterator[Staging]:
     """Write into a sibling of ``destination`` (absent, or an empty directory) and rename it into place
     when the block ends; removed if the block raises. The block creates ``staging.path`` itself (a file or
-    a directory, as the format needs)."""
+    a directory, as the format needs). A resumable job (``dqn_replay.py``) passes ``keep_on_failure``, so
+    that a failed run leaves its sibling too, and on its rerun ``resume``: the newest sibling a gone job of
+    the same kind left is renamed to this job's name and continued (``staging.resumed``) instead of removed."""
     if job not in JOBS:
         raise ValueError(f"job {job!r}: expected one of {list(JOBS)}")
     destination = os.path.abspath(os.fspath(destination))
@@ -53,14 +57,30 @@ def staged(destination: str | os.PathLike, job: str) -> Iterator[Staging]:
                               f"({job} always makes a new one)")
     parent = os.path.dirname(destination)
     os.makedirs(parent, exist_ok=True)  # like `mmreplay export` into a new folder
-    staging = Staging(destination, f"{destination}.{job}-{os.getpid()}-{secrets.token_hex(4)}",
-                      clean_leftovers(destination))
+    path = f"{destination}.{job}-{os.getpid()}-{secrets.token_hex(4)}"
+    resumed = _adopt_leftover(destination, job, path) if resume else None
+    staging = Staging(destination, path, clean_leftovers(destination, keep=path), resumed)
+    if resumed:
+        staging.notes.append(f"continued the interrupted job left in {resumed!r}")
     try:
         yield staging
         _publish(staging.path, destination)
     except BaseException:
-        remove(staging.path)
+        if not keep_on_failure:
+            remove(staging.path)
         raise
+
+
+def _adopt_leftover(destination: str, job: str, path: str) -> str | None:
+    """Rename the newest sibling of a gone ``job`` to ``path`` (so no other job takes it for a leftover of
+    a gone process); its old name, or None when there is none."""
+    gone = [p for p, pid in leftovers(destination)
+            if _SIBLING.search(p).group(1) == job and (pid == os.getpid() or not _runs(pid))]
+    if not gone:
+        return None
+    newest = max(gone, key=os.path.getmtime)
+    os.rename(newest, path)
+    return newest
 
 
 def _publish(path: str, destination: str) -> None:
@@ -89,11 +109,13 @@ def leftovers(destination: str) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def clean_leftovers(destination: str | os.PathLike) -> list[str]:
-    """Remove what killed jobs writing ``destination`` left beside it; one note per leftover (removed, or
-    left alone because its process still runs)."""
+def clean_leftovers(destination: str | os.PathLike, keep: str | None = None) -> list[str]:
+    """Remove what killed jobs writing ``destination`` left beside it (but ``keep``: the one this job
+    continues); one note per leftover (removed, or left alone because its process still runs)."""
     notes = []
     for path, pid in leftovers(os.path.abspath(os.fspath(destination))):
+        if path == keep:
+            continue
         if pid != os.getpid() and _runs(pid):
             notes.append(f"left {path!r} alone: process {pid}, which writes it, still runs")
             continue
