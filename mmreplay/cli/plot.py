@@ -73,12 +73,37 @@ def column_values(store: Store, name: str, exact: bool) -> tuple[np.ndarray, np.
 
 
 def image_key(store: Store) -> str | None:
-    """The first observation key holding images (uint8, 2-D, or 3-D with 1/3/4 channels last)."""
+    """The first observation key holding images: uint8, 2-D (grey), or 3-D with its channels on the first or
+    the last axis (``image_channel_axis``)."""
     for spec in store.schema.observations:
-        shape = tuple(spec.shape)
-        if spec.np_dtype == np.uint8 and (len(shape) == 2 or (len(shape) == 3 and shape[-1] in (1, 3, 4))):
+        if spec.np_dtype == np.uint8 and (len(spec.shape) == 2 or image_channel_axis(spec.shape) is not None):
             return spec.name
     return None
+
+
+def image_channel_axis(shape: tuple[int, ...]) -> int | None:
+    """The channel axis (0 or 2) of a 3-D frame shape, or None: the smaller of the first and last axes,
+    as SB3 decides (``(3, 84, 84)`` channel-first from DrQ-v2 or ``VecTransposeImage``, ``(84, 84, 3)``
+    channel-last), when it is smaller than both image sides (a ``(5, 40, 40)`` vector of images is not)."""
+    if len(shape) != 3:
+        return None
+    axis = 0 if shape[0] < shape[-1] else 2
+    sides = [d for i, d in enumerate(shape) if i != axis]
+    return axis if shape[axis] < min(sides) else None
+
+
+def displayable(frame: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``(image, grey)`` that imshow draws: ``(H, W)`` grey or ``(H, W, 3)`` colour, channel-last. A frame
+    whose channels are a stack (``VecFrameStack``: 4 grey or 3 RGB frames concatenated, oldest first)
+    shows its newest frame: the last 3 channels when they are a multiple of 3, else the last one."""
+    if frame.ndim == 2:
+        return frame, True
+    axis = image_channel_axis(frame.shape)
+    hwc = np.moveaxis(frame, 0, -1) if axis == 0 else frame
+    c = hwc.shape[-1]
+    if c == 3 or (c > 3 and c % 3 == 0):
+        return hwc[..., -3:], False
+    return hwc[..., -1], True
 
 
 def thumbnails(store: Store, key: str, n: int = THUMBNAILS) -> tuple[np.ndarray, np.ndarray]:
@@ -253,9 +278,8 @@ def store_figure(store: Store, title: str):
         sub = grid[0, :].subgridspec(1, len(frames))
         for i, (frame, g) in enumerate(zip(frames, frame_ids)):
             ax = fig.add_subplot(sub[0, i])
-            gray = frame.ndim == 2 or frame.shape[-1] == 1
-            ax.imshow(frame[..., 0] if frame.ndim == 3 and gray else frame, cmap="gray" if gray else None,
-                      vmin=0, vmax=255)
+            image, grey = displayable(frame)
+            ax.imshow(image, cmap="gray" if grey else None, vmin=0, vmax=255)
             ax.set_title(f"t={g:,}", fontsize=8)
             ax.axis("off")
     for i, draw in enumerate(panels):
