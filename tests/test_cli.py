@@ -190,6 +190,29 @@ def test_info_tells_episodes_returns_padding_and_cache(store_path, capsys):
     assert info["cache"]["fraction_of_frames"] == 1.0 and info["prioritized_samplers"] == {}
 
 
+def test_info_separates_what_a_sampler_holds_from_what_the_caps_allow(tmp_path, capsys):
+    # A small image store under the default budget: the caps are far above what there is to hold, and info
+    # must not read as if the store needed the caps ("a cache of 1,045 MB of decoded frames").
+    from mmreplay.cli.quickbench import atari_fixture, fill
+
+    path = str(tmp_path / "atari")
+    with mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6), capacity=1000,
+                               frame_stack=4, reward_values=(-1, 0, 1), durable=False) as s:
+        fill(s, atari_fixture(), 300)
+    assert main(["info", path, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    cache = info["cache"]
+    assert main(["info", path]) == 0
+    out = capsys.readouterr().out
+    decoded = info["frames"] * 84 * 84  # every frame the store holds, decoded
+    assert cache["held_at_most_bytes"] == decoded < cache["capacity_bytes"]
+    assert 0 < cache["compressed_held_at_most_bytes"] < cache["compressed_cap_bytes"]
+    assert f"decoded cache holds at most {decoded / 1e6:,.2f} MB, all decoded frames " \
+           f"(cap {cache['capacity_bytes'] / 1e6:,.2f} MB)" in out
+    assert f"compressed frames in RAM: all {cache['compressed_held_at_most_bytes'] / 1e6:,.2f} MB of them (cap " in out
+    assert "a cache of" not in out
+
+
 def _run_cli(*args, **kwargs):
     return subprocess.Popen([sys.executable, "-m", "mmreplay.cli", *args], stderr=subprocess.PIPE, **kwargs)
 

@@ -36,13 +36,21 @@ def info_figures(store) -> dict:
     cache = store.inspect.cache_stats()
     cache_capacity = sum(c["capacity_bytes"] for c in cache.values())
     decoded = info["frames"] * frame_bytes
+    compressed_frames = sum(c["disk_bytes"] for c in info["columns"] if c["array"].startswith("frames/"))
     info["stack_padding"] = store.schema.stack_padding
     info["decoded_frame_bytes"] = decoded
     compressed = [c["compressed"] for c in cache.values()]
+    compressed_cap = sum(c["capacity_bytes"] for c in compressed)
+    direct = any(c["direct"] for c in compressed)
+    # Caps are what the budget allows, not what a sampler takes: a cache never holds more than there is
+    # to hold (the frames), so "held" is the smaller of the two, what a user must have RAM for.
     info["cache"] = {"capacity_bytes": cache_capacity,
+                     "held_at_most_bytes": 0 if direct else min(cache_capacity, decoded),
                      "fraction_of_frames": min(1.0, cache_capacity / decoded) if decoded else 1.0,
-                     "compressed_in_ram_bytes": sum(c["capacity_bytes"] for c in compressed),
-                     "decoded_into_batches": any(c["direct"] for c in compressed)}
+                     "compressed_in_ram_bytes": compressed_cap,  # (the cap; kept under its old name)
+                     "compressed_cap_bytes": compressed_cap,
+                     "compressed_held_at_most_bytes": min(compressed_cap, compressed_frames),
+                     "decoded_into_batches": direct}
     info["episodes"] = episode_stats(store).summary()
     info["prioritized_samplers"] = {name: {"transitions": int(p.size), "min": float(p.min()) if p.size else None,
                                            "max": float(p.max()) if p.size else None}
@@ -80,13 +88,7 @@ def _print_info(info: dict) -> None:
     print(f"  disk {_mb(info['disk_bytes'])}, {info['bytes_per_transition']:.1f} bytes per transition; "
           f"decoded frames {_mb(info['decoded_frame_bytes'])}; index RAM "
           f"{info['index_ram_bytes_per_transition']:.2f} bytes per transition")
-    c = info["cache"]
-    held = (f"the compressed frames held in RAM ({_mb(c['compressed_in_ram_bytes'])})"
-            if c["compressed_in_ram_bytes"] else "compressed frames read from the files (they do not fit)")
-    decoded_part = ("frames decoded straight into batches (a decoded cache would hold too few)"
-                    if c["decoded_into_batches"] else
-                    f"a cache of {_mb(c['capacity_bytes'])} of decoded frames ({c['fraction_of_frames']:.0%} of them)")
-    print(f"  frame memory with the default budget (Store.open(cache_bytes=...)): {held}; {decoded_part}")
+    print(f"  frame memory with the default budget (Store.open(cache_bytes=...)): {_frame_memory(info['cache'])}")
     for name, p in info["prioritized_samplers"].items():
         print(f"  prioritized sampler {name!r}: priorities for {p['transitions']:,} transitions, "
               f"min {p['min']:.3g}, max {p['max']:.3g}")
@@ -96,6 +98,25 @@ def _print_info(info: dict) -> None:
         ratio = f"{c['compression_ratio']:.1f}x" if c["compression_ratio"] else "-"
         print(f"  {c['array']:28s} {c['kind']:8s} {c['dtype']:8s} {str(tuple(c['shape'])):12s} "
               f"{c['bits'] or '':>4} {c['rows']:>12,} {c['disk_bytes'] / 1e6:>10.3f} {ratio:>7s}")
+
+
+def _frame_memory(c: dict) -> str:
+    """What a sampler holds in RAM at most, then the caps that bound it (caps read as needs otherwise)."""
+    if c["compressed_cap_bytes"]:
+        held = _mb(c["compressed_held_at_most_bytes"])
+        tier = (f"compressed frames in RAM: all {held} of them" if c["compressed_held_at_most_bytes"] <
+                c["compressed_cap_bytes"] else f"compressed frames in RAM: {held}, as many as the cap allows")
+        tier += f" (cap {_mb(c['compressed_cap_bytes'])})"
+    else:
+        tier = "compressed frames read from the files (no RAM for them)"
+    if c["decoded_into_batches"]:
+        decoded = "frames decoded straight into batches (a decoded cache would hold too few)"
+    else:
+        share = "all decoded frames" if c["fraction_of_frames"] >= 1 else \
+            f"{c['fraction_of_frames']:.0%} of the decoded frames"
+        decoded = (f"decoded cache holds at most {_mb(c['held_at_most_bytes'])}, {share} "
+                   f"(cap {_mb(c['capacity_bytes'])})")
+    return f"{tier}; {decoded}"
 
 
 def cmd_verify(args) -> int:
