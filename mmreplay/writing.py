@@ -244,10 +244,24 @@ class Writer:
             arr = np.asarray(obs[spec.name])
             if arr.shape != (n, *spec.shape):
                 key = f"[{spec.name!r}]" if self.schema.dict_obs else ""
-                raise ValueError(f"{what}{key}: expected shape {(n, *spec.shape)} for {n} transition(s), "
-                                 f"got {arr.shape}")
+                raise ValueError(_stacks_given(f"{what}{key}", arr.shape, n, spec.shape, self.schema.frame_stack)
+                                 or f"{what}{key}: expected shape {(n, *spec.shape)} for {n} transition(s), "
+                                    f"got {arr.shape}")
             out[spec.name] = cast_exact(arr, spec.np_dtype, f"{what}[{spec.name}]" if self.schema.dict_obs else what)
         return out
+
+
+def _stacks_given(what: str, shape: tuple[int, ...], n: int, frame: tuple[int, ...], k: int) -> str | None:
+    """The error when ``shape`` holds stacks of ``k`` frames where single frames were expected (a stack as a
+    new axis ``(n, k, *frame)``, or ``k`` frames' channels concatenated as ``VecFrameStack`` does); None for
+    any other mismatch."""
+    if k == 1 or len(shape) < 1 or shape[0] != n:
+        return None
+    if int(np.prod(shape[1:], dtype=np.int64)) != k * int(np.prod(frame, dtype=np.int64)):
+        return None
+    return (f"{what}: got shape {shape}, {n} stack(s) of {k} frames, but this store (frame_stack={k}) expects single "
+            f"frames of shape {frame} and stacks them itself at sample time: pass single frames, the newest frame "
+            "of each stack; the store stacks them")
 
 
 def _as_mapping(obs, what: str) -> Mapping:

@@ -50,14 +50,17 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
+from stable_baselines3.common.vec_env import VecFrameStack, VecTransposeImage
 
 from mmreplay.columns.encode import cast_exact
 from mmreplay.columns.spaces import space_from_json, space_to_json
-from mmreplay.errors import StoreClosedError
+from mmreplay.columns.spec import Schema
+from mmreplay.errors import MMReplayError, StoreClosedError
 from mmreplay.sampling.batch import Batch
 from mmreplay.sampling.nstep import check_nstep
 from mmreplay.sampling.strategy import NStep, Uniform
 from mmreplay.storage.files import read_regular
+from mmreplay.storage.meta import read_meta
 from mmreplay.store import Store
 
 SETTINGS_FORMAT = "mmreplay.sb3-buffer"
@@ -138,7 +141,7 @@ class MMReplayBuffer(ReplayBuffer):
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: torch.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
-                 handle_timeout_termination: bool = True, *, path: str | os.PathLike, frame_stack: int = 1,
+                 handle_timeout_termination: bool = True, *, path: str | os.PathLike, frame_stack: int | None = None,
                  channels: int | None = None, channels_order: str | None = None, n_steps: int = 1,
                  gamma: float = 0.99, reward_values=None, cache_bytes: int | None = None,
                  create_if_missing: bool | None = None, rollback_to_checkpoint: bool = False, **store_kwargs: Any):
@@ -153,6 +156,9 @@ class MMReplayBuffer(ReplayBuffer):
         self.optimize_memory_usage = False  # frames are stored once anyway
         self.handle_timeout_termination = handle_timeout_termination
         self.path = os.path.abspath(os.fspath(path))  # DQN.load may run from another directory
+        model = _model_being_set_up(self)
+        frame_stack, channels, channels_order = _resolve_stacking(
+            observation_space, frame_stack, channels, channels_order, None if model is None else model.env, self.path)
         self.frame_stack = int(frame_stack)
         self.n_steps, self.gamma = check_nstep(n_steps, gamma, name="n_steps")
         if self.n_steps > 1 and "discounts" not in ReplayBufferSamples._fields:
@@ -169,9 +175,12 @@ class MMReplayBuffer(ReplayBuffer):
         self._frame_space = _frame_space(observation_space, self.frame_stack, self.channels_first, self.channels)
         self._open_kwargs = {} if cache_bytes is None else {"cache_bytes": int(cache_bytes)}
         self._create_kwargs = dict(reward_values=reward_values, **store_kwargs)
-        model = _model_being_set_up(self)
-        if model is not None:  # what model.save records: the store's absolute path, not the caller's cwd
-            model.replay_buffer_kwargs = {**model.replay_buffer_kwargs, "path": self.path}
+        if model is not None:  # what model.save records: the store's absolute path (not the caller's cwd) and
+            # the stacking found from the env (DQN.load may have no env to find it in)
+            stacking = {"frame_stack": self.frame_stack}
+            if self.frame_stack > 1:
+                stacking.update(channels=self.channels, channels_order="first" if self.channels_first else "last")
+            model.replay_buffer_kwargs = {**model.replay_buffer_kwargs, "path": self.path, **stacking}
         if create_if_missing is None:
             create_if_missing = model is None or model.num_timesteps == 0
         self._shared = _adopt(self.path) or self._open_or_create(os.fspath(path), bool(create_if_missing))
@@ -210,7 +219,8 @@ class MMReplayBuffer(ReplayBuffer):
         if store.observation_space != self._frame_space or store.frame_stack != self.frame_stack:
             raise ValueError(f"store {self.path!r} holds {store.observation_space} with frame_stack "
                              f"{store.frame_stack}; this buffer needs {self._frame_space} with frame_stack "
-                             f"{self.frame_stack}")
+                             f"{self.frame_stack}: pass the frame_stack (and channels) the store was made with, "
+                             "or leave them out to take the store's, or give a new path")
         if self.frame_stack > 1 and store.schema.stack_padding != "zeros":
             raise ValueError(f"store {self.path!r} pads stacks with {store.schema.stack_padding!r}; VecFrameStack "
                              "pads with zeros, so its stacks would differ from what the policy saw at episode "
@@ -551,6 +561,131 @@ def _one_int(space: spaces.Discrete) -> spaces.Box:
     return spaces.Box(start, start + int(space.n) - 1, (1,), np.int64)
 
 
+def _resolve_stacking(space: spaces.Space, frame_stack: int | None, channels: int | None,
+                      channels_order: str | None, env, path: str) -> tuple[int, int | None, str | None]:
+    """``(frame_stack, channels, channels_order)`` for observations ``space``: from the env's
+    ``VecFrameStack`` when there is one (an explicit ``frame_stack`` must agree with it), else from the
+    store already at ``path``, else ``frame_stack=1`` unless the space looks like stacks (then refused:
+    storing them whole would take ``k`` times the disk without a word)."""
+    if frame_stack is not None and (isinstance(frame_stack, bool) or int(frame_stack) != frame_stack
+                                    or frame_stack < 1):
+        raise ValueError(f"frame_stack must be a positive integer (VecFrameStack's n_stack), got {frame_stack!r}")
+    found = _env_frame_stack(env)
+    if found is not None:
+        return _from_env_stacking(space, frame_stack, channels, channels_order, *found)
+    if frame_stack is not None:
+        return frame_stack, channels, channels_order
+    stored = _stored_stacking(space, path)
+    if stored is not None:
+        return stored
+    guess = _stack_guess(space)
+    if guess is not None:
+        raise ValueError(
+            f"the observation space {space.shape} looks like VecFrameStack's stacks of {guess[0]} frame(s) of "
+            f"{guess[1]} channel(s) (it has {guess[0] * guess[1]} on its channel axis), which the buffer would store "
+            f"whole ({guess[0]}x the disk): pass frame_stack={guess[0]}, channels={guess[1]} to store single frames "
+            "(or frame_stack=1 if each observation really is one frame)")
+    return 1, channels, channels_order
+
+
+def _env_frame_stack(env) -> tuple[int, spaces.Space, int | None, bool] | None:
+    """``(n_stack, the frames' space, channels per frame, stacked on the first axis as the buffer sees it)``
+    of the ``VecFrameStack`` in ``env``'s wrappers, None without one. A ``VecTransposeImage`` above it (SB3 adds
+    one for channel-last images) moves the stacked channels to the first axis."""
+    transposed = False
+    for _ in range(64):  # a chain of VecEnvWrappers (VecNormalize, VecMonitor, ...) over the VecEnv
+        if env is None:
+            return None
+        if isinstance(env, VecFrameStack):
+            stacked, frame_space = env.stacked_obs, env.venv.observation_space
+            if not hasattr(stacked, "repeat_axis"):  # a Dict space: stacked per key
+                return int(stacked.n_stack), frame_space, None, False
+            first = bool(stacked.channels_first) or transposed
+            return int(stacked.n_stack), frame_space, int(frame_space.shape[stacked.repeat_axis]), first
+        transposed = transposed or isinstance(env, VecTransposeImage)
+        env = getattr(env, "venv", None)
+    return None
+
+
+def _from_env_stacking(space, frame_stack, channels, channels_order, n_stack, frame_space, c,
+                       first) -> tuple[int, int | None, str | None]:
+    """The stacking of the env's ``VecFrameStack(n_stack)`` over frames ``frame_space``; the user's
+    arguments must say the same (or be left out)."""
+    if not (isinstance(frame_space, spaces.Box) and len(frame_space.shape) == 3):
+        if frame_stack is None or frame_stack == 1:
+            warnings.warn(f"mmreplay: VecFrameStack(n_stack={n_stack}) over {frame_space} (not an image with a "
+                          f"channel axis): the buffer stores each stack whole, {n_stack}x the disk of single frames; "
+                          "give the frames a channel axis ((H, W, 1)) to store each frame once", RuntimeWarning,
+                          stacklevel=4)
+            return 1, channels, channels_order
+        raise ValueError(f"frame_stack={frame_stack} with VecFrameStack(n_stack={n_stack}) over {frame_space}: "
+                         "single frames are stored for stacks of images (H, W, c) or (c, H, W) only; pass "
+                         "frame_stack=1 (each stack stored whole)")
+    order = "first" if first else "last"
+    fix = f"pass frame_stack={n_stack}, channels={c} (or leave both out: they are read from the env)"
+    what = f"the env's VecFrameStack(n_stack={n_stack}) stacks frames of {c} channel(s) into {space.shape}"
+    if frame_stack == 1:
+        warnings.warn(f"mmreplay: frame_stack=1 while {what}: the buffer stores each stack whole, {n_stack}x the "
+                      f"disk; to store each frame once {fix}", RuntimeWarning, stacklevel=4)
+        return 1, channels, channels_order
+    if frame_stack not in (None, n_stack) or channels not in (None, c) or channels_order not in (None, order):
+        given = ", ".join(f"{k}={v!r}" for k, v in (("frame_stack", frame_stack), ("channels", channels),
+                                                   ("channels_order", channels_order)) if v is not None)
+        raise ValueError(f"{given} does not match what the buffer is given: {what}; {fix}")
+    return n_stack, c, order
+
+
+def _stored_stacking(space: spaces.Space, path: str) -> tuple[int, int | None, str | None] | None:
+    """The stacking of the store already at ``path`` (a buffer made again for it without arguments), or
+    None: none there, or it does not hold frames of ``space``."""
+    shared = _OPEN.get(_key(path))
+    if shared is not None:
+        schema = shared.store.schema
+    elif os.path.exists(os.path.join(path, "zarr.json")):
+        try:
+            schema = Schema.from_json(read_meta(path)["schema"])
+        except (OSError, ValueError, MMReplayError):  # unreadable: opening it for writing says why
+            return None
+    else:
+        return None
+    k = schema.frame_stack
+    if k == 1:
+        return 1, None, None
+    frame_shape = schema.spaces()[0].shape if schema.observation_space else None
+    for order in ("first", "last"):
+        try:
+            first, c = _stack_layout(space, k, None, order)
+        except ValueError:
+            continue
+        if isinstance(space, spaces.Box) and _frame_space(space, k, first, c).shape == frame_shape:
+            return k, c, order
+    return None
+
+
+def _stacking_fix(space: spaces.Space) -> str:
+    """What to pass for observations ``space``, from its shape alone."""
+    guess = _stack_guess(space)
+    if guess is not None:
+        return (f"it looks like VecFrameStack(n_stack={guess[0]}) of {'RGB' if guess[1] == 3 else 'grey'} frames: "
+                f"pass frame_stack={guess[0]}, channels={guess[1]}")
+    return ("pass frame_stack=n_stack and channels=c (3 for RGB) of the VecFrameStack that made these observations, "
+            "or frame_stack=1 without one")
+
+
+def _stack_guess(space: spaces.Space) -> tuple[int, int] | None:
+    """``(k, c)`` when ``space`` looks like ``VecFrameStack(k)`` stacks of ``c``-channel image frames: a
+    uint8 image whose channel axis (the smaller of the first and last, smaller than the image's sides)
+    holds neither 1 (grey) nor 3 (RGB) channels; None otherwise."""
+    if not (isinstance(space, spaces.Box) and np.dtype(space.dtype) == np.uint8 and len(space.shape) == 3):
+        return None
+    shape = space.shape
+    axis = 0 if shape[0] < shape[-1] else 2
+    length = shape[axis]
+    if length in (1, 3) or length >= min(d for i, d in enumerate(shape) if i != axis):
+        return None
+    return (length // 3, 3) if length % 3 == 0 else (length, 1)
+
+
 def _stack_layout(space: spaces.Space, k: int, channels: int | None,
                   channels_order: str | None) -> tuple[bool, int]:
     """``(channels_first, channels)`` of ``VecFrameStack(n_stack=k)`` observations ``space``: which axis
@@ -570,11 +705,12 @@ def _stack_layout(space: spaces.Space, k: int, channels: int | None,
     fits = [axis for axis in (0, 2) if channels_order in (None, ("first", None, "last")[axis])
             and space.shape[axis] % k == 0 and (channels is None or space.shape[axis] == k * channels)]
     what = f"frame_stack={k}" + ("" if channels is None else f", channels={channels}")
+    if channels is None:  # only the axis VecFrameStack stacks on: (84, 84, 4) is never 3 frames of (28, 84, 4)
+        fits = [axis for axis in fits if _frame_channel_axis(space.shape, k, axis) == axis]
     if not fits:
         where = {None: "the first or the last axis", "first": "the first axis", "last": "the last axis"}[channels_order]
-        raise ValueError(f"{what}: {where} of the observation shape {space.shape} must hold the stacked channels, "
-                         f"k*c of them (VecFrameStack(n_stack=k) on frames of c channels); pass frame_stack=n_stack "
-                         "and channels=c (3 for RGB) of the VecFrameStack that made these observations")
+        raise ValueError(f"{what} does not fit observations of shape {space.shape}: {where} must hold the stacked "
+                         f"channels, k*c of them (VecFrameStack(n_stack=k) of c-channel frames); {_stacking_fix(space)}")
     if len(fits) == 2:
         # Keep the axes VecFrameStack itself would have stacked on (its image test: the frame's smallest axis
         # holds the channels), then those that make grey or RGB frames: (84, 84, 4) is 4 grey frames, not
