@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -151,8 +152,11 @@ def run_document(path: str) -> int:
             namespace[name] = STAND_INS[name]
         # padded so that a traceback names the document's own line numbers
         code = compile("\n" * (block.line - 1) + block.code, path, "exec")
+        started = time.perf_counter(), time.process_time()
         exec(code, namespace)
         ran += 1
+        print(f"{path}:{block.line}: {time.perf_counter() - started[0]:.1f} s wall, "
+              f"{time.process_time() - started[1]:.1f} s CPU", file=sys.stderr)
     return ran
 
 
