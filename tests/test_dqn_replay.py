@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -343,3 +344,22 @@ def test_dopamine_reads_our_export_and_we_read_its_save(tmp_path):
     for name in ("observation", "action", "reward", "terminal"):
         assert np.array_equal(back._store[name], buf._store[name]), name
     assert int(back.add_count) == int(buf.add_count)
+
+
+def test_cli_import_and_export(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "mmreplay.cli", *args], capture_output=True, text=True, timeout=300)
+
+    done = cli("import", "--format", "dqn-replay", FIXTURE, str(tmp_path / "store"), "--checkpoints", "0-1")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["transitions"] == 948 and summary["checkpoints"] == [0, 1]
+    done = cli("export", "--format", "dqn-replay", str(tmp_path / "store"), str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    for n in (0, 1):
+        a, b = load(FIXTURE, n), load(tmp_path / "out", n)
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    done = cli("import", "--format", "dqn-replay", FIXTURE, str(tmp_path / "again"), "--checkpoints", "2")
+    assert done.returncode != 0 and "checkpoint(s) [2] not found" in done.stderr
+    done = cli("import", "--format", "d4rl", FIXTURE, str(tmp_path / "again"), "--resume")
+    assert done.returncode != 0 and "--resume: for --format dqn-replay only" in done.stderr

@@ -1,5 +1,5 @@
 """``mmreplay export`` and ``mmreplay import``: a store's episodes to and from Minari, D4RL-style and d3rlpy
-datasets (``mmreplay.datasets`` does the work; docs/datasets.md).
+datasets and Dopamine's replay checkpoints (``mmreplay.datasets`` does the work; docs/datasets.md).
 
 Invariant: options that only one format can hold are refused for the others with an error naming them,
 never silently dropped; an ``--episodes`` selection that is malformed, empty or reaches past the store's
@@ -16,7 +16,7 @@ import sys
 
 from mmreplay.cli.progress import Progress
 
-FORMATS = ("minari", "d4rl", "d3rlpy")
+FORMATS = ("minari", "d4rl", "d3rlpy", "dqn-replay")
 
 #: export options that only a Minari dataset can hold (CLI flag -> export_minari keyword)
 MINARI_ONLY = {"dataset_id": "--dataset-id", "env_id": "--env-id", "author": "--author",
@@ -52,6 +52,8 @@ def register(sub) -> None:
     m.add_argument("--data-format", choices=("hdf5", "arrow"), help="Minari's storage (default hdf5; arrow needs "
                                                                      "pyarrow)")
     p.add_argument("--block-rows", type=int, default=4096, help="transitions read per block (bounds memory)")
+    p.add_argument("--checkpoint-rows", type=int, help="dqn-replay: rows a Dopamine checkpoint holds (default: the "
+                                                       "imported checkpoints', else 1000000)")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("import", help="make a new store from a Minari, D4RL-style or d3rlpy dataset")
     p.add_argument("src", help="minari: dataset directory or id; d4rl, d3rlpy: an .hdf5 file")
@@ -61,6 +63,12 @@ def register(sub) -> None:
     p.add_argument("--frame-stack", type=int, help="default: the exported store's, else 1")
     p.add_argument("--reward-values", help="comma-separated clipped reward values to bit-pack, e.g. -1,0,1")
     p.add_argument("--block-rows", type=int, default=4096, help="rows read per block (bounds memory)")
+    q = p.add_argument_group("Dopamine replay checkpoints (--format dqn-replay; SRC: their directory)")
+    q.add_argument("--checkpoints", help="which: 0,1,5-9 (default: all)")
+    q.add_argument("--resume", action="store_true", help="continue an interrupted import of the same command "
+                                                          "where its last commit ended (else it starts over)")
+    q.add_argument("--num-actions", type=int, help="the action space's size (default: largest action + 1; 18 for "
+                                                   "Atari's full set)")
     p.set_defaults(func=cmd_import)
 
 
@@ -135,6 +143,12 @@ def cmd_export(args) -> int:
     kwargs = {"include_partial": args.include_partial, "episodes": selection,
               "block_rows": args.block_rows, "progress": Progress(f"exporting to {args.format}", unit="transitions"),
               "compression": args.compression}
+    if args.format == "dqn-replay":
+        _refuse_for_dqn_replay(args, ("--episodes", args.episodes), ("--include-partial", args.include_partial),
+                               ("--compression", args.compression))
+        kwargs = {"block_rows": args.block_rows, "progress": kwargs["progress"], "capacity": args.checkpoint_rows}
+    elif args.checkpoint_rows is not None:
+        raise ValueError("--checkpoint-rows applies to --format dqn-replay only")
     if args.format == "minari":
         kwargs.update(dataset_id=args.dataset_id, env_spec=_env_spec_arg(args.env_id), author=args.author,
                       author_email=args.author_email, code_permalink=args.code_permalink,
@@ -154,6 +168,13 @@ def cmd_export(args) -> int:
         summary = export_dataset(store, out, args.format, **kwargs)
     _print_summary(summary)
     return 0
+
+
+def _refuse_for_dqn_replay(args, *flags) -> None:
+    given = [flag for flag, value in flags if value]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not for --format dqn-replay (it exports every transition, as "
+                         "Dopamine's checkpoints hold them)")
 
 
 def _check_positive(flag: str, value: int | None) -> None:
@@ -189,9 +210,15 @@ def cmd_import(args) -> int:
         _check_positive(flag, value)
     if args.reward_values:
         kwargs["reward_values"] = _reward_values(args.reward_values)
-    if args.format != "minari":
+    dqn_flags = (("--checkpoints", args.checkpoints), ("--resume", args.resume), ("--num-actions", args.num_actions))
+    if args.format == "dqn-replay":
+        _check_positive("--num-actions", args.num_actions)
+        kwargs.update(checkpoints=args.checkpoints, resume=args.resume, num_actions=args.num_actions,
+                      progress=Progress("importing", unit="rows"))
+    elif any(value for _, value in dqn_flags):
+        raise ValueError(f"{', '.join(f for f, v in dqn_flags if v)}: for --format dqn-replay only")
+    elif args.format != "minari":
         _check_hdf5_source(args.src, args.format)
-    if args.format != "minari":
         kwargs["block_rows"] = args.block_rows
     try:
         summary = import_dataset(args.src, args.path, args.format, **kwargs)

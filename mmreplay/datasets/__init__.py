@@ -1,4 +1,5 @@
-"""Offline-RL datasets: export a store to Minari, D4RL-style HDF5 or d3rlpy, and import them back.
+"""Offline-RL datasets: export a store to Minari, D4RL-style HDF5, d3rlpy or Dopamine's replay checkpoints
+(the DQN Replay Dataset: ``dqn_replay.py``), and import them back.
 
 Every exporter reads episodes through ``episodes.py`` (episode links, single frames, bounded blocks);
 every importer writes through ``importing.py`` (a new store, episodes in order, bounded blocks);
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-FORMATS = ("minari", "d4rl", "d3rlpy")
+FORMATS = ("minari", "d4rl", "d3rlpy", "dqn-replay")
 
 
 def _check_format(fmt: str) -> str:
@@ -36,6 +37,9 @@ def export_dataset(store, out, format: str, **kwargs) -> dict[str, Any]:
     if format == "d4rl":
         from mmreplay.datasets.d4rl import export_d4rl
         return export_d4rl(store, out, **kwargs)
+    if format == "dqn-replay":
+        from mmreplay.datasets.dqn_replay import export_dqn_replay
+        return export_dqn_replay(store, out, **kwargs)
     from mmreplay.datasets.d3rlpy import export_d3rlpy
     return export_d3rlpy(store, out, **kwargs)
 
@@ -45,6 +49,14 @@ def collect_minari(env, out, **kwargs) -> dict[str, Any]:
     from mmreplay.datasets.collect import collect_minari as collect
 
     return collect(env, out, **kwargs)
+
+
+def import_dqn_replay(src, path, **kwargs) -> dict[str, Any]:
+    """A new store from a Dopamine replay directory (the DQN Replay Dataset), streamed, resumable
+    (``mmreplay.datasets.dqn_replay.import_dqn_replay``: ``checkpoints="0,1,5-9"``, ``resume=True``...)."""
+    from mmreplay.datasets.dqn_replay import import_dqn_replay as run
+
+    return run(src, path, **kwargs)
 
 
 def import_dataset(src, path, format: str, **kwargs) -> dict[str, Any]:
@@ -57,5 +69,7 @@ def import_dataset(src, path, format: str, **kwargs) -> dict[str, Any]:
     if format == "d4rl":
         from mmreplay.datasets.d4rl import import_d4rl
         return import_d4rl(src, path, **kwargs)
+    if format == "dqn-replay":
+        return import_dqn_replay(src, path, **kwargs)
     from mmreplay.datasets.d3rlpy import import_d3rlpy
     return import_d3rlpy(src, path, **kwargs)

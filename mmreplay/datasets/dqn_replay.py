@@ -610,6 +610,8 @@ def export_dqn_replay(store, out, *, capacity: int | None = None, update_horizon
     if not hasattr(store.action_space, "n"):
         raise ValueError(f"Dopamine checkpoints hold integer actions; this store's action space is {store.action_space}")
     k = store.frame_stack
+    # a block reads each transition's two stacks: bound it by bytes, whatever block_rows says
+    block_rows = max(1, min(block_rows, BLOCK_BYTES // (2 * k * max(1, int(np.prod(space.shape))))))
     meta = store.app_meta.get(META_KEY)
     listing = list_episodes(store, include_partial=True)
     layout = _layout(listing, meta, k, capacity, _truncated_ends(store, listing))
