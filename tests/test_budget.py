@@ -14,8 +14,15 @@ from gymnasium import spaces
 
 import mmreplay
 from mmreplay import settings
-from mmreplay.settings import (LIMIT_SHARE, MIB, MIN_CACHE_BYTES, MIN_LIMIT_MARGIN, OPEN_ALLOWANCE, Settings,
-                               budget_under_limit)
+from mmreplay.settings import (
+    LIMIT_SHARE,
+    MIB,
+    MIN_CACHE_BYTES,
+    MIN_LIMIT_MARGIN,
+    OPEN_ALLOWANCE,
+    Settings,
+    budget_under_limit,
+)
 
 GIB = 1 << 30
 

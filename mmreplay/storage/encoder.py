@@ -16,7 +16,12 @@ the child's errno. The child exits when its stdin closes, so it never outlives t
 parent) for long; it runs in a session of its own, so a Ctrl-C meant for the script does not kill it (a
 child that dies anyway costs time, not data: ``FrameRing`` then encodes the shard itself).
 
-The child imports only numpy, numcodecs and google_crc32c (``python -m mmreplay.storage.encoder``).
+The shared buffers are ``shared_segments`` named after the store and the writer's pid, which Python's resource
+tracker never hears of: a SIGKILLed writer prints no "leaked shared_memory" warning, and its child, which
+outlives it until its stdin closes, removes them as it exits (the next writer of the store removes what a
+child killed too left).
+
+The child imports only numpy, numcodecs and google_crc32c (``python -m mmreplay.storage.encoder <prefix>``).
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ import os
 import select
 import subprocess
 import sys
-from typing import Any
 
 import numpy as np
 
 from mmreplay import settings
+from mmreplay.storage import shared_segments
 from mmreplay.storage.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write
 from mmreplay.storage.shardfile import build_shard, encode_chunk
@@ -40,35 +45,39 @@ MIN_ROW_BYTES = 1024  # small rows (low-dim observations) encode fast enough inl
 
 
 class ShardEncoder:
-    """Client side: shared staging buffers and the child that encodes them."""
+    """Client side: shared staging buffers and the child that encodes them.
 
-    def __init__(self):
-        from multiprocessing import shared_memory
+    The buffers are ``shared_segments`` named after the store and this process: never reported by Python's
+    resource tracker when a writer is killed, removed by ``close``, else by the child as it exits, else by
+    the next writer of the store (``shared_segments.remove_orphans``)."""
 
-        self._shared_memory = shared_memory
-        self._segments: dict[int, Any] = {}  # data pointer of a buffer -> its SharedMemory
+    def __init__(self, store: str = ""):
+        shared_segments.remove_orphans(store)  # a killed writer's, its child killed too
+        self._prefix = shared_segments.segment_prefix(store)
+        self._serial = 0
+        self._segments: dict[int, shared_segments.Segment] = {}  # data pointer of a buffer -> its segment
         self._proc: subprocess.Popen | None = None
 
     @classmethod
-    def for_rows(cls, row_nbytes: int) -> "ShardEncoder | None":
-        """An encoder for image-sized rows, or None (small rows, or ``Settings.encoder == "thread"``, which
-        ``MMREPLAY_ENCODER`` overrides)."""
+    def for_rows(cls, row_nbytes: int, store: str = "") -> "ShardEncoder | None":
+        """An encoder for image-sized rows of the store at ``store``, or None (small rows, or
+        ``Settings.encoder == "thread"``, which ``MMREPLAY_ENCODER`` overrides)."""
         if row_nbytes < MIN_ROW_BYTES or settings.current().encoder == "thread":
             return None
-        return cls()
+        return cls(store)
 
     def allocate(self, shape: tuple, dtype) -> np.ndarray:
+        """A zeroed array in a new shared segment (its pages reserved: a full /dev/shm is an ``OSError`` here)."""
         dtype = np.dtype(dtype)
         nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-        segment = self._shared_memory.SharedMemory(create=True, size=nbytes)
-        try:
-            # Reserve the pages now: a tmpfs (/dev/shm) too small for them otherwise kills the process with
-            # SIGBUS at the first write to a page it cannot back. This raises OSError (ENOSPC) instead.
-            os.posix_fallocate(segment._fd, 0, nbytes)
-        except BaseException:
-            segment.close()
-            segment.unlink()
-            raise
+        while True:
+            self._serial += 1
+            try:
+                segment = shared_segments.Segment(f"{self._prefix}{id(self) % 4096:x}_{self._serial}", nbytes,
+                                                  create=True)
+                break
+            except FileExistsError:  # an unclosed encoder of this store in this process holds that name
+                continue
         array = np.ndarray(shape, dtype=dtype, buffer=segment.buf)
         array[...] = 0
         self._segments[array.ctypes.data] = segment
@@ -100,7 +109,8 @@ class ShardEncoder:
         if self._proc is None or self._proc.poll() is not None:
             # A session of its own: a Ctrl-C at the terminal (SIGINT to the foreground process group) stops the
             # script, whose exit commit may still need the child; the child ends when its stdin closes.
-            self._proc = subprocess.Popen([sys.executable, "-m", "mmreplay.storage.encoder"], stdin=subprocess.PIPE,
+            self._proc = subprocess.Popen([sys.executable, "-m", "mmreplay.storage.encoder", self._prefix],
+                                          stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                           start_new_session=True)
         return self._proc
@@ -114,11 +124,11 @@ class ShardEncoder:
                 self._proc.kill()
             self._proc = None
         for segment in self._segments.values():
+            segment.unlink()  # the name goes now; the pages go with the last mapping
             try:
                 segment.close()
-                segment.unlink()
-            except (OSError, BufferError):
-                pass  # still mapped by a live array: the resource tracker unlinks it at exit
+            except BufferError:
+                pass  # still viewed by a live array: unmapped when the process exits
         self._segments.clear()
 
 
@@ -153,15 +163,8 @@ class PendingShard:
 
 # -- the child ---------------------------------------------------------------------------------------
 
-def _attach(name: str):
-    from multiprocessing import resource_tracker, shared_memory
-
-    segment = shared_memory.SharedMemory(name=name)
-    try:  # the parent owns the segment; before Python 3.13 attaching also registers it for unlinking
-        resource_tracker.unregister(segment._name, "shared_memory")
-    except Exception:
-        pass
-    return segment
+def _attach(name: str) -> shared_segments.Segment:
+    return shared_segments.Segment(name, 0, create=False)  # the parent owns it (and no tracker hears of it)
 
 
 def _segment(segments: dict, name: str):
@@ -196,7 +199,17 @@ def encode_job(job: dict, segments: dict, compressors: dict) -> list[int] | None
     return None
 
 
-def main() -> int:
+def main(prefix: str = "") -> int:
+    """Encode the jobs read from stdin until it closes: the parent closed the store, or died. Then remove the
+    parent's segments (``prefix``: a dead parent cannot; after a close the parent finds them gone)."""
+    try:
+        return _serve()
+    finally:
+        if prefix:
+            shared_segments.remove_all(prefix)
+
+
+def _serve() -> int:
     segments: dict = {}
     compressors: dict = {}
     for line in sys.stdin.buffer:
@@ -212,4 +225,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else ""))

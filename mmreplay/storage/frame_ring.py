@@ -135,7 +135,7 @@ class FrameRing:
         self._executor: ThreadPoolExecutor | None = None
         self._writable = writable
         self.staging_damage: dict[str, list] = {}  # column -> [(chunk, error)] of the staging shard (readers)
-        self._encoder = ShardEncoder.for_rows(total_row_bytes) if writable else None
+        self._encoder = ShardEncoder.for_rows(total_row_bytes, root) if writable else None
         if self._encoder is not None:
             self._start_encoder()
 
