@@ -7,7 +7,7 @@ charged to it, as ``scripts/benchmarks/cgroup.py`` makes them; needs root) befor
 - a reader opens a prebuilt store with the default settings and samples ``--batches`` batches (half of them
   batch-32, half batch-256, frame stacks as the store has them, the sampler's default prefetch);
 - a writer creates a store with the defaults and extends it until the observations it added are larger than
-  the limit, then flushes and closes.
+  the limit (low-dim: 2M transitions, two laps of the default 1M ring), then flushes and closes.
 
 The stores the readers open are built once, outside the cgroups, larger than the limits decoded: 200k Atari
 transitions (the fixture's real frames, cycled), 50k DMC-like 3x84x84 RGB transitions (a drifting textured
@@ -41,6 +41,7 @@ WORKLOADS = {"atari": 200_000, "dmc": 50_000, "lowdim": 1_000_000}
 EPISODE = 1000  # steps an episode (truncated), every workload
 LOWDIM_OBS = 17  # a MuJoCo-sized observation (HalfCheetah)
 BLOCK = 1000  # transitions an extend
+LOWDIM_WRITER_ADDS = 2_000_000  # two laps of the default capacity (1M): the whole index ring, wrapped
 
 
 # -- data --------------------------------------------------------------------------------------------------
@@ -177,6 +178,8 @@ def child_writer(path: str, workload: str, limit: int) -> dict:
     obs, act, kw = spaces_of(workload)
     source = Source(workload)
     n = int(1.1 * limit / source.obs_nbytes) + BLOCK  # observations added: larger than the limit
+    if workload == "lowdim":  # 68-byte rows: that would be 10-35M adds; two laps of the default 1M ring do
+        n = min(n, LOWDIM_WRITER_ADDS)
     s = mmreplay.Store.create(path, obs, act, **kw)
     rss["created"] = _status("VmRSS")
     fill(s, source, n)
