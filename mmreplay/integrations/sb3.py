@@ -1,13 +1,18 @@
 """A Stable-Baselines3 replay buffer backed by an on-disk store.
 
+    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=4), n_stack=4)
     DQN("CnnPolicy", env, replay_buffer_class=MMReplayBuffer,
-        replay_buffer_kwargs=dict(path="runs/pong.mmr", frame_stack=4, n_steps=3, gamma=0.99))
+        replay_buffer_kwargs=dict(path="runs/pong.mmr", n_steps=3, gamma=0.99))
 
 Invariants:
 - Every ``add`` of SB3's ``n_envs`` rows becomes one ``extend`` (sub-env ``i`` = stream ``i``);
   ``terminated`` and ``truncated`` are stored separately (SB3's ``TimeLimit.truncated`` info), and
   ``sample`` returns ``dones`` = terminated (with ``handle_timeout_termination``, SB3's default) or
   terminated | truncated — of the window's last step with n-step returns, with ``discounts`` = gamma**m.
+- Stacks are never stored whole without a word: ``frame_stack`` left out is read from the model's env
+  (its ``VecFrameStack``'s ``n_stack`` and frames, through a ``VecTransposeImage``), else from the store
+  already at ``path``; observations that look like stacks with neither are refused with the arguments to
+  pass; an explicit ``frame_stack`` that contradicts the env is refused, ``frame_stack=1`` warns.
 - With ``frame_stack=k`` (``VecFrameStack``) only the newest frame of each stacked observation is stored
   — ``channels`` channels of the stacked axis, the first (``(k*c, H, W)``) or the last (``(H, W, k*c)``)
   — and stacks are rebuilt at sample time, zero-padded at episode starts, and laid out as
@@ -28,6 +33,9 @@ Invariants:
   ``load_replay_buffer``, a copy) adopts it instead of reopening it (a second writer would hit the store's
   writer lock). The store is committed when a buffer is saved (``save_replay_buffer``, pickling), when
   another buffer adopts it, and closed (committed) when its last buffer is closed or garbage collected.
+- Every ``model.save`` of the model the buffer was made for (``CheckpointCallback``'s too) commits the store,
+  and the next ``add`` commits again: SB3 saves a checkpoint from its callbacks before it adds that step's
+  transitions, so the newest checkpoint of ``num_timesteps`` steps has that many committed transitions.
 - What SB3 pickles of a buffer (``save_replay_buffer``, ``copy.deepcopy``) is a JSON document of where the
   store lives and the buffer's settings — never transitions.
 """
@@ -79,6 +87,9 @@ class _SharedStore:
         # Frame stacks: stream -> (its last next stack's bytes in SB3's layout, whether that step ended the
         # episode), as this process's buffers added them; a stream not here is asked of the store.
         self.tails: dict[int, tuple[bytes, bool]] = {}
+        # A model checkpoint was saved before the transitions of its own step were added (SB3 runs callbacks,
+        # CheckpointCallback's model.save among them, before it stores that step): commit again after them.
+        self.commit_after_add = False
         # Commit and release the writer lock once no buffer holds the handle (or at interpreter exit).
         self._finalizer = weakref.finalize(self, _close_quietly, store)
 
@@ -123,8 +134,8 @@ class MMReplayBuffer(ReplayBuffer):
     """SB3's ``ReplayBuffer`` API over a store at ``path`` (created from the spaces, or continued).
 
     ``n_steps``/``gamma``: n-step returns computed by the store at sample time (SB3 >= 2.7 passes them
-    only to its own buffer class, so give them in ``replay_buffer_kwargs``). ``frame_stack``: the
-    observations are ``VecFrameStack`` stacks of ``k`` frames of ``channels`` channels each (inferred as
+    only to its own buffer class, so give them in ``replay_buffer_kwargs``). ``frame_stack`` (read from the
+    model's ``VecFrameStack`` when left out): the observations are ``VecFrameStack`` stacks of ``k`` frames of ``channels`` channels each (inferred as
     the stacked axis's length / ``k`` unless ambiguous; 3 for RGB), stacked on the first or last axis
     (``channels_order``, inferred unless both fit). ``create_if_missing``: None creates a missing store
     unless the buffer is made for a model that has already trained (``DQN.load``: the store must exist);
@@ -181,6 +192,7 @@ class MMReplayBuffer(ReplayBuffer):
             if self.frame_stack > 1:
                 stacking.update(channels=self.channels, channels_order="first" if self.channels_first else "last")
             model.replay_buffer_kwargs = {**model.replay_buffer_kwargs, "path": self.path, **stacking}
+            commit_on_save(model)
         if create_if_missing is None:
             create_if_missing = model is None or model.num_timesteps == 0
         self._shared = _adopt(self.path) or self._open_or_create(os.fspath(path), bool(create_if_missing))
@@ -245,6 +257,16 @@ class MMReplayBuffer(ReplayBuffer):
         if self.frame_stack > 1:
             for i in range(self.n_envs):
                 self._shared.tails[i] = (next_obs[i].tobytes(), bool(done[i]))
+        if self._shared.commit_after_add:  # the checkpoint's step is complete: its store holds num_timesteps
+            self._shared.commit_after_add = False
+            self.store.flush()
+
+    def checkpoint(self) -> None:
+        """A model checkpoint is being saved: commit the store now, and again after the next ``add`` (the
+        transitions of the checkpoint's own step, which SB3 adds after running the callbacks), so that the
+        newest checkpoint never has fewer committed transitions behind it than its ``num_timesteps``."""
+        self.store.flush()
+        self._shared.commit_after_add = True
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples | DictReplayBufferSamples:
         """``batch_size`` transitions drawn uniformly with replacement (like SB3), also while the buffer
@@ -306,7 +328,7 @@ class MMReplayBuffer(ReplayBuffer):
                 "gamma": self.gamma, "device": str(self.device), **self._open_kwargs}
 
     def __reduce__(self):
-        self.store.flush()  # saving the buffer = committing the store
+        self.checkpoint()  # saving the buffer = committing the store (again after this step's add)
         return _buffer_from_json, (json.dumps(self.settings()),)
 
     # -- sampling -------------------------------------------------------------------------------------
@@ -489,6 +511,7 @@ def load_replay_buffer(model, path: str | os.PathLike, *, rollback_to_checkpoint
     buffer = _buffer_from_json(read_regular(path, 1 << 24).decode())  # never a FIFO or /dev/zero: bounded
     buffer.device = model.device
     model.replay_buffer = buffer
+    commit_on_save(model)
     if model.num_timesteps > 0:
         match_checkpoint(buffer, model.num_timesteps, rollback_to_checkpoint)
     return buffer
@@ -773,6 +796,27 @@ class _FlatStack:
     def same_newest(self, x: np.ndarray, y: np.ndarray) -> bool:
         x, y = x.view(np.uint8), y.view(np.uint8)
         return bool(np.array_equal(x[self.newest], y[self.newest]))
+
+
+def commit_on_save(model: OffPolicyAlgorithm) -> None:
+    """Make every ``model.save`` (``CheckpointCallback``'s, ``EvalCallback``'s best model, the user's) commit
+    the store of ``model.replay_buffer`` (``MMReplayBuffer.checkpoint``): a checkpoint then never points
+    past what survives a crash. SB3's ``save`` asks ``_excluded_save_params()`` first, and nothing else does:
+    this model's own version of it commits, then names itself so that ``save`` does not store it."""
+    if getattr(model.__dict__.get("_excluded_save_params"), "mmreplay_commits", False):
+        return
+    excluded = type(model)._excluded_save_params
+    model_ref = weakref.ref(model)  # the model holds this function: no cycle through it
+
+    def excluded_save_params() -> list[str]:
+        saved = model_ref()
+        buffer = getattr(saved, "replay_buffer", None)
+        if isinstance(buffer, MMReplayBuffer):
+            buffer.checkpoint()
+        return [*excluded(saved), "_excluded_save_params"]
+
+    excluded_save_params.mmreplay_commits = True
+    model._excluded_save_params = excluded_save_params
 
 
 def _model_being_set_up(buffer: MMReplayBuffer) -> OffPolicyAlgorithm | None:
