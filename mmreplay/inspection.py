@@ -1,4 +1,4 @@
-"""What ``mmreplay info`` and ``mmreplay verify`` report about a store.
+"""What ``mmreplay info`` and ``mmreplay verify`` report about a store, and which ids it can read.
 
 Invariant: both only read; ``verify`` re-reads every shard the last commit covers (each file's identity,
 each index and chunk checksum, and decodes every chunk holding committed rows: a chunk it reports clean
@@ -17,6 +17,20 @@ from mmreplay.index.ring import TransitionRing
 from mmreplay.storage.frame_ring import FrameRing
 from mmreplay.storage import priority_files
 from mmreplay.storage.layout import RingGeometry
+
+
+def first_readable(ring: TransitionRing, frame_stack: int, frame_head: int) -> int:
+    """The smallest id ``lo`` such that every transition in ``[lo, ring.head)`` is readable by
+    ``inspect.get`` (its frame stack is held). It is ``ring.oldest`` unless the ring cut an episode: then
+    the first ``frame_stack - 1`` kept steps of that episode (and, with interleaved streams, the ids
+    among them) need frames the ring overwrote. Only the first ``(k - 1) * max_prev_delta`` ids can be."""
+    oldest, head = ring.oldest, ring.head
+    if frame_stack <= 1 or head == oldest:
+        return oldest
+    window = min(head - oldest, (frame_stack - 1) * max(1, ring.max_prev_delta))
+    g = np.arange(oldest, oldest + window, dtype=np.int64)
+    unreadable = np.flatnonzero(~ring.stack_frames(g, frame_stack, frame_head)[2])
+    return oldest if unreadable.size == 0 else int(g[unreadable[-1]]) + 1
 
 
 def committed_work(root: str, record: dict, ring: TransitionRing, frames: FrameRing) -> tuple[list, list]:

@@ -27,7 +27,7 @@ from mmreplay.columns.encode import ColumnEncoder
 from mmreplay.columns.spec import ColumnSpec, Schema, choose_frame_codec, schema_from_spaces
 from mmreplay.errors import FormatError, ReadOnlyError, StoreClosedError
 from mmreplay.index.ring import TransitionRing
-from mmreplay.inspection import committed_work, store_info, verify
+from mmreplay.inspection import committed_work, first_readable, store_info, verify
 from mmreplay.sampling.batch import Batch, BatchBuffers
 from mmreplay.sampling.draw import check_batch_size
 from mmreplay.sampling.priorities import Priorities
@@ -509,8 +509,15 @@ class StoreInspector:
         return self._view.locked(pick)
 
     def valid_range(self) -> tuple[int, int]:
-        """``(oldest, head)``: valid global ids lie in this range (a few near ``oldest`` may not be)."""
+        """``(oldest, head)``: the ids the store holds. ``get`` also needs an id's frame stack: after the
+        ring cut an episode, its first ``frame_stack - 1`` kept steps near ``oldest`` are held but not
+        readable. ``readable_range()`` gives the ids ``get`` accepts."""
         return self._view.locked(lambda st: (st.ring.oldest, st.ring.head))
+
+    def readable_range(self) -> tuple[int, int]:
+        """``(lo, head)``: every id in this range is one ``get`` accepts (at this commit); ``lo`` is
+        ``valid_range()[0]`` unless the ring cut an episode whose frame stacks reach overwritten frames."""
+        return self._view.locked(lambda st: (first_readable(st.ring, self._k, st.frames.head), st.ring.head))
 
     @property
     def num_frames(self) -> int:

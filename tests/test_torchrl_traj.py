@@ -118,7 +118,7 @@ def test_trajectory_ids_survive_reopen_and_rows_without_ids_get_fresh_ones(tmp_p
             s = rb.sample()
             for sl in s["index"].reshape(4, -1):
                 assert (storage[:][TRAJ][sl] == storage[:][TRAJ][sl[0]]).all()
-                assert (storage[:]["episode"][sl] == storage[:]["episode"][sl[0]]).all()
+                assert (storage.index_view()["episode"][sl] == storage.index_view()["episode"][sl[0]]).all()
     finally:
         storage.close()
 
@@ -131,7 +131,7 @@ def test_a_store_without_the_column_reads_its_episode_numbers_as_trajectory_ids(
     storage = MMReplayStorage(store)
     try:
         storage.set(0, data)
-        view = storage[:]
+        view = storage.index_view()
         assert torch.equal(view[TRAJ], view["episode"])
         _, first = np.unique(data[TRAJ].numpy(), return_index=True)
         assert len(np.unique(view[TRAJ].numpy())) == len(first)

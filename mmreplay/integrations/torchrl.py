@@ -13,9 +13,16 @@ Invariants:
   bounded store after ``capacity`` adds); samplers that key state on written indices (TorchRL's
   ``PrioritizedSampler``) are exact only until then: use ``MMReplayPrioritizedSampler`` (priorities
   keyed by the store's stable ids and committed with it) for long runs.
-- ``storage[:]`` (what TorchRL's ``SliceSampler`` reads to find episodes) returns the small columns only
-  (flags, ``episode``, ``("collector", "traj_ids")``), never every frame; any other index decodes whole
-  transitions.
+- TorchRL index ``i`` counts from ``inspect.readable_range()[0]``: every index below ``len(storage)`` is
+  one ``get`` accepts (after the ring cut an episode, its first ``frame_stack - 1`` kept steps are held but
+  not readable, so they are not counted).
+- ``storage[:]`` returns what ``storage[0:len(storage)]`` returns: every key of every transition. Only
+  when TorchRL's own samplers call it (``SliceSampler`` finding trajectories) does it return the small
+  columns (flags, ``episode``, ``("collector", "traj_ids")``), never every frame.
+- Native samplers never fail from a race with a writer in another process: ``sample`` hands the storage
+  the exact ids it drew, ``get`` reads those ids, and if the writer overwrote some of them in between it
+  draws again (``info`` is updated in place, ``info["index"]`` included), so the rows returned are always
+  the rows ``info`` names.
 - ``("collector", "traj_ids")`` reads back as written: a store this storage creates has the extra column
   ``collector.traj_ids`` (int64). Rows written without trajectory ids get new ids, one per episode of
   their stream, counted on from the largest id held. A store without that column (made before, or by
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -56,6 +64,8 @@ ACTION_ENCODINGS = ("auto", "categorical", "one_hot")
 TRAJ_KEY = ("collector", "traj_ids")
 TRAJ_COLUMN = "collector.traj_ids"  # the store's extra column holding TRAJ_KEY
 OBSERVATION_KEYS = ("observation", "pixels")  # TorchRL's keys for state and pixel observations
+RACE_RETRIES = 16  # draws again when a writer in another process overwrote what was drawn, at most this often
+TORCHRL_SAMPLERS = "torchrl.data.replay_buffers.samplers"  # the modules whose storage[:] reads get the index view
 
 
 class MMReplayStorage(_OutOfCoreStorage):
@@ -98,6 +108,7 @@ class MMReplayStorage(_OutOfCoreStorage):
             max_size = self.store.capacity
         # Storage's own __init__, not the key-value store's: every method that touches data is ours.
         Storage.__init__(self, UNBOUNDED_MAX_SIZE if max_size is None else max_size)
+        self._drawn: _Drawn | None = None  # what a native sampler drew, for the next get (see _Drawn)
         self._stream_of: dict[int, int] = {}  # ("collector", "traj_ids") -> stream id of the store
         self._free_streams: list[int] = []
         self._next_stream = 0
@@ -132,8 +143,8 @@ class MMReplayStorage(_OutOfCoreStorage):
     def __len__(self) -> int:
         if self.store is None:
             return 0
-        oldest, head = self.store.inspect.valid_range()
-        return head - oldest
+        lo, head = self.store.inspect.readable_range()
+        return head - lo
 
     @property
     def _is_full(self) -> bool:
@@ -286,12 +297,35 @@ class MMReplayStorage(_OutOfCoreStorage):
 
     def get(self, index) -> TensorDict:
         store = self._require_store()
-        if isinstance(index, slice) and index == slice(None):
-            return self._index_view()
-        oldest, head = store.inspect.valid_range()
-        pos = _positions(index, head - oldest)
-        batch = store.inspect.get(oldest + pos.reshape(-1))
+        drawn, self._drawn = self._drawn, None
+        if drawn is not None and drawn.names(index):
+            return self._get_drawn(store, drawn)
+        if isinstance(index, slice) and index == slice(None) and _called_by_torchrl_sampler():
+            return self.index_view()
+        lo, head = store.inspect.readable_range()
+        pos = _positions(index, head - lo)
+        try:
+            batch = store.inspect.get(lo + pos.reshape(-1))
+        except IndexError as exc:
+            raise IndexError(f"MMReplayStorage {self.path!r}: a writer in another process overwrote transitions "
+                             f"between reading the storage's length and reading them ({exc}); sample with "
+                             "MMReplayRandomSampler / MMReplayPrioritizedSampler / MMReplaySliceSampler, which "
+                             "draw again instead") from None
         return self._to_tensordict(batch, pos.shape)
+
+    def _pin(self, drawn: "_Drawn") -> torch.Tensor:
+        """A native sampler's draw: ``get`` reads exactly these ids next (see the module invariants)."""
+        self._drawn = drawn
+        return drawn.index
+
+    def _get_drawn(self, store: Store, drawn: "_Drawn") -> TensorDict:
+        for _ in range(RACE_RETRIES):
+            try:
+                return self._to_tensordict(store.inspect.get(drawn.ids), (drawn.ids.size,))
+            except IndexError:  # a writer overwrote some since they were drawn: draw again
+                drawn = drawn.again()
+        raise RuntimeError(f"MMReplayStorage {self.path!r}: a writer overwrote the drawn transitions {RACE_RETRIES} "
+                           "times in a row before they could be read (a ring far too small for the writer's pace?)")
 
     def _to_tensordict(self, batch, shape) -> TensorDict:
         n = batch.action.shape[0]
@@ -319,14 +353,23 @@ class MMReplayStorage(_OutOfCoreStorage):
             return bool(self._written_one_hot) and self._discrete_width() is not None
         return self.action_encoding == "one_hot"
 
-    def _index_view(self) -> TensorDict:
-        """Every valid transition's small columns (what TorchRL's SliceSampler reads), no frames."""
+    def index_view(self) -> TensorDict:
+        """Every readable transition's small columns, no frames: ``episode`` (numbered by first step),
+        ``("collector", "traj_ids")`` and the ``next`` done flags. What TorchRL's samplers get for
+        ``storage[:]``."""
         store = self.store
-        oldest, head = store.inspect.valid_range()
-        prev, term, trunc = store.inspect.episode_links(oldest, head)
+        for attempt in range(RACE_RETRIES):  # a writer in another process may move the range in between
+            oldest, head = store.inspect.readable_range()
+            try:
+                prev, term, trunc = store.inspect.episode_links(oldest, head)
+                traj = store.inspect.read_column(TRAJ_COLUMN, oldest, head) if self._has_traj_column() else None
+                break
+            except IndexError:
+                if attempt == RACE_RETRIES - 1:
+                    raise
         n = head - oldest
         episode = _episode_numbers(prev, oldest)
-        traj = store.inspect.read_column(TRAJ_COLUMN, oldest, head) if self._has_traj_column() else episode
+        traj = episode if traj is None else traj
         term_t, trunc_t = torch.from_numpy(term).reshape(n, 1), torch.from_numpy(trunc).reshape(n, 1)
         return TensorDict({"episode": torch.from_numpy(episode),
                            "collector": TensorDict({"traj_ids": torch.from_numpy(traj)}, batch_size=[n]),
@@ -388,8 +431,32 @@ class MMReplayStorage(_OutOfCoreStorage):
 
 
 # -- native samplers ------------------------------------------------------------------------------------------
+class _Drawn:
+    """What a native sampler drew: the exact transition ids (flat), the TorchRL index it returned for
+    them, its ``info`` dict (updated in place on a redraw, so ``ReplayBuffer``'s ``info["index"]`` follows)
+    and how to draw again."""
+
+    def __init__(self, ids: np.ndarray, index: torch.Tensor, info: dict, redraw):
+        self.ids, self.index, self.info, self._redraw = ids, index, info, redraw
+
+    def names(self, index) -> bool:
+        """Is ``index`` the TorchRL index this draw returned (what ``ReplayBuffer`` passes to ``get``)?"""
+        if index is self.index:
+            return True
+        return isinstance(index, torch.Tensor) and index.shape == self.index.shape and torch.equal(index, self.index)
+
+    def again(self) -> "_Drawn":
+        ids, index, info = self._redraw()
+        self.info.clear()
+        self.info.update(info)
+        self.info["index"] = index
+        return _Drawn(ids, index, self.info, self._redraw)
+
+
 class _StoreSampler(Sampler):
-    """A TorchRL sampler that draws in the store (its RNG state, JSON, goes with ``dumps``)."""
+    """A TorchRL sampler that draws in the store (its RNG state, JSON, goes with ``dumps``). Subclasses
+    give ``_rows`` (how many rows a batch draws) and ``_draw_rows`` (ids per row, with per-row extras) and
+    ``_finish`` (flat ids and ``info``); drawing only readable ids and redrawing after a race is shared."""
 
     def __init__(self, seed: int | None = None):
         self.rng = np.random.default_rng(seed)
@@ -398,6 +465,44 @@ class _StoreSampler(Sampler):
         if not isinstance(storage, MMReplayStorage):
             raise TypeError(f"{type(self).__name__} samples an MMReplayStorage, got {type(storage).__name__}")
         return storage._require_store()
+
+    def sample(self, storage, batch_size: int):
+        store = self._store(storage)
+        rows = self._rows(batch_size)
+
+        def draw():
+            ids, extras, lo = self._draw_readable(store, rows)
+            flat, info = self._finish(ids, extras)
+            return flat, torch.from_numpy(flat - lo), info
+
+        ids, index, info = draw()
+        return storage._pin(_Drawn(ids, index, info, draw)), info
+
+    def _draw_readable(self, store: Store, rows: int):
+        """``rows`` rows of ids that ``get`` accepts: the rows holding an id below ``readable_range()[0]``
+        (held, but its frame stack is gone) are drawn again."""
+        ids, extras = self._draw_rows(store, rows)
+        for _ in range(RACE_RETRIES):
+            lo, _head = store.inspect.readable_range()
+            flat = ids.reshape(rows, -1)
+            bad = ((flat >= 0) & (flat < lo)).any(axis=1)
+            if not bad.any():
+                return ids, extras, lo
+            new_ids, new_extras = self._draw_rows(store, int(bad.sum()))
+            ids[bad] = new_ids
+            for name, values in extras.items():
+                values[bad] = new_extras[name]
+        raise RuntimeError(f"{type(self).__name__}: {RACE_RETRIES} draws in a row held transitions below the "
+                           f"store's readable range (readable_range() = {store.inspect.readable_range()})")
+
+    def _rows(self, batch_size: int) -> int:
+        return batch_size
+
+    def _draw_rows(self, store: Store, rows: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def _finish(self, ids: np.ndarray, extras: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
+        return ids.reshape(-1), {}
 
     def _empty(self):
         pass
@@ -414,17 +519,16 @@ class _StoreSampler(Sampler):
             json.dump(self.state_dict(), f)
 
     def loads(self, path):
-        self.load_state_dict(json.loads(read_regular(os.path.join(path, "sampler_state.json"), 1 << 24)))
+        with open(os.path.join(path, "sampler_state.json")) as f:
+            self.load_state_dict(json.load(f))
 
 
 class MMReplayRandomSampler(_StoreSampler):
-    """Uniform over valid transitions, drawn by the store (never an id whose frame stack is gone)."""
+    """Uniform over readable transitions, drawn by the store (never an id whose frame stack is gone)."""
 
-    def sample(self, storage, batch_size: int):
-        store = self._store(storage)
-        g, _ = store.inspect.draw(Uniform(), batch_size, self.rng)
-        oldest, _ = store.inspect.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
-        return torch.from_numpy(g - oldest), {}
+    def _draw_rows(self, store, rows):
+        g, _ = store.inspect.draw(Uniform(), rows, self.rng)
+        return g, {}
 
 
 class MMReplayPrioritizedSampler(_StoreSampler):
@@ -453,22 +557,23 @@ class MMReplayPrioritizedSampler(_StoreSampler):
         """The draw by the set ``name``, with the exponents assigned now (a set takes them when they change)."""
         return Prioritized(self.alpha, self.beta, self.eps, name=self.name)
 
-    def sample(self, storage, batch_size: int):
-        store = self._store(storage)
+    def _draw_rows(self, store, rows):
         self._prioritized(store)
-        g, w = store.inspect.draw(self._draw(), batch_size, self.rng)
-        oldest, _ = store.inspect.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
-        return torch.from_numpy(g - oldest), {"priority_weight": torch.from_numpy(w)}
+        g, w = store.inspect.draw(self._draw(), rows, self.rng)
+        return g, {"priority_weight": w}
+
+    def _finish(self, ids, extras):
+        return ids.reshape(-1), {"priority_weight": torch.from_numpy(extras["priority_weight"])}
 
     def update_priority(self, index, priority, *, storage=None) -> None:
         if storage is None:
             raise ValueError("MMReplayPrioritizedSampler.update_priority needs the storage (ReplayBuffer passes it)")
         store = self._store(storage)
         smp = self._prioritized(store)
-        oldest, _ = store.inspect.valid_range()
+        lo, _ = store.inspect.readable_range()
         pos = np.asarray(index.detach().cpu() if hasattr(index, "detach") else index, dtype=np.int64).reshape(-1)
         p = np.asarray(priority.detach().cpu() if hasattr(priority, "detach") else priority, dtype=np.float64)
-        smp.update_priorities(oldest + pos, p.reshape(-1))
+        smp.update_priorities(lo + pos, p.reshape(-1))
 
 
 class MMReplaySliceSampler(_StoreSampler):
@@ -487,9 +592,9 @@ class MMReplaySliceSampler(_StoreSampler):
         self.strict_length, self.sample_from = strict_length, sample_from
         Sequences(slice_len or 1, strict=strict_length, sample_from=sample_from)  # bad options fail here
         self._draws: dict[int, Sequences] = {}
+        self._seq_len = 0
 
-    def sample(self, storage, batch_size: int):
-        store = self._store(storage)
+    def _rows(self, batch_size: int) -> int:
         if self.slice_len is not None:
             seq_len, n = self.slice_len, batch_size // self.slice_len
         else:
@@ -497,18 +602,38 @@ class MMReplaySliceSampler(_StoreSampler):
         if n < 1 or seq_len < 1 or n * seq_len != batch_size:
             raise ValueError(f"batch_size {batch_size} must be a multiple of slice_len/num_slices "
                              f"(slice_len={self.slice_len}, num_slices={self.num_slices})")
+        self._seq_len = seq_len
+        return n
+
+    def _draw_rows(self, store, rows):
+        seq_len = self._seq_len
         draw = self._draws.get(seq_len)
         if draw is None:  # kept: its episode table is reused while the store is unchanged
             draw = self._draws[seq_len] = Sequences(seq_len, strict=self.strict_length, sample_from=self.sample_from)
-        ids, _ = store.inspect.draw(draw, n, self.rng)
-        oldest, _ = store.inspect.valid_range()  # TorchRL's ReplayBuffer lock keeps writes out between the two
+        ids, _ = store.inspect.draw(draw, rows, self.rng)
+        return ids, {}
+
+    def _finish(self, ids, extras):
         mask = ids >= 0
         last = np.maximum.accumulate(np.where(mask, ids, -1), axis=1)  # padding repeats the last real step
-        pos = torch.from_numpy((last - oldest).reshape(-1))
-        return pos, {"mask": torch.from_numpy(mask.reshape(-1))}
+        return last.reshape(-1), {"mask": torch.from_numpy(mask.reshape(-1))}
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
+def _called_by_torchrl_sampler(depth: int = 4) -> bool:
+    """Is ``storage[:]`` being read by one of TorchRL's samplers (``SliceSampler`` finding trajectories)?
+    They read only flags and trajectory ids from it: they get those without decoding every frame, while
+    ``storage[:]`` anywhere else returns every key (a dump must not silently lose columns)."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__", "").startswith(TORCHRL_SAMPLERS):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _is_store(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "zarr.json"))
 

@@ -261,8 +261,13 @@ class Ids(Transitions):
     def pick(self, view: DrawView, size: int, rng: np.random.Generator | None) -> Picked:
         obs_ids, next_ids, valid = view.stacks(self.ids)
         if not valid.all():
-            raise IndexError(f"transition ids {self.ids[~valid][:8].tolist()} are not valid (valid ids lie in "
-                             f"[{view.oldest}, {view.head}) and need their frame stack)")
+            bad = self.ids[~valid]
+            held = bad[(bad >= view.oldest) & (bad < view.head)]
+            raise IndexError(f"transition ids {bad[:8].tolist()} are not readable: ids must lie in valid_range() "
+                             f"[{view.oldest}, {view.head})" + (
+                                 f", and {held[:8].tolist()} do, but their frame stack of {view.frame_stack} "
+                                 "reaches frames the ring overwrote (the first steps kept of an episode it cut); "
+                                 "inspect.readable_range() gives the ids get accepts" if held.size else ""))
         return Picked(self.ids, None, obs_ids, next_ids)
 
 
