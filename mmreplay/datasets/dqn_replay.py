@@ -166,6 +166,10 @@ def read_checkpoint(number: int, files: dict[str, str]) -> Checkpoint:
     else:
         ckpt.notes.append(f"checkpoint {number} has no add_count file: its rows are read in file order, as an "
                           "unwrapped buffer, and start a new stream")
+    if os.path.exists(os.path.join(os.path.dirname(files["observation"]), f"episode_end_indices_ckpt.{number}.gz")):
+        ckpt.notes.append(f"checkpoint {number}: episode_end_indices_ckpt.{number}.gz is a pickle and is not read: "
+                          "episodes end at terminal rows only (an episode Dopamine ended without a terminal runs on "
+                          "through the next episode's padding)")
     if "invalid_range" in files and add_count:
         with NpyReader(files["invalid_range"], what=f"checkpoint {number} invalid_range", kinds="iuf",
                        row_ndim=0, max_rows=1 << 10) as r:
@@ -321,9 +325,10 @@ class _CheckpointImport:
 
     def blocks(self, buffer: np.ndarray, progress: Callable[[int], None]) -> Iterator[None]:
         """Read and write block by block; yields after each (the cursor then names a resume point).
-        ``buffer``: ``(block + 1, H, W)`` uint8; its row 0 holds the carried row (read, not yet written)."""
+        ``buffer``: ``(block + 2, H, W)`` uint8; its row 0 holds the carried row (read, not yet written), the
+        rows after it the block, and one more row for a zero next frame."""
         carry = False
-        for lo, frames in iter_frame_blocks(self.ckpt, self.first, buffer[1:]):
+        for lo, frames in iter_frame_blocks(self.ckpt, self.first, buffer[1:-1]):
             if self.mask is None:
                 if self.pads_left is None:
                     self.pads_left = self.detect_padding(frames)
@@ -362,15 +367,24 @@ class _CheckpointImport:
         done = rows[:-1] if carry else rows
         if done.size == 0:
             return carry
+        buffer[hi + offset] = 0  # the row after the block: a terminal last row's next state (zero padding)
         term = c.terminal[done]
-        obs = buffer[done + offset]
-        nxt = buffer[np.minimum(done + offset + 1, buffer.shape[0] - 1)]
-        nxt[term] = 0  # a terminal step's next state ends in Dopamine's zero padding row
         start = 0
         for end in [*(np.flatnonzero(term) + 1).tolist(), done.size]:
             if end > start:
-                part, finished = slice(start, end), bool(term[end - 1])
-                self.writer.write(obs[part], c.action[done[part]], c.reward[done[part]], nxt[part], term[part],
+                first, last = int(done[start]), int(done[end - 1])
+                if last - first != end - start - 1:
+                    raise AssertionError(f"checkpoint {self.ckpt.number}: rows {first}..{last} of one episode are "
+                                         "not consecutive")
+                finished = bool(term[end - 1])
+                # Views of the buffer (the store copies what it keeps): row r's next frame is row r + 1, and
+                # after a terminal row comes a padding row, all zero (checked), or the zeroed row above.
+                obs, nxt = buffer[first + offset: last + 1 + offset], buffer[first + 1 + offset: last + 2 + offset]
+                if finished and nxt[-1].any():  # frame_stack 1: no padding; the next episode's frame follows
+                    nxt = nxt.copy()
+                    nxt[-1] = 0
+                part = slice(first, last + 1)
+                self.writer.write(obs, c.action[part], c.reward[part], nxt, c.terminal[part],
                                   np.zeros(end - start, bool), end=finished)
                 self.cursor.transitions += end - start
                 self.cursor.episodes += int(finished)
@@ -430,8 +444,11 @@ def import_dqn_replay(src, path, *, checkpoints: str | Sequence[int] | None = No
     max_action, rewards = _scan_values(ckpts)
     obs_space = spaces.Box(0, 255, frame_shape, np.uint8)
     act_space = spaces.Discrete(int(num_actions or max_action + 1))
+    # durable=False: no fsync at each commit (a killed process still finds every commit whole); the whole
+    # store is made durable once, before its rename (outputs.staged). A power loss mid-import may leave a
+    # sibling that does not resume: the import then starts over.
     store_kwargs = {"capacity": capacity, "frame_stack": k, "stack_padding": "zeros", "frame_codec": frame_codec,
-                    "reward_values": _reward_values(rewards, reward_values), **store_kwargs,
+                    "reward_values": _reward_values(rewards, reward_values), "durable": False, **store_kwargs,
                     "commit_every": 1 << 62, "commit_seconds": float("inf")}  # commits: only ours (resume points)
     total = sum(c.rows for c in ckpts)
     rows_before = {c.number: sum(d.rows for d in ckpts[:i]) for i, c in enumerate(ckpts)}
@@ -446,7 +463,7 @@ def import_dqn_replay(src, path, *, checkpoints: str | Sequence[int] | None = No
             store.flush(app_meta={**store.app_meta, META_KEY: _meta(cursor, src, numbers, k, complete)})
             since_commit[0] = cursor.transitions
 
-        buffer = np.empty((block + 1, *frame_shape), np.uint8)
+        buffer = np.empty((block + 2, *frame_shape), np.uint8)
         try:
             for ckpt in ckpts:
                 done = {c["number"] for c in cursor.checkpoints if c.get("done")}
