@@ -18,6 +18,10 @@ Invariants:
   (``Store.open(path, "r")`` and ``refresh``), committed data only, drawn straight into their rows; the
   others are sampled through their actor, ``prefetch`` batches ahead, and copied into theirs.
   Prioritized draws always go through the actors (the writer holds the priorities).
+- A remote shard's rows come as decoded stacks (``wire="stacks"``) or as the batch's distinct frames,
+  compressed, with index maps (``wire="frames"``, the default for frame stacks and images:
+  ``learner_wire``); the learner checks a frame reply whole before decoding it, and rebuilds exactly the
+  shard's stacks by a gather over the decoded frames.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import torch
 
 from mmreplay.columns.spec import Schema
 from mmreplay.distributed.actors import call_all
+from mmreplay.distributed.learner_wire import (FrameLayout, check_wire, decode_frames, payload_nbytes,
+                                               rebuild_into, slice_rows)
 from mmreplay.sampling.batch import Batch, BatchBuffers
 from mmreplay.sampling.strategy import Prioritized, Uniform
 
@@ -63,14 +69,17 @@ class DistributedSampler:
 
     def __init__(self, shards: list, batch_size: int, draw: Uniform | Prioritized | None = None, *,
                  name: str = "learner", local: bool = True, prefetch: int = 2, seed: int | None = None,
-                 refresh_seconds: float = 0.5, timeout: float = 60.0, batches_per_call: int | None = None):
+                 refresh_seconds: float = 0.5, timeout: float = 60.0, batches_per_call: int | None = None,
+                 wire: str | None = None):
         """``shards``: the shard actor handles. ``draw``: ``Uniform()`` (the default) or ``Prioritized(alpha, beta)``
         (``eps`` and ``name`` are the shards': their sets are the sampler ``name``'s). ``name`` names the shards'
         sampler (its RNG state and its priorities are committed with each shard's store: a learner restarted with the
         same name goes on with them). ``local=False`` samples every shard through its actor. ``batches_per_call``
         (default 4 with ``prefetch``, else 1): a remote shard is asked once for its rows of that many planned batches (a
         Ray call costs milliseconds; batch-32 from a remote shard here: 361/s one batch a call, 755/s eight). Those rows
-        are drawn ahead, as prefetched ones are."""
+        are drawn ahead, as prefetched ones are. ``wire``: how a remote shard sends its rows, ``"frames"`` (each
+        distinct frame of the rows' stacks once, LZ4-compressed, decoded here: the default when observations are
+        frame stacks or images) or ``"stacks"`` (the decoded stacks, the default for low-dimensional ones)."""
         import ray
 
         self._ray = ray
@@ -97,7 +106,11 @@ class DistributedSampler:
             for i, info in enumerate(infos):
                 if info["node_id"] == here and os.path.isdir(info["store_path"]):
                     self._open_local(i, info["store_path"])
-        self._out = BatchBuffers(Schema.from_json(infos[0]["schema"]), batch_size, weights=self.prioritized)
+        schema = Schema.from_json(infos[0]["schema"])
+        self.wire = default_wire(schema) if wire is None else check_wire(wire)
+        self._layout = FrameLayout.of(schema)
+        self._tables: dict[int, dict] = {}  # per shard: its decoded frame tables, reused from reply to reply
+        self._out = BatchBuffers(schema, batch_size, weights=self.prioritized)
         self._views: dict[tuple[int, int], BatchBuffers] = {}
         self._shard = _alloc_shard_ids(batch_size)
         self._shard_ids = np.arange(len(self.handles), dtype=np.int64)
@@ -219,12 +232,18 @@ class DistributedSampler:
                          f"{self._sizes.astype(int).tolist()}")
 
     def _ask(self, i: int, n: int):
-        return self.handles[i].sample.remote(n, self.name, self.prioritized, self.beta, self.alpha)
+        return self.handles[i].sample.remote(n, self.name, self.prioritized, self.beta, self.alpha, self.wire)
 
     def _part(self, i: int, call: "_Call", offset: int, n: int) -> dict:
         """Rows ``[offset, offset + n)`` of the reply to ``call`` to shard ``i`` (waited for once)."""
         if not call.answered:
             call.batch, call.answered = self._get(i, call.ref, call.rows), True
+            if call.batch is not None:
+                self.stats["wire_bytes"] += payload_nbytes(call.batch)  # array bytes the shard sent us
+                if self.wire == "frames":
+                    # checked whole, then decoded once for every planned batch it serves; a shard's calls
+                    # are used in order, so its next reply may decode into the same tables
+                    call.batch = decode_frames(call.batch, self._layout, self._tables.setdefault(i, {}))
         return slice_part(call.batch, offset, offset + n)
 
     def _get(self, i: int, ref, n: int) -> dict:
@@ -360,23 +379,37 @@ class _Call:
     answered: bool = False
 
 
+def default_wire(schema: Schema) -> str:
+    """``"frames"`` where the batch's frames repeat (stacks) or are large (images), else ``"stacks"``."""
+    images = any(len(spec.shape) >= 2 for spec in schema.observations)
+    return "frames" if schema.frame_stack > 1 or images else "stacks"
+
+
 def slice_part(batch: dict | None, lo: int, hi: int) -> dict | None:
-    """Rows ``[lo, hi)`` of a shard's reply (``shard.batch_to_numpy``), as views."""
+    """Rows ``[lo, hi)`` of a shard's reply (``shard.batch_to_numpy``, or a decoded frame batch), as views."""
     if batch is None:
         return None
+    if "frames" in batch:
+        return slice_rows(batch, lo, hi)
     return {k: None if v is None else {c: a[lo:hi] for c, a in v.items()} if isinstance(v, dict) else v[lo:hi]
             for k, v in batch.items()}
 
 
 def write_part(rows: BatchBuffers, part: dict) -> None:
     """Copy a shard's reply (``shard.batch_to_numpy``) into ``rows`` of the learner's batch (the one copy
-    out of Ray's object store, whose arrays are read-only)."""
-    obs, next_obs = part["obs"], part["next_obs"]
-    if not isinstance(obs, dict):
-        obs, next_obs = {"obs": obs}, {"obs": next_obs}
-    for name, (_, out) in rows.obs.items():
-        out[...] = obs[name]
-        rows.next_obs[name][1][...] = next_obs[name]
+    out of Ray's object store, whose arrays are read-only); a decoded frame batch's stacks are gathered from
+    its frame tables."""
+    if "frames" in part:
+        for name, (_, out) in rows.obs.items():
+            rebuild_into(part["frames"][name], part["obs_index"], out)
+            rebuild_into(part["frames"][name], part["next_index"], rows.next_obs[name][1])
+    else:
+        obs, next_obs = part["obs"], part["next_obs"]
+        if not isinstance(obs, dict):
+            obs, next_obs = {"obs": obs}, {"obs": next_obs}
+        for name, (_, out) in rows.obs.items():
+            out[...] = obs[name]
+            rows.next_obs[name][1][...] = next_obs[name]
     for name, (_, out) in rows.columns.items():
         out[...] = part["extras"][name] if name in part["extras"] else part[name]
     for name in ("terminated", "truncated", "indices", "weights"):

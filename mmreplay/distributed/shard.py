@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from mmreplay.distributed.learner_wire import check_wire, encode_frames, zero_padded
 from mmreplay.distributed.ledger import clients_at, make_entry, read_ledger, write_ledger
 from mmreplay.distributed.wire import ObsLayout, decode_batch
 from mmreplay.storage.commit import COMMIT_FILE
@@ -93,6 +94,7 @@ class ReplayShard:
         self.commits = 0
         # CPU seconds of the calling thread per ingest step (info()["ingest_cpu_s"]): where a shard's time goes
         self.cpu = dict.fromkeys(("decode", "extend", "ledger", "store_commit"), 0.0)
+        self.sample_cpu = {"draw": 0.0, "wire_encode": 0.0}  # CPU seconds of sample(): info()["sample_cpu_s"]
         self._decoded: dict = {}  # decode_batch's reused arrays (the store copies what it keeps)
         schema = self.store.schema  # what every batch's observations must look like (wire.check_payload)
         self._obs_layout = ObsLayout(schema.dict_obs, {s.name: s.shape for s in schema.observations})
@@ -184,7 +186,7 @@ class ReplayShard:
                     "hostname": socket.gethostname(), "pid": os.getpid(), "incarnation": self.incarnation,
                     "reopened": self.reopened, "size": len(self.store), "num_added": self.store.num_added,
                     "committed_head": self._committed_entry["head"], "commits": self.commits,
-                    "ingest_cpu_s": dict(self.cpu),
+                    "ingest_cpu_s": dict(self.cpu), "sample_cpu_s": dict(self.sample_cpu),
                     "clients": {int(c): s for c, s in self._committed_entry["clients"].items()},
                     "applied": dict(self.applied), "schema": self.store.schema.to_json()}
 
@@ -200,11 +202,14 @@ class ReplayShard:
         return smp
 
     def sample(self, n: int, name: str = "learner", prioritized: bool = False, beta: float = 0.4,
-               alpha: float | None = None) -> dict:
+               alpha: float | None = None, wire: str = "stacks") -> dict:
         """``n`` transitions (uniform, or by priority with weights relative to this shard's smallest
-        priority) as numpy arrays, with this shard's size and priority mass after the draw."""
+        priority) as numpy arrays, with this shard's size and priority mass after the draw. ``wire``:
+        ``"stacks"``, the decoded obs / next-obs stacks (``batch_to_numpy``); ``"frames"``, each distinct
+        frame once, LZ4-compressed, with index maps (``learner_wire.encode_frames``)."""
         from mmreplay.sampling.batch import BatchBuffers
 
+        check_wire(wire)
         with self._lock:
             out = {"size": len(self.store), "batch": None}
             smp = self._sampler(name, prioritized, alpha)
@@ -214,7 +219,16 @@ class ReplayShard:
                     buf = self._buffers[(n, prioritized)] = BatchBuffers(self.store.schema, n, weights=prioritized)
                 if prioritized:
                     smp.beta = beta
-                out["batch"] = batch_to_numpy(smp.sample_into(buf))  # its RNG state is committed with the store
+                t0 = time.thread_time()
+                picked = smp.draw_into(buf)  # its RNG state is committed with the store
+                self.sample_cpu["draw"] += time.thread_time() - t0
+                out["batch"] = batch_to_numpy(buf.batch())
+                if wire == "frames":
+                    t0 = time.thread_time()
+                    out["batch"] = encode_frames(out["batch"], picked.obs_ids, picked.next_ids,
+                                                 zero_pad=zero_padded(self.store.schema),
+                                                 dict_obs=self.store.schema.dict_obs)
+                    self.sample_cpu["wire_encode"] += time.thread_time() - t0
             if prioritized:
                 out["mass"] = _mass(smp.priorities)
             return out

@@ -141,9 +141,9 @@ class Sampler:
             self.close()
             raise
 
-    def _draw_into(self, buffers) -> None:
+    def _draw_into(self, buffers) -> Picked:
         """Draw the next batch of this sampler's sequence into ``buffers`` (advances ``rng``)."""
-        self._source.read(self.draw, buffers.batch_size, self.rng, buffers)
+        return self._source.read(self.draw, buffers.batch_size, self.rng, buffers)
 
     @property
     def beta(self) -> float:
@@ -226,15 +226,18 @@ class Sampler:
         self.draw_into(buffers)
         return buffers.batch()
 
-    def draw_into(self, buffers) -> None:
+    def draw_into(self, buffers) -> Picked:
         """``sample_into`` without making the ``Batch`` (for callers that assemble their own from several
-        parts)."""
+        parts). Returns what was drawn: the transition ids and, for transitions, the frame ids of each
+        row's obs / next-obs stack (``Picked.obs_ids`` / ``next_ids``, ``(B, k)``: a shard sends each
+        distinct frame once by them). Its arrays may be reused by the next draw."""
         if self.closed:
             raise RuntimeError("sampler is closed")
         if self.prefetch:
             raise RuntimeError("sample_into draws in the caller's thread: make the sampler with prefetch=0")
-        self._draw_into(buffers)
+        picked = self._draw_into(buffers)
         self._state = None  # no batch drawn ahead: the RNG's own state
+        return picked
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
