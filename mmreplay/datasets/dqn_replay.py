@@ -463,6 +463,8 @@ def import_dqn_replay(src, path, *, checkpoints: str | Sequence[int] | None = No
             store.flush(app_meta={**store.app_meta, META_KEY: _meta(cursor, src, numbers, k, complete)})
             since_commit[0] = cursor.transitions
 
+        if not writer.resumed:
+            commit()  # a state from the start: an import killed before its first block still resumes
         buffer = np.empty((block + 2, *frame_shape), np.uint8)
         try:
             for ckpt in ckpts:
