@@ -115,10 +115,10 @@ def test_writer_overwrites_between_batches(writer, store_path):
 
 def test_reader_race_processes(store_path):
     """Real processes: a writer committing every few adds on a wrapping ring, two readers checking rows."""
-    results = reader_race(store_path, readers=2, seconds=4.0, capacity=CAPACITY, min_rows=1000)
+    results = reader_race(store_path, readers=2, capacity=CAPACITY, min_rows=2000)  # counted, not timed
     for r in results:
-        assert r["wrong"] == 0, r
-        assert r["rows"] > 1000 and r["heads"] > 2, r
+        assert r["wrong"] == 0, f"wrong rows, e.g. {r['examples']}: {r}"
+        assert not r["guard_hit"] and r["rows"] >= 2000 and r["heads"] >= 3, r
 
 
 @pytest.mark.parametrize("how", ["uniform", "prioritized", "sequences"])
