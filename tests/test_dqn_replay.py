@@ -363,3 +363,18 @@ def test_cli_import_and_export(tmp_path):
     assert done.returncode != 0 and "checkpoint(s) [2] not found" in done.stderr
     done = cli("import", "--format", "d4rl", FIXTURE, str(tmp_path / "again"), "--resume")
     assert done.returncode != 0 and "--resume: for --format dqn-replay only" in done.stderr
+
+
+def test_corrupt_gzip_is_named(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURE, src)
+    path = src / "$store$_reward_ckpt.0.gz"
+    data = bytearray(path.read_bytes())
+    data[-8] ^= 0xFF  # the gzip trailer's CRC-32: only reading to the stream's end notices
+    path.write_bytes(bytes(data))
+    with pytest.raises(NpyFormatError, match=r"checkpoint 0 reward .*corrupt gzip"):
+        import_dqn_replay(src, tmp_path / "store")
+    obs = src / "$store$_observation_ckpt.1.gz"
+    _gz_npy(obs, {"descr": "<u2", "fortran_order": False, "shape": (500, 84, 84)})
+    with pytest.raises(NpyFormatError, match="uint8"):
+        import_dqn_replay(src, tmp_path / "store", checkpoints="1")

@@ -151,6 +151,9 @@ def read_checkpoint(number: int, files: dict[str, str]) -> Checkpoint:
         raise FileNotFoundError(f"checkpoint {number}: missing {[f'{STORE_PREFIX}{c}_ckpt.{number}.gz' for c in missing]}")
     with _open_column(files, "observation", number) as obs:
         capacity, frame_shape = obs.rows, obs.row_shape
+        if obs.dtype != np.uint8:
+            raise NpyFormatError(f"checkpoint {number} observation ({files['observation']!r}): frames of dtype "
+                                 f"{obs.dtype}; expected uint8 (Dopamine's Atari frames)")
     for name in ("action", "reward", "terminal"):
         with _open_column(files, name, number) as col:
             if col.rows != capacity:
@@ -511,7 +514,7 @@ def _scan_values(ckpts: Sequence[Checkpoint]) -> tuple[int, np.ndarray]:
         cols = read_small_columns(c)
         if cols.action.size:
             max_action = max(max_action, int(cols.action.max()))
-        rewards = np.union1d(rewards, np.unique(cols.reward))[: 1 << 12]
+        rewards = np.union1d(rewards, np.unique(cols.reward))[: 1 << 12]  # enough to tell "too many to pack"
     return max_action, rewards
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import os
 import secrets
+import zlib
 from collections.abc import Iterable
 
 import numpy as np
@@ -60,14 +61,30 @@ class NpyReader:
         view = memoryview(out.reshape(-1).view(np.uint8))
         got = 0
         while got < view.nbytes:
-            k = self._file.readinto(view[got:])
+            k = self._read(view[got:])
             if not k:
                 raise NpyFormatError(f"{self.what} ({self.path!r}) ends inside row "
                                      f"{self.position + got // max(1, self.row_bytes)} of the {self.rows} its header "
                                      "declares: truncated")
             got += k
         self.position += n
+        if self.position == self.rows:
+            self._check_end()
         return out
+
+    def _read(self, view) -> int:
+        try:
+            return self._file.readinto(view)
+        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+            raise NpyFormatError(f"{self.what} ({self.path!r}): corrupt gzip data near row {self.position} "
+                                 f"({exc})") from None
+
+    def _check_end(self) -> None:
+        """After the last row: the stream must end there, and reading its end checks gzip's CRC-32 and
+        length (a file read only up to its declared rows would never check them)."""
+        if self._read(memoryview(bytearray(1))):
+            raise NpyFormatError(f"{self.what} ({self.path!r}) holds more data than the {self.rows} rows its "
+                                 "header declares")
 
     def read_all(self) -> np.ndarray:
         """The whole array (for the small columns: action, reward, terminal, add_count)."""
