@@ -6,8 +6,9 @@
 Measured with the defaults (walker-walk, 2,000 steps, 50 updates of batch 256) on a 2-core box shared with
 other work: 204 s of CPU time (13 min of wall time at a load of 11; a minute or two on an idle 2-core
 machine). Most of it is rendering: dm_control through a software EGL (Mesa llvmpipe) costs ~45 ms of CPU
-per 84x84 frame, a GPU's EGL about 1 ms. ``--steps 500`` checks the whole path (seed steps, updates from
-the store, save) in a fraction of that; the tests run it with 60 steps.
+per 84x84 frame, a GPU's EGL about 1 ms. ``--steps 500 --seed-steps 250`` checks the whole path (seed
+steps, updates from the store, checkpoints) in a fraction of that (with the default ``--seed-steps 1000``,
+500 steps are all random: no update runs); the tests run it with 60 steps and a fake renderer.
 
 What it is (Yarats et al. 2021, "Mastering Visual Continuous Control", reduced to one file):
 - observations: 84x84 RGB renders (camera 0), action repeat 2, the 3 newest frames concatenated on the
@@ -22,12 +23,16 @@ What it is (Yarats et al. 2021, "Mastering Visual Continuous Control", reduced t
   deterministic tanh actor with clipped Gaussian exploration noise (DDPG-style, std annealed
   ``--std-from`` -> ``--std-to``), soft target critics (tau 0.01), an update every ``--update-every``
   steps after ``--seed-steps`` random ones.
-- checkpoint: every run ends by saving the networks, optimizers and the store's ``num_added`` to
-  ``DIR/agent.pt`` and committing the store. ``--resume`` reopens the store, rolls it back to the
+- checkpoint: every ``--checkpoint-every`` steps and at the end, the store is committed, then the networks,
+  optimizers, step and the store's ``num_added`` replace ``DIR/agent.pt`` atomically (written beside it,
+  fsynced, renamed): a kill at any moment leaves the previous checkpoint or the new one, and the store
+  holds at least what the checkpoint counts. ``--resume`` reopens the store, rolls it back to the
   checkpoint's ``num_added`` (``Store.rollback``: transitions collected after the checkpoint, by a run that
-  crashed, are dropped, so the replay matches the agent exactly) and trains on to ``--steps``.
+  was killed, are dropped, so the replay matches the agent exactly) and trains on to ``--steps``. A first
+  run killed before its first checkpoint left a store with no agent to go with it: a rerun (with or
+  without ``--resume``) starts that run over.
 
-The defaults are sized for a short run on a CPU (a 2-layer 16-channel encoder, an update every 5 steps,
+The defaults are sized for a short run on a CPU (a 2-layer 16-channel encoder, an update every 20 steps,
 ``walker-walk``), not for learning. DrQ-v2's own settings are ``--encoder full`` (4 conv layers of 32
 channels, 35x35 features), ``--update-every 2``, ``--seed-steps 2000`` (4000 frames), std 1.0 -> 0.1 over
 250k steps, learning rate 1e-4 (8e-5 for humanoid), and 1M-3M frames.
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import time
 
 import numpy as np
@@ -222,15 +228,50 @@ class DrQV2:
 def open_store(args, env: PixelDMC, checkpoint: dict | None) -> mmreplay.Store:
     path = os.path.join(args.dir, "replay.mmr")
     if checkpoint is None:
+        if os.path.exists(path):  # a first run killed before its first checkpoint: nothing to go on with
+            print(f"{path} holds a run killed before its first checkpoint: starting it over")
+            shutil.rmtree(path)
         obs_space = spaces.Box(0, 255, (3, args.size, args.size), np.uint8)
         act_space = spaces.Box(-1.0, 1.0, (env.action_dim,), np.float32)
         return mmreplay.Store.create(path, obs_space, act_space, capacity=args.capacity, frame_stack=FRAME_STACK,
                                      frame_codec="delta-zstd")
     store = mmreplay.Store.open(path)
-    dropped = store.rollback(checkpoint["num_added"])  # a crashed run may have added more since
+    dropped = store.rollback(checkpoint["num_added"])  # a killed run may have added more since
     if dropped:
         print(f"rolled the store back by {dropped} transitions to the checkpoint's {checkpoint['num_added']}")
     return store
+
+
+def previous_checkpoint(args) -> dict | None:
+    """The checkpoint to go on from (``--resume``), or None for a new run. A directory holding a checkpoint
+    is never started over without ``--resume``; one holding only a store (a first run killed before its
+    first checkpoint) is, with or without it."""
+    ckpt_path = os.path.join(args.dir, "agent.pt")
+    if not os.path.exists(ckpt_path):
+        if args.resume:
+            print(f"no checkpoint in {args.dir} yet: starting a new run")
+        return None
+    if not args.resume:
+        raise SystemExit(f"{args.dir} holds a run checkpointed in {ckpt_path}: pass --resume to go on with it, or "
+                         "another --dir")
+    return torch.load(ckpt_path, weights_only=True)
+
+
+def save_checkpoint(ckpt_path: str, agent: DrQV2, step: int, store: mmreplay.Store) -> None:
+    """Commit the store first, then replace ``ckpt_path`` atomically: a checkpoint never counts transitions
+    that a crash could lose, and a kill mid-write leaves the previous checkpoint whole."""
+    store.flush(app_meta={"step": step})
+    tmp = ckpt_path + ".tmp"
+    with open(tmp, "wb") as f:
+        torch.save({"agent": agent.state_dict(), "step": step, "num_added": store.num_added}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt_path)
+    fd = os.open(os.path.dirname(os.path.abspath(ckpt_path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a power cut
+    finally:
+        os.close(fd)
 
 
 def schedule(step: int, args) -> float:
@@ -244,9 +285,7 @@ def run(args) -> dict:
     device = torch.device(args.device)
     os.makedirs(args.dir, exist_ok=True)
     ckpt_path = os.path.join(args.dir, "agent.pt")
-    checkpoint = torch.load(ckpt_path, weights_only=True) if args.resume else None
-    if checkpoint is None and os.path.exists(os.path.join(args.dir, "replay.mmr")):
-        raise SystemExit(f"{args.dir} already holds a run: pass --resume to go on with it, or another --dir")
+    checkpoint = previous_checkpoint(args)
     env = PixelDMC(args.domain, args.task, args.seed + (checkpoint or {}).get("step", 0), args.repeat, args.size)
     agent = DrQV2(env.action_dim, args, device)
     step = 0
@@ -280,13 +319,14 @@ def run(args) -> dict:
             sampler = sampler or store.sampler(args.batch, mmreplay.NStep(N_STEP, GAMMA), device=device,
                                               seed=args.seed + step)
             losses = agent.update(next(sampler), std)
+        if step % args.checkpoint_every == 0:
+            save_checkpoint(ckpt_path, agent, step, store)
         if step % 500 == 0:
             print(f"step {step}: {step / (time.monotonic() - t0):.0f} steps/s (this session) "
                   + " ".join(f"{k} {v:.3f}" for k, v in losses.items()))
     if sampler is not None:
         sampler.close()
-    store.flush(app_meta={"step": step})
-    torch.save({"agent": agent.state_dict(), "step": step, "num_added": store.num_added}, ckpt_path)
+    save_checkpoint(ckpt_path, agent, step, store)
     disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(os.path.join(store.path, "frames"))
                for f in files)
     result = {"step": step, "num_added": store.num_added, "len": len(store), "num_frames": store.inspect.num_frames,
@@ -308,6 +348,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=2000, help="agent steps in all (frames = steps * repeat)")
     p.add_argument("--seed-steps", type=int, default=1000, help="random steps before the first update")
     p.add_argument("--update-every", type=int, default=20, help="DrQ-v2: 2")
+    p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (agent.pt)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--encoder", choices=("small", "full"), default="small", help="DrQ-v2: full")
     p.add_argument("--feature-dim", type=int, default=50)
