@@ -426,72 +426,105 @@ def import_dqn_replay(src, path, *, checkpoints: str | Sequence[int] | None = No
     ``checkpoints``: ``"0,1,5-9"``, a list, or None (all). ``resume``: continue a killed import of the same
     command from its last commit (its sibling directory), else start over. ``frame_stack``: Dopamine's
     ``stack_size`` (default: inferred from ``invalid_range``, else 4). ``num_actions``: the action space's
-    size (default: the largest action read + 1; pass 18 for Atari's full set if later checkpoints may hold
-    more). ``reward_values``: the packed reward column (default: -1, 0, 1 when the rewards are clipped).
-    Other keyword arguments go to ``Store.create``."""
-    from gymnasium import spaces
-
+    size (default: the largest action read + 1; 18 for Atari's full set). ``reward_values``: the packed
+    reward column (default: -1, 0, 1 when the rewards are clipped). Other keyword arguments go to
+    ``Store.create``."""
     from mmreplay.datasets.importing import EpisodeWriter
 
-    src = os.fspath(src)
-    files = checkpoint_files(src)
-    numbers = parse_checkpoints(checkpoints, list(files))
-    ckpts = [read_checkpoint(n, files[n]) for n in numbers]
-    notes = [note for c in ckpts for note in c.notes]
-    k = _stack_size(ckpts, frame_stack)
-    frame_shape = ckpts[0].frame_shape
-    for c in ckpts:
-        if c.frame_shape != frame_shape:
-            raise NpyFormatError(f"checkpoint {c.number}: frames of shape {c.frame_shape}, checkpoint "
-                                 f"{ckpts[0].number} has {frame_shape}")
-    max_action, rewards = _scan_values(ckpts)
-    obs_space = spaces.Box(0, 255, frame_shape, np.uint8)
-    act_space = spaces.Discrete(int(num_actions or max_action + 1))
+    plan = _plan(os.fspath(src), checkpoints, frame_stack, num_actions, reward_values)
     # durable=False: no fsync at each commit (a killed process still finds every commit whole); the whole
     # store is made durable once, before its rename (outputs.staged). A power loss mid-import may leave a
     # sibling that does not resume: the import then starts over.
-    store_kwargs = {"capacity": capacity, "frame_stack": k, "stack_padding": "zeros", "frame_codec": frame_codec,
-                    "reward_values": _reward_values(rewards, reward_values), "durable": False, **store_kwargs,
+    store_kwargs = {"capacity": capacity, "frame_stack": plan.stack, "stack_padding": "zeros",
+                    "frame_codec": frame_codec, "reward_values": plan.reward_values, "durable": False, **store_kwargs,
                     "commit_every": 1 << 62, "commit_seconds": float("inf")}  # commits: only ours (resume points)
-    total = sum(c.rows for c in ckpts)
-    rows_before = {c.number: sum(d.rows for d in ckpts[:i]) for i, c in enumerate(ckpts)}
-    block = max(1, block_bytes // max(1, int(np.prod(frame_shape))))
-    with EpisodeWriter(path, obs_space, act_space, store_kwargs, resume=resume, resumable=True) as writer:
+    with EpisodeWriter(path, plan.observation_space, plan.action_space, store_kwargs, resume=resume,
+                       resumable=True) as writer:
         store = writer.open()
-        cursor = _restore_cursor(store, src, numbers, k) if writer.resumed else Cursor()
+        cursor = _restore_cursor(store, plan) if writer.resumed else Cursor()
         writer.stream = cursor.stream
-        since_commit = [cursor.transitions]
-
-        def commit(complete: bool = False) -> None:
-            store.flush(app_meta={**store.app_meta, META_KEY: _meta(cursor, src, numbers, k, complete)})
-            since_commit[0] = cursor.transitions
-
-        if not writer.resumed:
-            commit()  # a state from the start: an import killed before its first block still resumes
-        buffer = np.empty((block + 2, *frame_shape), np.uint8)
-        try:
-            for ckpt in ckpts:
-                done = {c["number"] for c in cursor.checkpoints if c.get("done")}
-                if ckpt.number in done:
-                    continue
-                step = _import_checkpoint(ckpt, cursor, writer, k, buffer, notes,
-                                          lambda row, c=ckpt: progress and progress(rows_before[c.number] + row, total))
-                for _ in step:
-                    if cursor.transitions - since_commit[0] >= commit_rows:
-                        commit()
-                commit()
-            commit(complete=True)
-        except BaseException as exc:
-            if store.num_added == cursor.transitions:  # a commit naming exactly what is stored: resumable
-                commit()
-                exc.add_note(f"the import committed up to run row {cursor.global_next} in {store.path!r}: rerun "
-                             "it with resume (--resume) to continue there, or without to start over")
-            raise
+        _run(plan, writer, cursor, block_bytes, commit_rows, progress)
     if progress:
-        progress(total, total)
-    return {"format": "dqn-replay", "path": os.path.abspath(os.fspath(path)), "checkpoints": numbers,
-            "transitions": cursor.transitions, "episodes": cursor.episodes, "frame_stack": k,
-            "pending_row": cursor.pending is not None, "resumed": writer.resumed, "notes": notes + writer.notes}
+        progress(plan.rows, plan.rows)
+    return {"format": "dqn-replay", "path": os.path.abspath(os.fspath(path)), "checkpoints": plan.numbers,
+            "transitions": cursor.transitions, "episodes": cursor.episodes, "frame_stack": plan.stack,
+            "pending_row": cursor.pending is not None, "resumed": writer.resumed, "notes": plan.notes + writer.notes}
+
+
+@dataclass
+class _Plan:
+    """What an import reads and makes, decided from the headers and small columns before anything is written."""
+
+    src: str
+    numbers: list[int]
+    checkpoints: list[Checkpoint]
+    stack: int
+    observation_space: Any
+    action_space: Any
+    reward_values: list[float] | None
+    notes: list[str]
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.checkpoints)
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        return self.checkpoints[0].frame_shape
+
+
+def _plan(src: str, checkpoints, frame_stack: int | None, num_actions: int | None, reward_values) -> _Plan:
+    from gymnasium import spaces
+
+    files = checkpoint_files(src)
+    numbers = parse_checkpoints(checkpoints, list(files))
+    ckpts = [read_checkpoint(n, files[n]) for n in numbers]
+    shape = ckpts[0].frame_shape
+    for c in ckpts:
+        if c.frame_shape != shape:
+            raise NpyFormatError(f"checkpoint {c.number}: frames of shape {c.frame_shape}, checkpoint "
+                                 f"{ckpts[0].number} has {shape}")
+    max_action, rewards = _scan_values(ckpts)
+    if num_actions is not None and num_actions <= max_action:
+        raise ValueError(f"num_actions {num_actions}: the checkpoints hold action {max_action}; expected "
+                         f"num_actions >= {max_action + 1}")
+    return _Plan(src, numbers, ckpts, _stack_size(ckpts, frame_stack), spaces.Box(0, 255, shape, np.uint8),
+                 spaces.Discrete(int(num_actions or max_action + 1)), _reward_values(rewards, reward_values),
+                 [note for c in ckpts for note in c.notes])
+
+
+def _run(plan: _Plan, writer, cursor: Cursor, block_bytes: int, commit_rows: int, progress: ProgressFn | None) -> None:
+    """Import the plan's checkpoints from ``cursor`` on, committing the cursor with the data (see the module
+    invariants); a failure commits what is stored when the cursor names exactly that, so it resumes."""
+    store = writer.store
+    last_commit = [cursor.transitions]
+
+    def commit(complete: bool = False) -> None:
+        store.flush(app_meta={**store.app_meta, META_KEY: _meta(cursor, plan, complete)})
+        last_commit[0] = cursor.transitions
+
+    if not writer.resumed:
+        commit()  # a state from the start: an import killed before its first block still resumes
+    block = max(1, block_bytes // max(1, int(np.prod(plan.frame_shape))))
+    buffer = np.empty((block + 2, *plan.frame_shape), np.uint8)
+    before = 0
+    try:
+        for ckpt in plan.checkpoints:
+            report = lambda row, base=before: progress and progress(base + row, plan.rows)  # noqa: E731
+            before += ckpt.rows
+            if any(c["number"] == ckpt.number and c["done"] for c in cursor.checkpoints):
+                continue
+            for _ in _import_checkpoint(ckpt, cursor, writer, plan.stack, buffer, plan.notes, report):
+                if cursor.transitions - last_commit[0] >= commit_rows:
+                    commit()
+            commit()
+        commit(complete=True)
+    except BaseException as exc:
+        if store.num_added == cursor.transitions:  # a commit naming exactly what is stored: resumable
+            commit()
+            exc.add_note(f"the import committed up to run row {cursor.global_next} in {store.path!r}: rerun it "
+                         "with resume (--resume) to continue there, or without to start over")
+        raise
 
 
 def _stack_size(ckpts: Sequence[Checkpoint], frame_stack: int | None) -> int:
@@ -591,25 +624,24 @@ def _empty_piece(writer):
     return empty, np.zeros(0, np.int64), np.zeros(0, np.float32), empty, np.zeros(0, bool), np.zeros(0, bool)
 
 
-def _meta(cursor: Cursor, src: str, numbers: Sequence[int], k: int, complete: bool) -> dict[str, Any]:
-    return {"version": META_VERSION, "source": os.path.abspath(src), "asked": list(numbers), "stack_size": k,
-            "complete": complete, **asdict(cursor)}
+def _meta(cursor: Cursor, plan: _Plan, complete: bool) -> dict[str, Any]:
+    return {"version": META_VERSION, "source": os.path.abspath(plan.src), "asked": list(plan.numbers),
+            "stack_size": plan.stack, "complete": complete, **asdict(cursor)}
 
 
-def _restore_cursor(store, src: str, numbers: Sequence[int], k: int) -> Cursor:
+def _restore_cursor(store, plan: _Plan) -> Cursor:
     meta = store.app_meta.get(META_KEY)
     if not meta or meta.get("version") != META_VERSION:
-        raise ValueError(f"cannot resume into {store.path!r}: its last commit holds no dqn-replay import state "
-                         "(the import was killed before its first commit): rerun without resume")
-    if meta["asked"] != list(numbers) or meta["stack_size"] != k:
+        raise ValueError(f"cannot resume into {store.path!r}: its last commit holds no dqn-replay import state: "
+                         "rerun without resume")
+    if meta["asked"] != list(plan.numbers) or meta["stack_size"] != plan.stack:
         raise ValueError(f"cannot resume: the interrupted import asked for checkpoints {meta['asked']} with stack "
-                         f"{meta['stack_size']}, this one for {list(numbers)} with stack {k}: rerun it as it was, or "
-                         "without resume")
+                         f"{meta['stack_size']}, this one for {list(plan.numbers)} with stack {plan.stack}: rerun it "
+                         "as it was, or without resume")
     if store.num_added != meta["transitions"]:
         raise ValueError(f"cannot resume into {store.path!r}: it holds {store.num_added} transitions, its import "
                          f"state says {meta['transitions']}: rerun without resume")
-    fields = {f: meta[f] for f in Cursor.__dataclass_fields__}
-    return Cursor(**fields)
+    return Cursor(**{f: meta[f] for f in Cursor.__dataclass_fields__})
 
 
 # -- export ---------------------------------------------------------------------------------------
