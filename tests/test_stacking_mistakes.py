@@ -265,3 +265,11 @@ def test_a_stack_given_to_add_is_told_to_pass_single_frames(tmp_path, given):
                      [False, False], [False, False])
     assert store.num_added == 0
     store.close()
+
+
+def test_sb3_an_env_without_vecframestack_keeps_its_own_channels(tmp_path):
+    # 4 channels of the env's own (no VecFrameStack): the env says it is one frame, nothing is refused
+    venv = DummyVecEnv([lambda: IdFrames(0, 4, True)])
+    model = dqn(venv, str(tmp_path / "s.mmr"))
+    assert model.replay_buffer.frame_stack == 1 and model.replay_buffer.store.observation_space.shape == (4, SIZE, SIZE)
+    model.replay_buffer.close()

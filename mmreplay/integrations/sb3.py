@@ -588,8 +588,8 @@ def _resolve_stacking(space: spaces.Space, frame_stack: int | None, channels: in
                       channels_order: str | None, env, path: str) -> tuple[int, int | None, str | None]:
     """``(frame_stack, channels, channels_order)`` for observations ``space``: from the env's
     ``VecFrameStack`` when there is one (an explicit ``frame_stack`` must agree with it), else from the
-    store already at ``path``, else ``frame_stack=1`` unless the space looks like stacks (then refused:
-    storing them whole would take ``k`` times the disk without a word)."""
+    store already at ``path``, else ``frame_stack=1`` — unless there is no env to tell and the space looks
+    like stacks (then refused: storing them whole would take ``k`` times the disk without a word)."""
     if frame_stack is not None and (isinstance(frame_stack, bool) or int(frame_stack) != frame_stack
                                     or frame_stack < 1):
         raise ValueError(f"frame_stack must be a positive integer (VecFrameStack's n_stack), got {frame_stack!r}")
@@ -601,7 +601,7 @@ def _resolve_stacking(space: spaces.Space, frame_stack: int | None, channels: in
     stored = _stored_stacking(space, path)
     if stored is not None:
         return stored
-    guess = _stack_guess(space)
+    guess = _stack_guess(space) if env is None else None  # an env without VecFrameStack: its own channels
     if guess is not None:
         raise ValueError(
             f"the observation space {space.shape} looks like VecFrameStack's stacks of {guess[0]} frame(s) of "
@@ -718,11 +718,13 @@ def _stack_layout(space: spaces.Space, k: int, channels: int | None,
     if k == 1:
         if channels is not None:
             raise ValueError(f"channels={channels} with frame_stack=1: channels describe the frames of a "
-                             "VecFrameStack stack; without frame_stack the observation is stored whole")
+                             "VecFrameStack stack, and with frame_stack=1 each observation is stored whole; pass "
+                             "frame_stack=n_stack with it, or leave channels out")
         return True, 1
     if not isinstance(space, spaces.Box) or len(space.shape) != 3:
-        raise ValueError(f"frame_stack={k} needs a stacked image Box observation (k*c, H, W) or (H, W, k*c), "
-                         f"got {space}")
+        raise ValueError(f"frame_stack={k} with observations {space}: single frames are stored for stacked image "
+                         "Box observations (k*c, H, W) or (H, W, k*c) only; pass frame_stack=1 (each observation "
+                         "stored whole)")
     if channels is not None and (isinstance(channels, bool) or int(channels) != channels or channels < 1):
         raise ValueError(f"channels must be a positive integer (channels per frame: 1 grey, 3 RGB), got {channels!r}")
     fits = [axis for axis in (0, 2) if channels_order in (None, ("first", None, "last")[axis])
