@@ -667,9 +667,14 @@ def export_dqn_replay(store, out, *, capacity: int | None = None, update_horizon
     # a block reads each transition's two stacks: bound it by bytes, whatever block_rows says
     block_rows = max(1, min(block_rows, BLOCK_BYTES // (2 * k * max(1, int(np.prod(space.shape))))))
     meta = store.app_meta.get(META_KEY)
+    notes: list[str] = []
+    if meta and store.inspect.valid_range()[0] > 0:  # a bounded store dropped imported rows: no exact layout
+        notes.append("the store no longer holds every imported transition (its capacity wrapped): laid out anew, "
+                     "not as the imported checkpoints")
+        meta = None
     listing = list_episodes(store, include_partial=True)
     layout = _layout(listing, meta, k, capacity, _truncated_ends(store, listing))
-    notes = list(listing.notes) + layout.notes
+    notes += list(listing.notes) + layout.notes
     with staged(out, "exporting") as staging:
         os.mkdir(staging.path)
         total = sum(c["capacity"] for c in layout.checkpoints)
