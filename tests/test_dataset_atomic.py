@@ -260,3 +260,27 @@ def test_bounds_of_a_numpy_header():
         bounds.check_array("x.npy", (10,), object)
     with pytest.raises(ValueError, match="more than the 1,099,511,627,776"):
         bounds.check_array("x.npy", (1 << 41,), np.uint8)
+
+
+def test_resuming_a_sibling_killed_before_its_first_commit_starts_over(tmp_path):
+    """A resumable import (``--resume``) killed inside ``Store.create`` left a sibling with no commit
+    record: the rerun starts over in it instead of failing to open it (found by
+    scripts/checks/kill_imports_exports.py)."""
+    from gymnasium import spaces
+
+    from mmreplay.datasets.importing import EpisodeWriter
+
+    path = tmp_path / "r.mmr"
+    left = tmp_path / "r.mmr.importing-999999999-abcd"
+    left.mkdir()
+    (left / "zarr.json").write_text("{}")  # the root group written, no commit record yet
+    obs = np.arange(9, dtype=np.float32).reshape(3, 3)
+    with EpisodeWriter(path, spaces.Box(-np.inf, np.inf, (3,), np.float32), spaces.Discrete(2), {"capacity": None},
+                       resume=True, resumable=True) as writer:
+        assert not writer.resumed
+        writer.write(obs[:-1], np.array([0, 1]), np.zeros(2, np.float32), obs[1:], np.array([False, True]),
+                     np.zeros(2, bool), end=True)
+    assert any("held no committed store yet" in n for n in writer.notes), writer.notes
+    assert not left.exists()
+    with mmreplay.Store.open(path, mode="r") as s:
+        assert len(s) == 2

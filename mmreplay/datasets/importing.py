@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from mmreplay.columns.spaces import space_from_json, space_to_json
-from mmreplay.datasets.outputs import staged
+from mmreplay.datasets.outputs import remove, staged
+from mmreplay.storage.commit import COMMIT_FILE
 
 ProgressFn = Callable[[int, int], None]
 
@@ -161,6 +162,14 @@ class EpisodeWriter:
         self._guard = staged(self.path, "importing", resume=resume, keep_on_failure=resumable)
         self._staging = self._guard.__enter__()
         self.notes = list(self._staging.notes)
+        adopted = self._staging.resumed
+        if adopted and not os.path.isfile(os.path.join(self._staging.path, COMMIT_FILE)):
+            # killed before its store's first commit (inside Store.create): nothing to continue, start over
+            remove(self._staging.path)
+            self._staging.resumed = None
+            self.notes = [n for n in self.notes if adopted not in n]
+            self.notes.append(f"{adopted!r}, left by an interrupted import, held no committed store yet: "
+                              "this run starts over")
         return self
 
     def __exit__(self, *exc) -> None:
