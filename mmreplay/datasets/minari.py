@@ -18,6 +18,12 @@ Invariants:
   known length and filled block by block). Arrow export buffers whole episodes until
   ``block_rows`` steps are pending (Minari's arrow writer takes whole episodes, so one episode longer than
   that is held alone).
+- Atomic (``outputs.staged``): the dataset directory is built beside ``out`` and renamed onto it when
+  complete, so a killed export never leaves a directory ``MinariDataset`` opens. Episodes a live writer
+  overwrites during the export are left out whole and counted (``notes``, ``skipped_overwritten_episodes``
+  in the ``mmreplay`` metadata); the dataset's episodes are numbered without gaps.
+- Import checks every dataset of an HDF5 Minari dataset against ``bounds.py`` and each episode against
+  ``bounds.MAX_EPISODE_BYTES`` before Minari reads any (its reader loads whole episodes).
 - ``env_spec`` is an id, an ``EnvSpec`` or its JSON (``EnvSpec.to_json()``, with ``additional_wrappers``):
   ``recover_environment()`` gives an env whose spaces have the layout of the dataset's. Episodes hold
   single frames, so a frame-stack store's trailing ``FrameStackObservation`` of the same size and padding
