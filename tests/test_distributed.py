@@ -283,3 +283,34 @@ def test_rows_of_other_dtypes_go_in_a_batch_of_their_own_and_every_row_is_stored
     assert info["ingest_cpu_s"]["extend"] > 0 and set(info["ingest_cpu_s"]) == {"decode", "extend", "ledger",
                                                                                 "store_commit"}
     shards.close()
+
+
+def expected_stacks(uid: np.ndarray, ep_t: np.ndarray, k: int, after: int = 0) -> np.ndarray:
+    """The frame stacks of transitions ``uid`` at step ``ep_t`` of their episodes (``after=1``: of their
+    next observations): frame ``j`` is ``k - 1 - j`` steps back, padded with the episode's first frame."""
+    back = np.minimum(np.arange(k - 1, -1, -1)[None, :], ep_t[:, None].astype(np.int64) + after)
+    return uid_obs((uid[:, None] + after - back).reshape(-1)).reshape(uid.size, k, -1)
+
+
+def test_learner_rebuilds_remote_stacks_exactly_from_either_wire(cluster, tmp_path):
+    """Through the shard actors (``local=False``), batches served from replies of several planned batches,
+    sent as distinct compressed frames (the default for stacks) or as decoded stacks: every stack (padded
+    at episode starts) is the one the stored transition's episode says."""
+    prefix = "wire"
+    shards = make_shards(tmp_path, 2, prefix, frame_stack=4)
+    actors = [EnvActor.remote(c, prefix, 2, batch_size=8) for c in (0, 1)]
+    ray.get([a.run.remote(40, flush=True) for a in actors])
+    for wire in ("frames", "stacks"):
+        smp = shards.sampler(32, local=False, wire=None if wire == "frames" else wire, prefetch=1,
+                             batches_per_call=3, seed=0, name=f"learner-{wire}")
+        assert smp.wire == wire
+        starts = 0
+        for _ in range(4):
+            batch = smp.sample()
+            uid, ep_t = batch.extras["uid"].numpy(), batch.extras["ep_t"].numpy()
+            assert np.array_equal(batch.obs.numpy(), expected_stacks(uid, ep_t, 4)), wire
+            assert np.array_equal(batch.next_obs.numpy(), expected_stacks(uid, ep_t, 4, after=1)), wire
+            starts += int((ep_t < 3).sum())
+        assert starts > 0 and smp.stats["wire_bytes"] > 0
+        smp.close()
+    shards.close()
