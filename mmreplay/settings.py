@@ -30,14 +30,16 @@ DEFAULT_CACHE_BYTES = 1024 * MIB  # without a memory limit
 # once the process's own memory is paid for (``budget_under_limit``), and never more than this share of it:
 # the rest of a large limit stays for the trainer (its model, its envs), which allocates after the store opens.
 LIMIT_SHARE = 0.7
-# What a reading process adds to its RSS between ``Store.open`` and the end of its first batches, besides the
-# budget itself and the index ring (which the budget pays for: ``FrameReader``). Measured (2026-12-07, 1 MiB
-# cache, 150 batch-32 then 150 batch-256, RSS from just before the open to the peak, ring left out): 200k
-# Atari 152 MiB, 50k DMC-like 3x84x84 RGB (frame stack 3) 217 MiB, 1M low-dim 127 MiB. What it is: the
-# compiled kernels loaded from numba's cache, zarr's event loop, the codec helper and IO threads' stacks and
-# malloc arenas, the batch buffers (DMC batch-256: 2 x 16 MB of stacks) and the decoded slab grown to hold one
-# batch's runs of frames (``ChunkCache``). A writer adds its staging shards (~100 MiB for Atari), less than this.
-OPEN_ALLOWANCE = 224 * MIB
+# What a reading process adds to its RSS after the baseline (its RSS as ``Settings`` is made in ``Store.open``,
+# mmreplay's lazy imports done) besides the budget and the index ring (which the budget pays for:
+# ``FrameReader``). Measured (2026-12-07, 1 MiB budget, 150 batch-32 then 150 batch-256 with the CPU default
+# prefetch, peak RSS less baseline less ring): 200k Atari 81 MiB, 50k DMC-like 3x84x84 RGB (frame stack 3)
+# 145 MiB, 1M low-dim 57 MiB. What it is: compiled kernels loaded from numba's cache, the codec helper and IO
+# threads' stacks and malloc arenas, the batch buffers (DMC batch-256: 2 x 16 MB of stacks) and the decoded slab
+# grown to hold one batch's runs of frames (``ChunkCache``). The rest of the allowance is room for about one more
+# prefetched RGB batch-256 (an accelerator's sampler prefetches 2). A writer's staging shards (~100 MiB for
+# Atari, in /dev/shm) come on top of its RSS, but it holds no decoded batches.
+OPEN_ALLOWANCE = 192 * MIB
 # Left unplanned under a limit: page cache of the files read (charged to the cgroup; reclaimable, but not at
 # once), allocator slack and what the measurements above did not see.
 MIN_LIMIT_MARGIN = 32 * MIB
@@ -161,7 +163,7 @@ class Settings:
       between the two by ``reading.tiers.plan_tiers`` (and the run directory of ``partial_reads``). Default:
       when the process runs under a memory limit (its cgroup's ``memory.max``, cgroup v2, or
       ``memory.limit_in_bytes``, v1, or an ancestor's, the tightest; the machine's RAM if smaller), the
-      limit less the process's RSS when the store opens, less ~224 MiB for what opening and the first
+      limit less the process's RSS when the store opens, less 192 MiB for what opening and the first
       batches add (compiled kernels, threads, batch buffers), less a margin of 1/16 of the limit (at least
       32 MiB), and at most 70% of the limit (``budget_under_limit``); at least 32 MiB (a limit too small
       for that warns once). Without a limit: 1 GiB. A value passed explicitly always wins. Several
