@@ -378,3 +378,21 @@ def test_corrupt_gzip_is_named(tmp_path):
     _gz_npy(obs, {"descr": "<u2", "fortran_order": False, "shape": (500, 84, 84)})
     with pytest.raises(NpyFormatError, match="uint8"):
         import_dqn_replay(src, tmp_path / "store", checkpoints="1")
+
+
+def test_fixture_equals_dopamines_own_save(tmp_path):
+    """The generator's rules are Dopamine's: the same steps through OutOfGraphReplayBuffer.save give the
+    committed fixture's arrays (where dopamine-rl installs; scripts/check_dqn_replay_with_dopamine.sh)."""
+    crb = pytest.importorskip("dopamine.tf.replay_memory.circular_replay_buffer")
+    gen = _generator()
+    frames = np.load(gen.FIXTURE)["frames"]
+    buf = crb.OutOfGraphReplayBuffer((84, 84), 4, 500, 32)
+    steps = gen.episodes(np.random.default_rng(0), frames)
+    for n, target in enumerate((700, 1200)):
+        while buf.add_count < target:
+            buf.add(*next(steps))
+        buf.save(str(tmp_path), n)
+    for n in (0, 1):
+        ours, dopamine = load(FIXTURE, n), load(tmp_path, n)
+        for name in ours:
+            assert ours[name].dtype == dopamine[name].dtype and np.array_equal(ours[name], dopamine[name]), name
