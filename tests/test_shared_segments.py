@@ -60,16 +60,18 @@ def test_a_killed_writer_leaves_no_segment_and_no_warning(tmp_path):
     assert segments_of(store) == []
 
 
-def test_the_next_open_removes_what_a_killed_writer_and_its_child_left(tmp_path):
+@pytest.mark.parametrize("mode", ["a", "r"])
+def test_the_next_open_removes_what_a_killed_writer_and_its_child_left(tmp_path, mode):
     store = str(tmp_path / "store")
     err = killed_writer(store, kill_encoder_too=True)
     assert "leaked shared_memory" not in err, err[-2000:]
     left = segments_of(store)
     assert left  # nobody could remove them: the writer and its child both died
-    with mmreplay.Store.open(store, encoder="process") as s:  # the next writer of the store
+    with mmreplay.Store.open(store, mode=mode, encoder="process") as s:  # the next writer, or a reader
         assert not set(left) & set(segments_of(store))
-        s.add(np.zeros((84, 84), np.uint8), 0, 0.0, np.zeros((84, 84), np.uint8), False, False)
-    assert segments_of(store) == []  # and its own go at close
+        if mode == "a":
+            s.add(np.zeros((84, 84), np.uint8), 0, 0.0, np.zeros((84, 84), np.uint8), False, False)
+    assert segments_of(store) == []  # and a writer's own go at close
 
 
 def test_segments_of_a_live_process_are_never_removed(tmp_path):

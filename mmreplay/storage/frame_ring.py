@@ -40,6 +40,7 @@ import numpy as np
 
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.errors import CorruptDataError
+from mmreplay.storage import shared_segments
 from mmreplay.storage.encoder import ShardEncoder
 from mmreplay.storage.layout import frame_layout
 from mmreplay.storage.sharded import ShardedArray
@@ -138,6 +139,8 @@ class FrameRing:
         self._encoder = ShardEncoder.for_rows(total_row_bytes, root) if writable else None
         if self._encoder is not None:
             self._start_encoder()
+        else:  # whoever opens the store next removes a killed writer's staging buffers (the encoder does too)
+            shared_segments.remove_orphans(root)
 
     def _start_encoder(self) -> None:
         """Every shared buffer the encoder child will ever use, allocated now (two staging shards and the
