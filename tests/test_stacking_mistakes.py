@@ -273,3 +273,16 @@ def test_sb3_an_env_without_vecframestack_keeps_its_own_channels(tmp_path):
     model = dqn(venv, str(tmp_path / "s.mmr"))
     assert model.replay_buffer.frame_stack == 1 and model.replay_buffer.store.observation_space.shape == (4, SIZE, SIZE)
     model.replay_buffer.close()
+
+
+def test_sb3_a_store_of_whole_stacks_made_before_keeps_working_and_says_so(tmp_path):
+    # a run started before the buffer read VecFrameStack from the env: its store holds whole stacks
+    path = str(tmp_path / "old.mmr")
+    venv = venv_of(1, True, 4)
+    old = MMReplayBuffer(100, venv.observation_space, venv.action_space, device="cpu", n_envs=2, path=path,
+                         frame_stack=1)
+    old.close()
+    with pytest.warns(RuntimeWarning, match="holds whole VecFrameStack"):
+        model = dqn(venv, path)  # what DQN.load of that run's model does: no frame_stack in its kwargs
+    assert model.replay_buffer.frame_stack == 1
+    model.replay_buffer.close()

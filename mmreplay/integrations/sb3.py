@@ -594,13 +594,17 @@ def _resolve_stacking(space: spaces.Space, frame_stack: int | None, channels: in
                                     or frame_stack < 1):
         raise ValueError(f"frame_stack must be a positive integer (VecFrameStack's n_stack), got {frame_stack!r}")
     found = _env_frame_stack(env)
+    stored = _stored_stacking(space, path) if frame_stack is None else None
+    if stored is not None:  # a store made before (by an older mmreplay, maybe): its layout, as it was made
+        if found is not None and stored[0] == 1 and found[0] > 1:
+            warnings.warn(f"mmreplay: store {path!r} holds whole VecFrameStack(n_stack={found[0]}) stacks ({found[0]}x "
+                          "the disk of single frames, as made before mmreplay read frame_stack from the env); a new "
+                          "store (another path) stores each frame once", RuntimeWarning, stacklevel=4)
+        return stored
     if found is not None:
         return _from_env_stacking(space, frame_stack, channels, channels_order, *found)
     if frame_stack is not None:
         return frame_stack, channels, channels_order
-    stored = _stored_stacking(space, path)
-    if stored is not None:
-        return stored
     guess = _stack_guess(space) if env is None else None  # an env without VecFrameStack: its own channels
     if guess is not None:
         raise ValueError(
@@ -672,9 +676,9 @@ def _stored_stacking(space: spaces.Space, path: str) -> tuple[int, int | None, s
     else:
         return None
     k = schema.frame_stack
-    if k == 1:
-        return 1, None, None
     frame_shape = schema.spaces()[0].shape if schema.observation_space else None
+    if k == 1:
+        return (1, None, None) if frame_shape == space.shape else None
     for order in ("first", "last"):
         try:
             first, c = _stack_layout(space, k, None, order)
