@@ -554,7 +554,7 @@ def match_checkpoint(buffer: MMReplayBuffer, num_timesteps: int, roll_back: bool
     elif held < steps:
         warnings.warn(f"mmreplay: store {buffer.path!r} holds {held} transitions ever added, {steps - held} fewer "
                       f"than the model's num_timesteps={steps}: the steps after its last commit were lost "
-                      "(a crash before the checkpoint's replay buffer was saved?); training continues without them",
+                      "(killed between the checkpoint's save and its own step's add, or a model saved without this buffer?); training continues without them",
                       RuntimeWarning, stacklevel=3)
     return 0
 
