@@ -63,7 +63,7 @@ def run_until_killed(tmp_path, save_buffer: bool) -> tuple[str, str]:
 @pytest.mark.parametrize("save_buffer", [False, True])
 def test_a_killed_dqn_resumes_from_its_newest_checkpoint_with_every_transition_and_no_false_warning(tmp_path,
                                                                                                    save_buffer):
-    path, ckpt = run_until_killed(tmp_path, save_buffer)
+    _, ckpt = run_until_killed(tmp_path, save_buffer)
     newest = os.path.join(ckpt, "rl_model_200_steps.zip")
     assert sorted(glob.glob(os.path.join(ckpt, "rl_model_*_steps.zip"))) == [
         os.path.join(ckpt, "rl_model_100_steps.zip"), newest]

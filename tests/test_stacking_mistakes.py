@@ -123,8 +123,8 @@ def test_sb3_dqn_load_without_env_takes_the_stacking_the_model_recorded(tmp_path
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(frame_stack=3), r"frame_stack=3 does not match .*VecFrameStack\(n_stack=4\) stacks frames of 1 channel\(s\)"
-                          r".*pass frame_stack=4, channels=1"),
+    (dict(frame_stack=3), (r"frame_stack=3 does not match .*VecFrameStack\(n_stack=4\) stacks frames of 1 "
+                           r"channel\(s\).*pass frame_stack=4, channels=1")),
     (dict(frame_stack=4, channels=3), r"channels=3 does not match .*pass frame_stack=4, channels=1"),
 ])
 def test_sb3_arguments_that_contradict_the_env_are_refused_with_the_right_ones(tmp_path, kwargs, message):
@@ -142,12 +142,12 @@ def test_sb3_explicit_frame_stack_1_over_vecframestack_warns_of_the_disk_it_take
 
 @pytest.mark.parametrize("shape, kwargs, message", [
     # the old hint here was "pass frame_stack=28, channels=3"
-    ((84, 84, 4), dict(frame_stack=3), r"frame_stack=3 does not fit observations of shape \(84, 84, 4\).*"
-                                       r"VecFrameStack\(n_stack=4\) of grey frames: pass frame_stack=4, channels=1"),
+    ((84, 84, 4), dict(frame_stack=3), (r"frame_stack=3 does not fit observations of shape \(84, 84, 4\).*"
+                                        r"VecFrameStack\(n_stack=4\) of grey frames: pass frame_stack=4, channels=1")),
     ((4, 84, 84), dict(frame_stack=3), r"pass frame_stack=4, channels=1"),
     # no env to read (a buffer made by hand) and stacks in the shape: refused, never stored whole
-    ((84, 84, 4), {}, r"looks like VecFrameStack's stacks of 4 frame\(s\) of 1 channel\(s\).*"
-                      r"pass frame_stack=4, channels=1"),
+    ((84, 84, 4), {}, (r"looks like VecFrameStack's stacks of 4 frame\(s\) of 1 channel\(s\).*"
+                       r"pass frame_stack=4, channels=1")),
     ((12, 84, 84), {}, r"stacks of 4 frame\(s\) of 3 channel\(s\).*pass frame_stack=4, channels=3"),
 ])
 def test_sb3_shapes_alone_name_the_arguments_to_pass(tmp_path, shape, kwargs, message):

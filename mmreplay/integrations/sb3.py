@@ -135,10 +135,11 @@ class MMReplayBuffer(ReplayBuffer):
 
     ``n_steps``/``gamma``: n-step returns computed by the store at sample time (SB3 >= 2.7 passes them
     only to its own buffer class, so give them in ``replay_buffer_kwargs``). ``frame_stack`` (read from the
-    model's ``VecFrameStack`` when left out): the observations are ``VecFrameStack`` stacks of ``k`` frames of ``channels`` channels each (inferred as
-    the stacked axis's length / ``k`` unless ambiguous; 3 for RGB), stacked on the first or last axis
-    (``channels_order``, inferred unless both fit). ``create_if_missing``: None creates a missing store
-    unless the buffer is made for a model that has already trained (``DQN.load``: the store must exist);
+    model's ``VecFrameStack`` when left out): the observations are ``VecFrameStack`` stacks of ``k``
+    frames of ``channels`` channels each (inferred as the stacked axis's length / ``k`` unless ambiguous;
+    3 for RGB), stacked on the first or last axis (``channels_order``, inferred unless both fit).
+    ``create_if_missing``: None creates a missing store unless the buffer is made for a model that has
+    already trained (``DQN.load``: the store must exist);
     True always creates, False never. ``rollback_to_checkpoint``: when ``DQN.load`` makes this buffer for
     a model of ``num_timesteps`` steps and the store holds more transitions (added after that checkpoint),
     drop them (``Store.rollback``) so that the resumed run's store matches the checkpoint exactly; False
@@ -554,7 +555,8 @@ def match_checkpoint(buffer: MMReplayBuffer, num_timesteps: int, roll_back: bool
     elif held < steps:
         warnings.warn(f"mmreplay: store {buffer.path!r} holds {held} transitions ever added, {steps - held} fewer "
                       f"than the model's num_timesteps={steps}: the steps after its last commit were lost "
-                      "(killed between the checkpoint's save and its own step's add, or a model saved without this buffer?); training continues without them",
+                      "(killed between the checkpoint's save and its own step's add, or a model saved without "
+                      "this buffer?); training continues without them",
                       RuntimeWarning, stacklevel=3)
     return 0
 
@@ -739,7 +741,8 @@ def _stack_layout(space: spaces.Space, k: int, channels: int | None,
     if not fits:
         where = {None: "the first or the last axis", "first": "the first axis", "last": "the last axis"}[channels_order]
         raise ValueError(f"{what} does not fit observations of shape {space.shape}: {where} must hold the stacked "
-                         f"channels, k*c of them (VecFrameStack(n_stack=k) of c-channel frames); {_stacking_fix(space)}")
+                         f"channels, k*c of them (VecFrameStack(n_stack=k) of c-channel frames); "
+                         f"{_stacking_fix(space)}")
     if len(fits) == 2:
         # Keep the axes VecFrameStack itself would have stacked on (its image test: the frame's smallest axis
         # holds the channels), then those that make grey or RGB frames: (84, 84, 4) is 4 grey frames, not
