@@ -11,6 +11,9 @@ What it measures (real 84x84 Atari frames from tests/data/atari_fixture.npz, rep
 3. the learner: batches of ``--sample-batch`` per second from the same shards, read in place
    (``local=True``) and through the actors with prefetch (``local=False``), next to one local store read
    with ``Store.sample`` and with its ``Store.sampler``;
+   Through the actors, a shard sends its rows as distinct LZ4 frames (``wire="frames"``, the default from
+   other nodes) and as decoded stacks (``remote_stacks``, the default on one node); bytes per learner batch
+   for both;
 4. TorchRL ``RayReplayBuffer`` (``LazyTensorStorage`` in the Ray actor's RAM) with the same transitions
    (obs and next_obs frames, no stacking: TorchRL stores both) from the same number of actors: ingest
    transitions/s and sample batches/s (``pip install torchrl``; measured here with torchrl 0.14.1). If
@@ -24,6 +27,11 @@ process and its encoder; that is the input of the scaling model in docs/distribu
 
 ``--baseline DIR`` runs every config a second time with the shard and env actors importing the mmreplay
 package in ``DIR`` (an earlier revision): before and after in the same rounds, against the same reference.
+
+Before the rounds (``--wire-batches N``, default 20; ``--wire-only`` to stop there, no Ray): the learner wire
+without Ray, on a store of one actor's transitions: bytes of a batch of 32 and of 256 sent as decoded stacks
+and as distinct LZ4 frames (``learner_wire.payload_nbytes``), the shard's CPU to draw the batch and to encode
+its frames, the learner's CPU to check and decode them, and the rows rebuilt wrong (medians over N batches).
 
 Run: ``python scripts/bench_distributed.py [--configs 1x1,2x1,2x2,4x2] [--codecs none,lz4] [--repeat 3]
 [--baseline DIR] [--json out.json]``. Each actor is its own process; on a small box the figures are bounded by its cores.
@@ -320,18 +328,80 @@ def bench_learner(args, root, shards, actors: int, prefix: str) -> dict:
                          rows["terminated"][sl], rows["truncated"][sl], streams=a * ENVS + rows["streams"][sl])
     union.flush()
     samplers = {"local": shards.sampler(args.sample_batch, local=True, prefetch=0),
-                "remote": shards.sampler(args.sample_batch, local=False, prefetch=2),
+                "remote": shards.sampler(args.sample_batch, local=False, prefetch=2, wire="frames"),
+                "remote_stacks": shards.sampler(args.sample_batch, local=False, prefetch=2, wire="stacks",
+                                                name="learner-stacks"),
                 "one_store": union.sampler(args.sample_batch)}
     rates: dict = {k: [] for k in samplers}
     for _ in range(3):
         for k, smp in samplers.items():
             rates[k].append(rate(smp.sample, args.sample_seconds / 3))
+    out = {f"{k}_batches_per_s": statistics.median(v) for k, v in rates.items()}
+    for k in ("remote", "remote_stacks"):  # bytes the shards sent per batch (replies counted as they are used)
+        out[f"{k}_wire_bytes_per_batch"] = samplers[k].stats["wire_bytes"] / max(1, samplers[k].stats["batches"])
     for smp in samplers.values():
         smp.close()
     union.close()
     shutil.rmtree(path, ignore_errors=True)
-    out = {f"{k}_batches_per_s": statistics.median(v) for k, v in rates.items()}
     out["local_vs_one_store"] = out["local_batches_per_s"] / out["one_store_batches_per_s"]
+    return out
+
+
+def bench_wire(args, root, batch_sizes=(32, 256)) -> dict:
+    """The learner wire without Ray: per batch size, the median bytes of a drawn batch as decoded stacks and as
+    distinct LZ4 frames, the CPU (ms, this thread) to draw it, encode its frames and check + decode them, the
+    distinct frames it holds, and the rows the rebuild got wrong (summed)."""
+    import mmreplay
+    from mmreplay.distributed.learner_wire import (FrameLayout, decode_frames, encode_frames, payload_nbytes,
+                                                   zero_padded)
+    from mmreplay.distributed.sampler import slice_part, write_part
+    from mmreplay.distributed.shard import batch_to_numpy
+    from mmreplay.sampling.batch import BatchBuffers
+
+    rows = make_rows(0, args.transitions, args.episode)
+    obs_space, act_space = spaces()
+    path = os.path.join(root, "wire")
+    store = mmreplay.Store.create(path, obs_space, act_space, **store_kwargs(args.capacity))
+    for lo in range(0, rows["action"].size, args.batch):
+        sl = slice(lo, lo + args.batch)
+        store.extend(rows["obs"][sl], rows["action"][sl], rows["reward"][sl], rows["next_obs"][sl],
+                     rows["terminated"][sl], rows["truncated"][sl], streams=rows["streams"][sl])
+    store.flush()
+    layout, out = FrameLayout.of(store.schema), {}
+    for b in batch_sizes:
+        smp = store.sampler(b, prefetch=0, seed=b, name=f"wire-{b}")
+        buf, rebuilt, reuse = BatchBuffers(store.schema, b), BatchBuffers(store.schema, b), {}
+        runs: dict = {k: [] for k in ("stacks_bytes", "frames_bytes", "draw_ms", "encode_ms", "decode_ms",
+                                      "distinct_frames")}
+        wrong = 0
+        for _ in range(args.wire_batches + 1):  # the first batch warms the caches and kernels: not counted
+            t0 = time.thread_time()
+            picked = smp.draw_into(buf)
+            t1 = time.thread_time()
+            local = batch_to_numpy(buf.batch())
+            payload = encode_frames(local, picked.obs_ids, picked.next_ids, zero_pad=zero_padded(store.schema),
+                                    dict_obs=False)
+            t2 = time.thread_time()
+            decoded = decode_frames(payload, layout, reuse)
+            t3 = time.thread_time()
+            write_part(rebuilt, slice_part(decoded, 0, b))
+            for k, v in (("stacks_bytes", payload_nbytes(local)), ("frames_bytes", payload_nbytes(payload)),
+                         ("draw_ms", 1e3 * (t1 - t0)), ("encode_ms", 1e3 * (t2 - t1)), ("decode_ms", 1e3 * (t3 - t2)),
+                         ("distinct_frames", payload["frames"]["obs"]["rows"])):
+                runs[k].append(v)
+            wrong += int((~((rebuilt.obs["obs"][1] == local["obs"]).reshape(b, -1).all(axis=1)
+                            & (rebuilt.next_obs["obs"][1] == local["next_obs"]).reshape(b, -1).all(axis=1))).sum())
+        smp.close()
+        r = {k: statistics.median(v[1:]) for k, v in runs.items()}
+        r["ratio"] = r["stacks_bytes"] / r["frames_bytes"]
+        r["wrong_rows"] = wrong
+        out[b] = r
+        print(f"learner wire, batch {b}: {r['stacks_bytes']:,.0f} B as stacks, {r['frames_bytes']:,.0f} B as frames "
+              f"({r['distinct_frames']:.0f} distinct of {b * 8} stack positions) = {r['ratio']:.1f}x fewer; shard "
+              f"CPU {r['draw_ms']:.2f} ms draw + {r['encode_ms']:.2f} ms encode, learner {r['decode_ms']:.2f} ms "
+              f"check + decode; {wrong} wrong rows", flush=True)
+    store.close()
+    shutil.rmtree(path, ignore_errors=True)
     return out
 
 
@@ -420,7 +490,8 @@ def run_round(args, ray, root, configs, codecs, k: int) -> dict:
         r["ratio"] = r["ingest_per_s_per_shard"] / ref["extend_per_s"]
         out["mmreplay"].append(r)
         extra = "".join(f", {key.split('_batches')[0].replace('_', ' ')} {r[key]:,.0f} batches/s" for key in
-                        ("local_batches_per_s", "one_store_batches_per_s", "remote_batches_per_s") if key in r)
+                        ("local_batches_per_s", "one_store_batches_per_s", "remote_batches_per_s",
+                         "remote_stacks_batches_per_s") if key in r)
         if "local_vs_one_store" in r:
             extra += f" (local = {r['local_vs_one_store']:.2f}x one store holding the same)"
         print(f"[round {k}] mmreplay {label_of(r)}: ingest {r['ingest_per_s']:,.0f} transitions/s "
@@ -468,7 +539,8 @@ def summarize(rounds: list[dict]) -> dict:
                       "ratio": med([r["ratio"] for r in runs]), "cpu_us_per_transition": cpu_median(runs),
                       "steps_cpu_us_per_transition": cpu_median(runs, "steps_cpu_us_per_transition"),
                       "rounds": len(runs)}
-        for key in ("local_batches_per_s", "one_store_batches_per_s", "remote_batches_per_s", "local_vs_one_store"):
+        for key in ("local_batches_per_s", "one_store_batches_per_s", "remote_batches_per_s", "local_vs_one_store",
+                    "remote_stacks_batches_per_s", "remote_wire_bytes_per_batch", "remote_stacks_wire_bytes_per_batch"):
             if any(key in r for r in runs):
                 out[label][key] = med([r[key] for r in runs if key in r])
     return out
@@ -494,6 +566,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-torchrl", action="store_true")
     p.add_argument("--baseline", help="a directory holding another mmreplay package (e.g. `git archive REV mmreplay "
                                       "| tar -x -C DIR`): every config also runs with its actors on that code")
+    p.add_argument("--wire-batches", type=int, default=20, help="batches per size for the learner wire figures (0: skip)")
+    p.add_argument("--wire-only", action="store_true", help="only the learner wire figures (no Ray)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
@@ -507,6 +581,15 @@ def main(argv=None) -> int:
     root = tempfile.mkdtemp(prefix="mmreplay_bench_dist_")
     results: dict = {"cpus": os.cpu_count(), "transitions_per_actor": args.transitions, "args": vars(args),
                      "rounds": []}
+    if args.wire_batches > 0 or args.wire_only:
+        args.wire_batches = max(1, args.wire_batches)
+        results["learner_wire"] = bench_wire(args, root)
+    if args.wire_only:
+        shutil.rmtree(root, ignore_errors=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     try:
         ray.init(num_cpus=max(8, 2 * os.cpu_count()), include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
@@ -527,7 +610,9 @@ def main(argv=None) -> int:
         if "local_vs_one_store" in r:
             print(f"{'':32s} learner batch-{args.sample_batch}/s: local shards {r['local_batches_per_s']:,.0f}, one store "
                   f"holding the same {r['one_store_batches_per_s']:,.0f} (local = {r['local_vs_one_store']:.2f}x), "
-                  f"through the actors {r['remote_batches_per_s']:,.0f}")
+                  f"through the actors {r['remote_batches_per_s']:,.0f} as frames "
+                  f"({r['remote_wire_bytes_per_batch']:,.0f} B a batch), {r['remote_stacks_batches_per_s']:,.0f} as "
+                  f"stacks ({r['remote_stacks_wire_bytes_per_batch']:,.0f} B)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

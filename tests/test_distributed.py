@@ -294,16 +294,16 @@ def expected_stacks(uid: np.ndarray, ep_t: np.ndarray, k: int, after: int = 0) -
 
 def test_learner_rebuilds_remote_stacks_exactly_from_either_wire(cluster, tmp_path):
     """Through the shard actors (``local=False``), batches served from replies of several planned batches,
-    sent as distinct compressed frames (the default for stacks) or as decoded stacks: every stack (padded
-    at episode starts) is the one the stored transition's episode says."""
+    sent as distinct compressed frames or as decoded stacks: every stack (padded at episode starts) is the
+    one the stored transition's episode says."""
     prefix = "wire"
     shards = make_shards(tmp_path, 2, prefix, frame_stack=4)
     actors = [EnvActor.remote(c, prefix, 2, batch_size=8) for c in (0, 1)]
     ray.get([a.run.remote(40, flush=True) for a in actors])
     for wire in ("frames", "stacks"):
-        smp = shards.sampler(32, local=False, wire=None if wire == "frames" else wire, prefetch=1,
-                             batches_per_call=3, seed=0, name=f"learner-{wire}")
-        assert smp.wire == wire
+        smp = shards.sampler(32, local=False, wire=wire, prefetch=1, batches_per_call=3, seed=0,
+                             name=f"learner-{wire}")
+        assert smp.wires == [wire, wire]
         starts = 0
         for _ in range(4):
             batch = smp.sample()
@@ -313,4 +313,8 @@ def test_learner_rebuilds_remote_stacks_exactly_from_either_wire(cluster, tmp_pa
             starts += int((ep_t < 3).sum())
         assert starts > 0 and smp.stats["wire_bytes"] > 0
         smp.close()
+    # by default a shard on the learner's node sends stacks (Ray moves them without the network)
+    default = shards.sampler(32, local=False, name="learner-default")
+    assert default.wires == ["stacks", "stacks"]
+    default.close()
     shards.close()

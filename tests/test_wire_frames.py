@@ -6,7 +6,6 @@ observations. Hostile payloads are refused naming the field; the bytes a batch c
 """
 
 import copy
-import os
 
 import numpy as np
 import pytest

@@ -124,7 +124,10 @@ def expected_stacks(uid: np.ndarray, ep_t: np.ndarray, frames: np.ndarray, after
 
 def learner_run(shards, wire: str, batch_size: int, batches: int, frames: np.ndarray) -> dict:
     """Batches drawn through the shard actors (each on another node than this driver): rows wrong, bytes."""
-    smp = shards.sampler(batch_size, local=False, wire=wire, prefetch=1, seed=1, name=f"learner-{wire}-{batch_size}")
+    smp = shards.sampler(batch_size, local=False, wire=None if wire == "frames" else wire, prefetch=1, seed=1,
+                         name=f"learner-{wire}-{batch_size}")
+    if smp.wires != [wire] * len(shards):  # frames: the default for stacks from shards on other nodes
+        raise AssertionError(f"the sampler chose {smp.wires}, expected {wire} from every shard")
     wrong = 0
     smp.sample()  # the first reply waits for the shards' samplers to start: not timed
     bytes0, t0 = smp.stats["wire_bytes"], time.perf_counter()
