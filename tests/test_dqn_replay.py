@@ -269,7 +269,7 @@ import_dqn_replay(sys.argv[1], sys.argv[2], progress=progress, commit_rows=50, b
 """
 
 
-@pytest.mark.parametrize("kill_at", [620, 330])
+@pytest.mark.parametrize("kill_at", [330, 501], ids=["mid-checkpoint", "at-checkpoint-end"])
 def test_killed_import_resumes_to_the_same_store(tmp_path, kill_at, imported):
     whole = imported[0]  # imported in one go, with the default block size and commit interval
     out = tmp_path / "resumed"
@@ -281,6 +281,8 @@ def test_killed_import_resumes_to_the_same_store(tmp_path, kill_at, imported):
     with Store.open(tmp_path / left[0], "r") as partial:
         state = partial.app_meta["dqn_replay"]
         assert 0 < partial.num_added == state["transitions"] < 948 and not state["complete"]
+        if kill_at == 501:  # killed before checkpoint 1's first commit: its newest row waits in the state
+            assert state["checkpoints"][0]["done"] and state["pending"]["global"] == 699
     summary = import_dqn_replay(FIXTURE, out, resume=True, commit_rows=50, block_bytes=40 * 7056)
     assert summary["resumed"] and any("continued" in note for note in summary["notes"])
     assert not [p for p in os.listdir(tmp_path) if ".importing-" in p]
