@@ -298,7 +298,10 @@ def test_a_binding_budget_pays_for_the_run_directory_and_the_index(recorded):
         stats = s.inspect.cache_stats()["obs"]
         index = s._state.ring.nbytes
         assert index > 0 and stats["runs"]["nbytes"] > 0 and stats["compressed"]["capacity_bytes"] > 0
-        assert stats["compressed"]["capacity_bytes"] + stats["runs"]["nbytes"] + index <= PARTIAL_RESIDENT_SHARE * budget
+        plan = s._state.reader.plan
+        assert stats["compressed"]["capacity_bytes"] + stats["runs"]["nbytes"] <= plan.resident_bytes
+        assert plan.resident_bytes <= PARTIAL_RESIDENT_SHARE * budget
+        assert plan.resident_bytes + plan.decoded_bytes + index <= budget  # the budget pays for the index too
 
 
 def _frames_bytes(path):

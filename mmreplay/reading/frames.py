@@ -142,9 +142,9 @@ class FrameReader(FrameEvents):
     def frame_budget(self) -> int:
         """What the budget leaves for frames once the store's other RAM (its index ring) is paid for: the
         budget is everything the store holds for reading (``Settings.cache_bytes``), so that a default
-        derived from a memory limit stays inside it. At least ``MIN_FRAME_BUDGET`` (or the whole budget, when
-        it is smaller: a tiny budget is a choice)."""
-        return max(min(MIN_FRAME_BUDGET, self.cache_bytes), self.cache_bytes - self.held_elsewhere)
+        derived from a memory limit stays inside it. At least ``MIN_FRAME_BUDGET`` (half the budget, if that
+        is less: an index larger than the budget still leaves the frames something to plan with)."""
+        return max(min(MIN_FRAME_BUDGET, self.cache_bytes // 2), self.cache_bytes - self.held_elsewhere)
 
     def _replan_if_measured(self) -> None:
         ring_bytes, self._replan_with = self._replan_with, None
