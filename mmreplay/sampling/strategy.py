@@ -263,7 +263,7 @@ class Ids(Transitions):
         if not valid.all():
             bad = self.ids[~valid]
             held = bad[(bad >= view.oldest) & (bad < view.head)]
-            raise IndexError(f"transition ids {bad[:8].tolist()} are not readable: ids must lie in valid_range() "
+            raise IndexError(f"transition ids {bad[:8].tolist()} are not valid: ids must lie in valid_range() "
                              f"[{view.oldest}, {view.head})" + (
                                  f", and {held[:8].tolist()} do, but their frame stack of {view.frame_stack} "
                                  "reaches frames the ring overwrote (the first steps kept of an episode it cut); "
