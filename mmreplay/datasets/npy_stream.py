@@ -36,7 +36,9 @@ class NpyFormatError(ValueError):
 
 
 class NpyReader:
-    """One gzip'd ``.npy`` file, its rows read in order. ``shape``/``dtype`` come from the checked header."""
+    """One gzip'd ``.npy`` file, its rows read in order. ``shape``/``dtype`` come from the checked header:
+    a dtype of one of the numpy ``kinds`` (e.g. ``"iu"``), and rows of ``row_ndim`` dimensions (0: one
+    value a row; a set of them; -1: a 0-d array, e.g. Dopamine's ``add_count``)."""
 
     def __init__(self, path: str, *, what: str, kinds: str, row_ndim: int | Iterable[int],
                  max_rows: int = MAX_ROWS, max_row_bytes: int = MAX_ROW_BYTES):
@@ -128,7 +130,7 @@ def _read_header(fp, what: str, kinds: str, row_ndim, max_rows: int, max_row_byt
     if fortran:
         raise NpyFormatError(f"{described} in Fortran order; expected C order (as np.save writes Dopamine's arrays)")
     ndims = {row_ndim} if isinstance(row_ndim, int) else set(row_ndim)
-    if len(shape) - 1 not in ndims and not (len(shape) == 0 and -1 in ndims):
+    if len(shape) - 1 not in ndims:
         raise NpyFormatError(f"{described}; expected {sorted(d + 1 for d in ndims)} dimension(s)")
     if shape and shape[0] > max_rows:
         raise NpyFormatError(f"{described}: {shape[0]:,} rows, more than the {max_rows:,} a checkpoint may hold")
