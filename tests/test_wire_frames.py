@@ -163,6 +163,27 @@ def test_a_shard_samples_frames_that_rebuild_its_stored_transitions(tmp_path, fi
     shard.close()
 
 
+def test_prioritized_rows_come_with_their_weights_and_a_reply_without_them_is_refused(tmp_path, fixture_frames):
+    create = dict(observation_space=FRAME, action_space=spaces.Discrete(6), capacity=1000, frame_stack=4,
+                  reward_values=(-1, 0, 1))
+    shard = ReplayShard(str(tmp_path / "shard"), create, commit_every=1 << 30, commit_seconds=3600, durable=False)
+    add_episodes(shard.store, fixture_frames, 300)
+    schema = shard.store.schema
+    shard.update_priorities(np.arange(0, 300, 7), np.linspace(0.1, 5, 43))
+    reply = shard.sample(24, prioritized=True, beta=0.5, wire="frames")["batch"]
+    with pytest.raises(ValueError, match=r"'weights': got \[.*\], expected None \(a uniform draw\)"):
+        decode_frames(reply, FrameLayout.of(schema))
+    decoded = decode_frames(reply, FrameLayout.of(schema, weights=True))
+    out = BatchBuffers(schema, 24, weights=True)
+    write_part(out, slice_part(decoded, 0, 24))
+    got = out.batch()
+    assert np.array_equal(got.weights.numpy(), reply["weights"]) and (got.weights.numpy() < 1).any()
+    want = shard.store.inspect.get(got.indices.numpy())
+    for key in ("obs", "next_obs", "action", "reward"):
+        assert torch.equal(getattr(got, key), getattr(want, key)), key
+    shard.close()
+
+
 def test_slices_of_a_reply_share_its_tables_and_rebuild_their_rows(tmp_path, fixture_frames):
     """A reply serving several planned batches is decoded once; each batch's rows rebuild exactly."""
     store = make_store(tmp_path / "s", fixture_frames, 400)
@@ -224,6 +245,10 @@ HOSTILE = {
     "frames of another dtype": (lambda p: p["frames"]["obs"].__setitem__("dtype", "<f8"),
                                 r"'frames\[obs\]': frames of dtype '<f8'"),
     "unknown field": (lambda p: p.__setitem__("pickle", b"\x80"), r"unknown \['pickle'\]"),
+    "unknown extra column": (lambda p: p["extras"].__setitem__("x", p["reward"]),
+                             r"'extras': got \['x'\], this store's extra columns are \[\]"),
+    "weights of a uniform draw": (lambda p: p.__setitem__("weights", np.ones(16, np.float32)),
+                                  r"'weights': got \[1.0, .*expected None"),
     "column of other length": (lambda p: p.__setitem__("reward", p["reward"][:3]),
                                r"'reward': expected 16 rows \(the batch's 'n'\), got shape \(3,\)"),
     "corrupt LZ4 block": (_corrupt_block, r"'frames\[obs\]': chunk 0 does not decode to its rows"),

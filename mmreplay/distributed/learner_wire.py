@@ -59,16 +59,20 @@ def check_wire(wire) -> str:
 
 @dataclass(frozen=True)
 class FrameLayout:
-    """What the learner's store schema says a batch's observations are: ``dict_obs``, ``frame_stack`` and
-    each key's frame shape and dtype (what a frame table must declare)."""
+    """What the learner's store schema says a batch is: ``dict_obs``, ``frame_stack``, each key's frame shape
+    and dtype (what a frame table must declare), the extra columns' names, and whether rows carry importance
+    weights (prioritized draws)."""
     dict_obs: bool
     frame_stack: int
     frames: Mapping[str, tuple[tuple[int, ...], np.dtype]]
+    extras: frozenset = frozenset()
+    weights: bool = False
 
     @classmethod
-    def of(cls, schema) -> "FrameLayout":
+    def of(cls, schema, weights: bool = False) -> "FrameLayout":
         return cls(bool(schema.dict_obs), int(schema.frame_stack),
-                   {s.name: (tuple(s.shape), np.dtype(s.np_dtype)) for s in schema.observations})
+                   {s.name: (tuple(s.shape), np.dtype(s.np_dtype)) for s in schema.observations},
+                   frozenset(c.name for c in schema.extras), bool(weights))
 
 
 def zero_padded(schema) -> bool:
@@ -138,16 +142,21 @@ def check_frames(payload: Any, layout: FrameLayout) -> None:
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"sampled batch field 'n': expected a row count >= 0, got {n!r}")
     n, k = int(n), layout.frame_stack
-    if bool(payload["dict_obs"]) != layout.dict_obs or not isinstance(payload["dict_obs"], (bool, np.bool_)):
+    if not isinstance(payload["dict_obs"], (bool, np.bool_)) or bool(payload["dict_obs"]) != layout.dict_obs:
         raise ValueError(f"sampled batch field 'dict_obs': got {payload['dict_obs']!r}, this store's is "
                          f"{layout.dict_obs}")
     for name in ROW_COLUMNS:
         _check_rows(name, payload[name], n)
-    if payload["weights"] is not None:
+    if (payload["weights"] is not None) != layout.weights:
+        raise ValueError(f"sampled batch field 'weights': got {_head(payload['weights'])}, expected "
+                         f"{'importance weights (a prioritized draw)' if layout.weights else 'None (a uniform draw)'}")
+    if layout.weights:
         _check_rows("weights", payload["weights"], n)
-    if not isinstance(payload["extras"], Mapping):
-        raise ValueError(f"sampled batch field 'extras': expected a dict of arrays, got "
-                         f"{type(payload['extras']).__name__}")
+    if not isinstance(payload["extras"], Mapping) or set(payload["extras"]) != layout.extras:
+        got = sorted(map(str, payload["extras"])) if isinstance(payload["extras"], Mapping) else \
+            type(payload["extras"]).__name__
+        raise ValueError(f"sampled batch field 'extras': got {got}, this store's extra columns are "
+                         f"{sorted(layout.extras)}")
     for name, arr in payload["extras"].items():
         _check_rows(f"extras[{name}]", arr, n)
     frames = payload["frames"]

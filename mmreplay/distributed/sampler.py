@@ -112,7 +112,7 @@ class DistributedSampler:
         here = ray.get_runtime_context().get_node_id()
         self.wires = [check_wire(wire) if wire is not None else "stacks" if info["node_id"] == here
                       else default_wire(schema) for info in infos]  # per shard
-        self._layout = FrameLayout.of(schema)
+        self._layout = FrameLayout.of(schema, weights=self.prioritized)
         self._tables: dict[int, dict] = {}  # per shard: its decoded frame tables, reused from reply to reply
         self._out = BatchBuffers(schema, batch_size, weights=self.prioritized)
         self._views: dict[tuple[int, int], BatchBuffers] = {}
