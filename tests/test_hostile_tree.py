@@ -74,7 +74,8 @@ def shard_files(store: str, array: str) -> list[str]:
 def run_child(stores: list[str], ops: str, timeout: int = 240) -> dict:
     """``ops`` (see ``child``) on each store in one child process with an address-space limit; the outcomes.
     A hang fails the test through ``TimeoutExpired``, never the suite."""
-    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2",  # this checkout's mmreplay, whatever is installed
+           "PYTHONPATH": os.pathsep.join([REPO] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     out = subprocess.run([sys.executable, __file__, ops, *stores], capture_output=True, text=True, timeout=timeout,
                          env=env, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -245,7 +246,9 @@ def test_bulk_opens_only_regular_files(tmp_path):
     os.symlink("/dev/zero", tmp_path / "zero")
     paths = [str(tmp_path / n) for n in ("file", "fifo", "link", "zero")] + ["/dev/zero", str(tmp_path)]
     for direct in (False, True):
+        unblock = _fifo_unblocker(str(tmp_path / "fifo"))  # a regression hangs in open(2): end it, and fail
         fds, sizes, _ = bulk.open_files(paths, direct=direct)
+        unblock.join()
         try:
             assert sizes.tolist() == [5, -1, -1, -1, -1, -1] and (fds[1:] == -1).all()
             if not direct:  # (a direct read needs an aligned buffer: the opens are what is tested here)
@@ -254,6 +257,26 @@ def test_bulk_opens_only_regular_files(tmp_path):
                 assert got[0] == 5 and bytes(buf[:5]) == b"hello"
         finally:
             bulk.close_files(fds)
+
+
+def _fifo_unblocker(path: str, seconds: float = 2.0):
+    """A thread that opens FIFO ``path`` for writing once something waits to read it (or gives up after
+    ``seconds``): a reader blocked in ``open`` then returns instead of hanging the test run."""
+    import threading
+    import time
+
+    def run():
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO until a reader waits
+                return
+            except OSError:
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 # -- Store.create interrupted ---------------------------------------------------------------------------

@@ -145,8 +145,7 @@ def open_dir_inside(root: str, directory: str, *, create: bool = False) -> int:
     names = _components(root, directory)
     fd = os.open(root, DIR_FLAGS)
     for name in names:
-        parent, fd = fd, -1
-        fd = _step(parent, name, root, create)  # closes ``parent``, whatever happens
+        fd = _step(fd, name, root, create)  # closes the parent's descriptor, whatever happens
     return fd
 
 
