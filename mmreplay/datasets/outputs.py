@@ -94,9 +94,23 @@ def _publish(path: str, destination: str) -> None:
             os.rmdir(destination)  # a given empty directory: replaced by the result
         os.rename(path, destination)  # ENOTEMPTY / EEXIST if something else appeared there meanwhile
     else:
-        os.link(path, destination)  # a file: EEXIST rather than replacing one made meanwhile
-        os.unlink(path)
+        _move_file(path, destination)
     fsync_dir(os.path.dirname(destination))
+
+
+def _move_file(path: str, destination: str) -> None:
+    """Move a file onto ``destination`` without replacing one made meanwhile: link then unlink (EEXIST),
+    or, on a file system without hard links, rename after checking nothing is there."""
+    try:
+        os.link(path, destination)
+    except FileExistsError:
+        raise
+    except OSError:
+        if os.path.lexists(destination):
+            raise FileExistsError(f"cannot write {destination!r}: it appeared while this job ran") from None
+        os.rename(path, destination)
+        return
+    os.unlink(path)
 
 
 def leftovers(destination: str) -> list[tuple[str, int]]:
