@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -43,18 +42,24 @@ def main(argv=None) -> int:
     out = os.path.join(args.work, "store")
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "mmreplay.cli", "import", "--format", "dqn-replay", src, out],
-                          capture_output=True, text=True)
+    # the import's own rusage (os.wait4): a child forked from this process (which may hold the generated
+    # buffer) would otherwise report this process's pages as its peak
+    child = subprocess.Popen([sys.executable, "-m", "mmreplay.cli", "import", "--format", "dqn-replay", src, out],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = child.stdout.read(), child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
-    if done.returncode:
-        print(done.stderr, file=sys.stderr)
-        return done.returncode
-    summary = json.loads(done.stdout)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    if status:
+        print(stderr, file=sys.stderr)
+        return 1
+    summary = json.loads(stdout)
+    peak = usage.ru_maxrss * 1024
+    cpu = usage.ru_utime + usage.ru_stime
     n = summary["transitions"]
     frames = os.path.join(out, "frames")
     report = {"transitions": n, "rows": args.rows * args.checkpoints, "seconds": round(wall, 1),
-              "transitions_per_s": round(n / wall), "peak_rss_mb": round(peak / 2**20),
+              "transitions_per_s": round(n / wall), "import_process_cpu_s": round(cpu, 1),
+              "peak_rss_mb": round(peak / 2**20),
               "store_bytes_per_transition": round(du(out) / n, 1),
               "frame_bytes_per_transition": round(du(frames) / n, 1) if os.path.isdir(frames) else None,
               "source_gz_bytes_per_row": round(du(src) / (args.rows * args.checkpoints), 1)}
