@@ -242,6 +242,15 @@ def test_hostile_header_fails_fast(tmp_path):
                                                                                  if p.startswith("store.importing")])
 
 
+def test_special_files_are_refused(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURE, src)
+    os.unlink(src / "$store$_terminal_ckpt.1.gz")
+    os.mkfifo(src / "$store$_terminal_ckpt.1.gz")  # opening it would block forever
+    with pytest.raises(NpyFormatError, match="not a regular file"):
+        import_dqn_replay(src, tmp_path / "store")
+
+
 def test_padding_that_is_not_zero_is_refused(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(FIXTURE, src)

@@ -79,6 +79,9 @@ def checkpoint_files(directory: str | os.PathLike) -> dict[int, dict[str, str]]:
     for name in os.listdir(directory):
         match = _FILE.match(name)
         if match:
+            if not os.path.isfile(os.path.join(directory, name)):  # a FIFO or device would block or never end
+                raise NpyFormatError(f"{os.path.join(directory, name)!r} is not a regular file (expected a gzip'd "
+                                     ".npy checkpoint file)")
             key = match.group(1).removeprefix(STORE_PREFIX)
             found.setdefault(int(match.group(2)), {})[key] = os.path.join(directory, name)
     if not found:
