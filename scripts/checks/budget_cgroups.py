@@ -19,7 +19,7 @@ A run counts as OOM-killed when it exits by SIGKILL or the cgroup's ``oom_contro
 
     python scripts/checks/budget_cgroups.py build [--workdir DIR]
     python scripts/checks/budget_cgroups.py run --runs 2 [--limits 600,1024,2048] [--out results.jsonl]
-    python scripts/checks/budget_cgroups.py table results.jsonl      (markdown: limit, workload, role, runs, ...)
+    python scripts/checks/budget_cgroups.py table results.jsonl [...]  (markdown: limit, workload, role, runs, ...)
 """
 from __future__ import annotations
 
@@ -310,21 +310,26 @@ def run(a) -> None:
                       f"cg_max={rec.get('max_usage', 0) / MIB:.0f} MiB {rec['wall_s']} s", flush=True)
 
 
-def table(path: str) -> None:
+def table(paths: list[str]) -> None:
     rows: dict = {}
-    for line in open(path):
-        rec = json.loads(line)
-        rows.setdefault((rec["limit_mib"], rec["workload"], rec["role"]), []).append(rec)
-    print("| limit | workload | role | runs | OOM kills | other failures | peak RSS median / max (MiB) | default budget (MiB) | date | commit |")
-    print("|---:|---|---|---:|---:|---:|---|---:|---|---|")
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                rows.setdefault((rec["limit_mib"], rec["workload"], rec["role"]), []).append(rec)
+    print("| limit | workload | role | runs | OOM kills | other failures | peak RSS median / max (MiB) | "
+          "cgroup peak incl. page cache, max (MiB) | default budget (MiB) | date | commit |")
+    print("|---:|---|---|---:|---:|---:|---|---:|---:|---|---|")
     for (lim, w, r), recs in sorted(rows.items()):
         peaks = [x["peak_rss"] / MIB for x in recs if "peak_rss" in x]
         budget = sorted({round(x["cache_bytes"] / MIB) for x in recs if "cache_bytes" in x})
         peak = f"{statistics.median(peaks):.0f} / {max(peaks):.0f}" if peaks else "-"
+        charged = max((x.get("max_usage", 0) for x in recs), default=0) / MIB
+        budget_text = "-" if not budget else str(budget[0]) if len(budget) == 1 else f"{budget[0]}-{budget[-1]}"
         print(f"| {lim} MiB | {w} | {r} | {len(recs)} | {sum(x['oom'] for x in recs)} | "
-              f"{sum(1 for x in recs if x['rc'] != 0 and not x['oom'])} | {peak} | "
-              f"{'-'.join(map(str, budget[:1] + budget[-1:])) if budget else '-'} | {recs[-1]['date']} | "
-              f"{recs[-1]['commit']} |")
+              f"{sum(1 for x in recs if x['rc'] != 0 and not x['oom'])} | {peak} | {charged:.0f} | "
+              f"{budget_text} | {recs[-1]['date']} | "
+              f"{', '.join(sorted({x['commit'] for x in recs}))} |")
 
 
 def main() -> None:
@@ -347,7 +352,7 @@ def main() -> None:
     r.add_argument("--hours", type=float, default=24.0)
     r.add_argument("--out", default=os.path.join(DEFAULT_WORKDIR, "results.jsonl"))
     t = sub.add_parser("table")
-    t.add_argument("results")
+    t.add_argument("results", nargs="+")
     a = p.parse_args()
     if a.cmd == "build":
         build(a.workdir)
