@@ -141,7 +141,9 @@ def decode_rate(path: str, native) -> float:
     dst = np.empty((src.size, nbytes), np.uint8)
     dst_addrs = dst.ctypes.data + nbytes * np.arange(src.size, dtype=np.int64)
     status = np.zeros(src.size, np.int8)
-    codec = native.codec_kind(spec)
+    from mmreplay import codecs
+
+    codec = codecs.for_config(spec).kernel_kind
     best = 0.0
     for _ in range(5):
         t0 = time.perf_counter()

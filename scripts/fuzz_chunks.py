@@ -195,6 +195,7 @@ def _crc_of_views() -> None:
 def codec_batch(path: str, seed: int, n: int, recompute: float = 0.9) -> dict:
     """``n`` mutated chunks through one read path (``file`` or ``compiled``): counts by outcome."""
     from mmreplay.errors import CorruptDataError
+    from mmreplay import codecs
     from mmreplay._native import decode as native
     from mmreplay.storage.codecs import Compressor
     from mmreplay.storage.shardfile import crc32c, decode_chunk
@@ -228,7 +229,7 @@ def codec_batch(path: str, seed: int, n: int, recompute: float = 0.9) -> dict:
                 failures.append(f"{kind}: {type(exc).__name__}: {exc}")
                 continue
         else:
-            codec = native.codec_kind(o["spec"])
+            codec = codecs.for_config(o["spec"]).kernel_kind
             bad = native.decode_chunks(np.array([addr], np.int64), np.array([len(raw)], np.int64),
                                        np.array([dst.ctypes.data], np.int64), np.zeros(1, np.int64), nbytes, codec,
                                        status)
@@ -268,6 +269,7 @@ def store_batch(path: str, seed: int, n: int, store: str) -> dict:
     """``n`` mutated committed shard files read the way the store reads them, through one path."""
     import mmreplay
     from mmreplay.errors import CorruptDataError
+    from mmreplay import codecs
     from mmreplay._native import decode as native
     from mmreplay.reading.resident import ResidentShards
     from mmreplay.storage.shardfile import CRC_BYTES, crc32c, index_nbytes, tag_nbytes
@@ -357,7 +359,7 @@ def store_batch(path: str, seed: int, n: int, store: str) -> dict:
                 if held.any():
                     dst = got.ctypes.data + np.flatnonzero(held).astype(np.int64) * 7056
                     native.decode_chunks(addr[held], sizes[held], dst, np.zeros(int(held.sum()), np.int64), 7056,
-                                         native.codec_kind(layout.codec), status[:int(held.sum())])
+                                         codecs.for_config(layout.codec).kernel_kind, status[:int(held.sum())])
                     refused[np.flatnonzero(held)[status[:int(held.sum())] != 0]] = True
                 res.drop()
         counts["cases"] += 1

@@ -1,4 +1,4 @@
-"""The temporal frame codec (``frame_codec="delta-zstd"``, ``storage/temporal.py``): runs of frames coded
+"""The temporal frame codec (``frame_codec="delta-zstd"``, ``codecs/temporal.py``): runs of frames coded
 against each other. Round trips, refusal of malformed chunks on both read paths, runs that hold episode
 starts, ring wraps and interleaved streams, plain zarr reading the arrays, and readers racing a writer."""
 
@@ -14,7 +14,7 @@ import mmreplay
 import synthetic as syn
 from mmreplay.errors import CorruptDataError
 from mmreplay._native import decode as native
-from mmreplay.storage import temporal
+from mmreplay.codecs import temporal
 from mmreplay.storage.codecs import validate_codec
 from reference import ReferenceReplay, assert_batch_matches
 from torture import reader_race

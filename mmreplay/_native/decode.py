@@ -31,13 +31,14 @@ from numba import types
 
 from mmreplay._native.bounds import check_addresses, check_array, check_indices, span
 from mmreplay._native.intrinsics import address, prefetch
-from mmreplay._native import intrinsics, kernel_cache
+from mmreplay._native import codec_kinds, intrinsics, kernel_cache
 from mmreplay._native import temporal_header as temporal
+# the kinds the kernels switch on; which codec has which is said by the codec's module (``mmreplay/codecs/``)
+from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_TEMPORAL, CODEC_ZSTD, CODECS
 
-kernel_cache.follow(__file__, intrinsics, temporal)  # the kernels inline both (see kernel_cache)
+kernel_cache.follow(__file__, intrinsics, temporal, codec_kinds)  # the kernels inline these (see kernel_cache)
 
 OK, BAD_CHECKSUM, BAD_SIZE, BAD_CODEC = 0, 1, 2, 3
-CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL = 0, 1, 2
 # the temporal codec's header (_native/temporal_header.py): magic, run length, frame bytes, one reference a frame
 TEMPORAL_MAGIC = int.from_bytes(temporal.MAGIC, "little")
 TEMPORAL_MAGIC2 = int.from_bytes(temporal.MAGIC2, "little")
@@ -129,7 +130,7 @@ def _header_words(header):  # pragma: no cover (compiled)
 
 @numba.njit(cache=True, nogil=True)
 def _decode_temporal(src, body, dst, dst_nbytes, header, dctx, work, ends):  # pragma: no cover (compiled)
-    """A temporal run (``storage/temporal.py``), either layout, whole into ``dst``. Layout 1: the header checked
+    """A temporal run (``codecs/temporal.py``), either layout, whole into ``dst``. Layout 1: the header checked
     against ``dst_nbytes``, every reference checked to point inside the run, zstd into ``dst``, then each
     frame rebuilt from its reference. Layout 2: ``_decode_frames2`` with every frame asked for."""
     if body < TEMPORAL_HEADER:
@@ -482,19 +483,7 @@ def decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_ro
     return decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size]), rows
 
 
-def codec_kind(spec) -> int | None:
-    """The kernel's code for a codec spec (``storage/codecs.py``), or None if it has none."""
-    if spec.get("name") == "blosc":
-        return CODEC_BLOSC
-    if spec.get("name") == "zstd":
-        return CODEC_ZSTD
-    if spec.get("name") == "temporal":
-        return CODEC_TEMPORAL
-    return None
-
-
 # -- entry points: every address and size checked before a kernel writes -------------------------------
-CODECS = (CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL)
 
 
 def check_decodes(src, sizes, dst, copies, nbytes, codec, status, into) -> None:

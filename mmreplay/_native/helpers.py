@@ -33,10 +33,10 @@ from mmreplay._native.decode import (check_decodes, check_frame_decodes, check_p
                                      decode_frame_groups_with, ensure_linked, zstd_create_dctx, zstd_free_dctx)
 from mmreplay._native.runs import decode_partial_groups_with
 from mmreplay import settings
-from mmreplay._native import cache, decode as native, gather, intrinsics, kernel_cache, runs, temporal_header
+from mmreplay._native import cache, codec_kinds, decode as native, gather, intrinsics, kernel_cache, runs, temporal_header
 
 # these kernels call the compiled decode and copy kernels of other modules: see kernel_cache
-kernel_cache.follow(__file__, intrinsics, gather, cache, native, runs, temporal_header)
+kernel_cache.follow(__file__, intrinsics, gather, cache, native, runs, temporal_header, codec_kinds)
 
 # Layout of the control words (int64).
 TICKET, DONE, BAD, STOP, SLEEPING = 0, 8, 16, 24, 32   # SLEEPING + i: helper i is asleep (1) or not (0)

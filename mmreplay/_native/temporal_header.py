@@ -1,4 +1,4 @@
-"""The header of a temporal-codec run, shared by its Python encoder (``storage/temporal.py``) and the
+"""The header of a temporal-codec run, shared by its Python encoder (``codecs/temporal.py``) and the
 compiled decoder (``_native/decode.py``).
 
 Invariant: a run starts with ``HEADER`` = (``MAGIC``, run length ``n`` in ``[1, MAX_RUN]``, frame bytes),

@@ -62,18 +62,33 @@ The codec is registered with zarr (``mmreplay.temporal``, through the package's 
 point and on import) so that ``zarr.open_array`` reads these arrays like any other; its ``layout`` is part
 of its configuration, and the decoder reads either layout whatever the configuration says (each chunk
 names its own by its magic).
+
+Where its pieces live: this module is the format, the Python encoder and decoder and ``TemporalFrameCodec``
+(the codec's registration: kernel kind, runs decoded frame by frame, partial runs). The compiled decode of
+whole runs and of chosen frames is ``_native/decode.py`` (``_decode_temporal``, ``_decode_frames2``), of
+partial runs ``_native/runs.py`` (``_decode_partial``, with the directory ``reading/runs.py`` keeps). Those two
+rebuild a chain of frames with the same loop but stay two kernels: ``_decode_frames2`` reads references and
+frame ends from the run's header in the bytes it decodes (signed bytes; every frame's bytes present), while
+``_decode_partial`` reads them from the directory (references as int8, absolute byte bounds, a crc32c a
+frame checked before it is decoded, and only frames ``first..last`` present). Sharing one kernel would put a
+header-to-directory conversion on the path of every whole-run decode, the hot one; both are tested against
+the same encoder (``tests/test_temporal_codec.py``, ``tests/test_partial_runs.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 from numcodecs import zstd
 
+from mmreplay._native import lz4
+from mmreplay._native.codec_kinds import CODEC_TEMPORAL
 # one header for encoder and decoder
 from mmreplay._native.temporal_header import HEADER, LZ4_MAX_BYTES, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
+from mmreplay.codecs.base import FrameCodec
+from mmreplay.codecs.registry import register
 
 if TYPE_CHECKING:  # zarr is imported lazily: the storage layer's readers never need it
     from zarr.core.array_spec import ArraySpec
@@ -321,7 +336,7 @@ def decode_frame(part, out: np.ndarray, i: int) -> None:
         if announced != out.nbytes:
             raise ValueError(f"temporal chunk: frame {i} is neither a zstd frame nor an LZ4 block of "
                              f"{out.nbytes} bytes (its first word is {announced:#x})")
-        got = _lz4_decompress(part[4:], out)
+        got = lz4.decompress_block(part[4:], out)
         if got != out.nbytes:
             raise ValueError(f"temporal chunk: frame {i}'s LZ4 block decodes to {got} bytes, expected {out.nbytes} "
                              "(negative: malformed)")
@@ -363,42 +378,77 @@ def encode(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int = DEFAULT_
 
 # ------------------------------------------------------------------------------------------------
 # layout 3's LZ4 blocks: numcodecs' LZ4 format (4-byte little-endian size, then the block), coded with
-# LZ4's high-compression mode, which numcodecs' own ``lz4.compress`` does not offer (it exports the symbol)
+# LZ4's high-compression mode through ``_native/lz4.py`` (where the raw-address calls live)
 # ------------------------------------------------------------------------------------------------
-_LZ4 = None
-
-
-def _lz4_library():
-    global _LZ4
-    if _LZ4 is None:
-        import ctypes
-        from numcodecs import lz4
-
-        lib = ctypes.CDLL(lz4.__file__)
-        lib.LZ4_compress_HC.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.LZ4_compress_HC.restype = ctypes.c_int
-        lib.LZ4_decompress_safe.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        lib.LZ4_decompress_safe.restype = ctypes.c_int
-        _LZ4 = lib
-    return _LZ4
-
-
 def lz4_block(data: np.ndarray) -> bytes:
     """``data`` (1-D uint8, contiguous) as a size-prefixed LZ4 block at ``LZ4HC_LEVEL``."""
-    capacity = data.size + data.size // 255 + 16  # LZ4_compressBound
-    out = np.empty(4 + capacity, dtype=np.uint8)
-    n = _lz4_library().LZ4_compress_HC(data.ctypes.data, out.ctypes.data + 4, data.size, capacity, LZ4HC_LEVEL)
-    if n <= 0:
-        raise RuntimeError(f"LZ4_compress_HC failed on {data.size} bytes ({n})")
-    out[:4] = np.frombuffer(int(data.size).to_bytes(4, "little"), dtype=np.uint8)
-    return out[:4 + n].tobytes()
+    return lz4.compress_hc_block(data, LZ4HC_LEVEL)
 
 
-def _lz4_decompress(block, out: np.ndarray) -> int:
-    """The bytes ``LZ4_decompress_safe`` wrote into ``out`` from ``block`` (negative: malformed); it never
-    writes past ``out`` nor reads past ``block``."""
-    src = np.frombuffer(block, dtype=np.uint8)
-    return _lz4_library().LZ4_decompress_safe(src.ctypes.data, out.ctypes.data, src.size, out.nbytes)
+# ------------------------------------------------------------------------------------------------
+# the codec's registration: what readers and writers ask of it (``codecs/base.py``)
+# ------------------------------------------------------------------------------------------------
+def validate_temporal(spec: Mapping[str, Any]) -> None:
+    """A temporal codec spec: zstd level, frames per run, reference search, layout (and for layout 3 the chain
+    depth up to which frames are LZ4); ``ValueError`` naming what is wrong."""
+    level, run = spec.get("level", DEFAULT_LEVEL), spec.get("run", DEFAULT_RUN)
+    search = spec.get("search", DEFAULT_SEARCH)
+    layout = spec.get("layout", DEFAULT_LAYOUT)
+    if layout not in LAYOUTS or isinstance(layout, bool):
+        raise ValueError(f"temporal codec {dict(spec)} invalid: layout must be one of {LAYOUTS}, got {layout!r}")
+    max_run = MAX_RUN if layout == 1 else 64  # layouts 2 and 3: references are signed bytes
+    checks = [("level", level, -7, 22), ("run", run, 1, max_run), ("search", search, 0, MAX_RUN)]
+    if layout == 3:  # frames up to this many references from a key are LZ4 (a chain is shorter than the run)
+        checks.append(("lz4_depth", spec.get("lz4_depth", DEFAULT_LZ4_DEPTH), 0, max_run))
+    elif "lz4_depth" in spec:
+        raise ValueError(f"temporal codec {dict(spec)} invalid: lz4_depth applies to layout 3 only")
+    for key, value, lo, hi in checks:
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise ValueError(f"temporal codec {dict(spec)} invalid: {key} must be an integer in {lo}..{hi}, "
+                             f"got {value!r}")
+    if run & (run - 1):
+        raise ValueError(f"temporal codec {dict(spec)} invalid: run must be a power of two (chunks tile shards), "
+                         f"got {run}")
+
+
+@register
+class TemporalFrameCodec(FrameCodec):
+    """Runs of frames (``{"name": "temporal", "level", "run", "search", "layout", "lz4_depth"}``): a chunk is
+    a run of ``run`` frames; the compiled decoder takes single frames out of it, and layout-2/3 runs are read
+    from files in part."""
+
+    name = "temporal"
+    kernel_kind = CODEC_TEMPORAL
+    decodes_frames_of_runs = True
+    decodes_partial_runs = True
+
+    def __init__(self, spec: Mapping[str, Any], dtype: Any = np.uint8):
+        super().__init__(spec, dtype)
+        self.level = int(spec.get("level", DEFAULT_LEVEL))
+        self.search = int(spec.get("search", DEFAULT_SEARCH))
+        self.layout = int(spec.get("layout", DEFAULT_LAYOUT))
+        self.lz4_depth = int(spec.get("lz4_depth", DEFAULT_LZ4_DEPTH))
+
+    @classmethod
+    def validate(cls, spec: Mapping[str, Any]) -> Mapping[str, Any]:
+        super().validate(spec)
+        validate_temporal(spec)
+        return spec
+
+    @classmethod
+    def chunk_rows(cls, spec: Mapping[str, Any]) -> int | None:
+        return int(spec.get("run", DEFAULT_RUN))
+
+    def encode_chunk(self, chunk: np.ndarray) -> bytes:
+        return encode(chunk, self.level, self.search, self.layout, self.lz4_depth)
+
+    def decode_chunk(self, data, out: np.ndarray) -> np.ndarray:
+        """Checks its own header and zstd's announced sizes (``decode_run``)."""
+        return decode_run(data, out)
+
+    def zarr_codec(self):
+        register_with_zarr()
+        return zarr_codec_class()(level=self.level, search=self.search, layout=self.layout, lz4_depth=self.lz4_depth)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -422,7 +472,7 @@ def _make_zarr_codec_class():
     @dataclass(frozen=True)
     class TemporalCodec(BytesBytesCodec):
         """zarr v3 codec ``mmreplay.temporal``: runs of frames along the chunk's first axis (see the module
-        docstring of ``mmreplay.storage.temporal`` for the byte format)."""
+        docstring of ``mmreplay.codecs.temporal`` for the byte format)."""
 
         is_fixed_size = False
         level: int = DEFAULT_LEVEL

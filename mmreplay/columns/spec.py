@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from gymnasium import spaces
 
+from mmreplay import codecs
 from mmreplay.columns.spaces import space_from_json, space_to_json
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -32,7 +33,7 @@ FRAME_CODECS = {
     # 436 B at 38k adds/s (the encoder process is the bound on 2 cores)
     "lz4hc": {"name": "blosc", "cname": "lz4hc", "clevel": 3},
     "zstd": {"name": "zstd", "level": 1},
-    # runs of frames, each coded alone or against an earlier frame of its run, then zstd (storage/temporal.py),
+    # runs of frames, each coded alone or against an earlier frame of its run, then zstd (codecs/temporal.py),
     # for the stores that do not fit in RAM. Measured (scripts/bench_frame_codec.py, docs/performance.md):
     # real Atari 84x84 frames 99 B/transition (lz4hc: 474); real DMC 84x84 RGB frames 4.1 KB (lz4hc: 12.5 KB).
     "delta-zstd": {"name": "temporal", "level": 3, "run": 8, "search": 8},
@@ -40,7 +41,7 @@ FRAME_CODECS = {
 # Frames this large (colour) change in more pixels per step: their key frames cost more, so "delta-zstd"
 # gives them longer runs (a key frame every 16): on real DMC frames ~4.1 KB a frame instead of 4.7 KB with
 # runs of 8 (5.1x smaller than raw instead of 4.5x). And layout 3 (one coded frame per frame, chains from the
-# run's middle: ``storage/temporal.py``), so that a sample's 6 frames decode with ~10 frame decodes instead of
+# run's middle: ``codecs/temporal.py``), so that a sample's 6 frames decode with ~10 frame decodes instead of
 # the ~21 of whole runs; its key frames are LZ4 (decoded by most samples: 3x faster than zstd, 23% larger),
 # which level 12 pays for (residuals 2% smaller than level 6, as fast to decode, ~3x slower to encode).
 # Measured on a 200k-transition DMC store in RAM, batch-256 n-step-3: 45.5-46.7 batches/s with layout 2 at
@@ -301,8 +302,8 @@ def _observation_column(name: str, space: spaces.Space, codec: Mapping[str, Any]
     row_nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
     if codec is FRAME_CODECS["delta-zstd"] and row_nbytes >= LARGE_FRAME_BYTES:
         codec = DELTA_ZSTD_LARGE  # the named codec, sized for colour frames (see LARGE_FRAME_BYTES)
-    if is_image:  # one frame a chunk, or a run of frames for a temporal codec (its size is the codec's)
-        chunk_rows = int(codec.get("run", 8)) if codec.get("name") == "temporal" else 1
+    if is_image:  # one frame a chunk, or a run of frames where the codec asks for one (the temporal codec's run)
+        chunk_rows = codecs.get(codec.get("name")).chunk_rows(codec) or 1
     else:
         chunk_rows = max(1, min(4096, FRAME_CHUNK_BYTES // row_nbytes))
     chunk_rows = 1 << (chunk_rows.bit_length() - 1)  # a power of two, so chunks tile shards exactly

@@ -118,7 +118,7 @@ class FrameReader(FrameEvents):
             old = self.columns.get(name)
             # the decoded cache stays (warm, and sized when the store opened) unless its role changed
             keep = old is not None and old.direct == (self.plan.direct and old.resident is not None
-                                                      and decodes_direct(old.codec, col.spec.chunk_rows))
+                                                      and decodes_direct(old.decodes_runs, col.spec.chunk_rows))
             # a partial tier: the runs it lacks are read from their files, only in part where they can be
             partial = self.plan.resident_bytes < compressed and self.partial_reads
             new = ColumnReader(col, ring, decoded, resident, self.plan.direct, cache=old.cache if keep else None,

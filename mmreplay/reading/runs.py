@@ -9,7 +9,7 @@ checksum when the tag lists one); a stale entry that slips through (a file repla
 an entry torn by two threads) fails its frame checksums, and the caller then reads the whole run, whose chunk
 checksum decides: corrupt bytes are ``CorruptDataError``, never frames.
 
-Why: layout 2 (``storage/temporal.py``) codes each frame as its own zstd frame, chains running out from the
+Why: layout 2 (``codecs/temporal.py``) codes each frame as its own zstd frame, chains running out from the
 run's middle, and lists where each frame's bytes end in the run's header. A sample (frame stack 3, n-step 3)
 needs 6 consecutive frames, and those need the frames between them and the key: ~60% of a run of 16 (85 KB
 of DMC colour frames). Reading the header first would cost a dependent read per miss (the device's latency,

@@ -82,9 +82,10 @@ def plan_tiers(total: int, compressed_bytes: int, decoded_bytes: int) -> TierPla
     return TierPlan(compressed_bytes, 0, True)
 
 
-def decodes_direct(codec: int | None, chunk_rows: int) -> bool:
-    """Can a column's frames be decoded straight into a batch (given a compressed tier)?"""
-    return chunk_rows == 1 or codec == native.CODEC_TEMPORAL
+def decodes_direct(decodes_frames_of_runs: bool, chunk_rows: int) -> bool:
+    """Can a column's frames be decoded straight into a batch (given a compressed tier)? One-frame chunks
+    can; chunks of several frames when the compiled decoder takes frames out of them (the codec says)."""
+    return chunk_rows == 1 or decodes_frames_of_runs
 
 
 class ColumnReader:
@@ -98,19 +99,23 @@ class ColumnReader:
         self.row_nbytes = spec.row_nbytes
         self.cache = cache or ChunkCache(ring.rows // spec.chunk_rows, (spec.chunk_rows, *spec.shape),
                                          spec.np_dtype, decoded_bytes)
-        kind = native.codec_kind(column.array.compressor.spec)
-        self.codec = kind if native.AVAILABLE else None  # the symbols are self-tested at the first decode
+        frame_codec = column.array.compressor  # the column's codec (``mmreplay/codecs/``): what it can do
+        # the compiled decoder's kind for its chunks, None when it has none (the symbols are self-tested at the
+        # first decode)
+        self.codec = frame_codec.kernel_kind if native.AVAILABLE else None
+        self.decodes_runs = self.codec is not None and frame_codec.decodes_frames_of_runs
         self.resident = ResidentShards(ring.root, column.layout, ring.rows // spec.chunk_rows) \
             if resident_bytes > 0 and self.codec is not None else None
         self.tier = TierStats(capacity_bytes=resident_bytes if self.resident is not None else 0)
         self.disk = DiskStats()
-        # frames decoded straight into batches: one-frame chunks (images), or runs of the temporal codec (only
-        # the frames a batch needs, ``native.decode_frame_groups``)
-        self.direct = direct and self.resident is not None and decodes_direct(self.codec, spec.chunk_rows)
+        # frames decoded straight into batches: one-frame chunks (images), or runs of frames whose codec's compiled
+        # decoder takes out only the frames a batch needs (``native.decode_frame_groups``)
+        self.direct = direct and self.resident is not None and decodes_direct(self.decodes_runs, spec.chunk_rows)
         # runs of frames read from files only in part (``reading/runs.py``): its directory is paid for from the
         # compressed tier's share of the budget
         self.runs = None
-        if partial_reads and self.direct and spec.chunk_rows > 1 and self.codec == native.CODEC_TEMPORAL:
+        if partial_reads and self.direct and spec.chunk_rows > 1 and self.codec is not None \
+                and frame_codec.decodes_partial_runs:
             self.runs = RunDirectory(ring.rows // spec.chunk_rows, spec.chunk_rows)
             self.tier.capacity_bytes = max(0, self.tier.capacity_bytes - self.runs.nbytes)
 

@@ -38,6 +38,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from mmreplay.codecs import known_to_new_processes
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.errors import CorruptDataError
 from mmreplay.storage import shared_segments
@@ -136,7 +137,9 @@ class FrameRing:
         self._executor: ThreadPoolExecutor | None = None
         self._writable = writable
         self.staging_damage: dict[str, list] = {}  # column -> [(chunk, error)] of the staging shard (readers)
-        self._encoder = ShardEncoder.for_rows(total_row_bytes, root) if writable else None
+        # the encoder child finds only codecs a new process finds (a plug-in passed to ``register`` alone is not)
+        in_child = all(known_to_new_processes(s.codec.get("name")) for s in specs)
+        self._encoder = ShardEncoder.for_rows(total_row_bytes, root) if writable and in_child else None
         if self._encoder is not None:
             self._start_encoder()
         else:  # whoever opens the store next removes a killed writer's staging buffers (the encoder does too)

@@ -1,0 +1,82 @@
+"""What a frame codec is: the capabilities a reader and a writer ask of it, in one small base class.
+
+Invariant: an instance is made from a configuration that ``validate`` accepted (a malformed one is a
+``ValueError`` naming it before anything is written), and for every C-contiguous chunk ``c`` of its dtype,
+``decode_chunk(encode_chunk(c), out)`` writes ``c`` into ``out`` bit for bit, or raises ``ValueError`` saying
+what is malformed, for any bytes at all (chunks are read from files that may be damaged or hostile).
+
+The capabilities, all class attributes so that readers ask them once, when a column is set up (never per
+frame):
+- ``name``: the on-disk id, the ``"name"`` of the codec spec in the store's metadata (``{"name": ..., **config}``);
+- ``kernel_kind``: the compiled decoder's kind for these chunks (``_native/codec_kinds.py``), or None: its
+  chunks are then decoded one by one through ``decode_chunk`` (correct, slower) and no compressed tier is kept;
+- ``decodes_frames_of_runs``: the compiled decoder takes single frames out of a chunk of several rows
+  (``_native/decode.py``'s ``decode_frame_groups``), so frames go straight into batches;
+- ``decodes_partial_runs``: a chunk's frames can be read from a file in part (``reading/runs.py`` keeps what
+  the runs' headers say, ``_native/runs.py`` decodes);
+- ``device_decoder``: a GPU decode of the same bytes (None: none yet; issue 38 "Compressed until the consumer").
+
+A codec that zarr does not know gets a zarr v3 codec made for it (``codecs/zarr_adapter.py``), so plain zarr
+reads its arrays wherever the codec is registered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+
+class FrameCodec:
+    """One frame codec with one configuration, for one dtype: encode and decode a chunk, and say what the
+    compiled readers can do with its chunks (see the module docstring). Subclass it, set ``name``, write
+    ``validate``, ``encode_chunk`` and ``decode_chunk``, and register the class (``mmreplay.codecs.register``
+    or an entry point in the ``mmreplay.codecs`` group)."""
+
+    name: ClassVar[str] = ""
+    kernel_kind: ClassVar[int | None] = None
+    decodes_frames_of_runs: ClassVar[bool] = False
+    decodes_partial_runs: ClassVar[bool] = False
+    device_decoder: ClassVar[Any] = None
+
+    def __init__(self, spec: Mapping[str, Any], dtype: Any = np.uint8):
+        self.spec = self.validate(spec)
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
+
+    @classmethod
+    def validate(cls, spec: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``spec`` if it is a valid configuration of this codec, else ``ValueError`` naming what is wrong."""
+        if not isinstance(spec, Mapping) or spec.get("name") != cls.name:
+            raise ValueError(f"codec spec {spec!r} is not a {cls.name!r} codec spec")
+        return spec
+
+    @property
+    def config(self) -> dict:
+        """The spec without its name: what the store's metadata keeps beside it."""
+        return {k: v for k, v in self.spec.items() if k != "name"}
+
+    @classmethod
+    def chunk_rows(cls, spec: Mapping[str, Any]) -> int | None:
+        """Rows (frames) a chunk of image frames holds with this codec, or None: one frame a chunk."""
+        return None
+
+    def encode_chunk(self, chunk: np.ndarray) -> bytes:
+        raise NotImplementedError
+
+    def decode_chunk(self, data, out: np.ndarray) -> np.ndarray:
+        """Decode ``data`` into ``out`` (C-contiguous, the chunk's shape and dtype) and return it."""
+        raise NotImplementedError
+
+    # the names the storage layer calls (``storage/shardfile.py``): the chunk codec of a shard file
+    def encode(self, chunk: np.ndarray) -> bytes:
+        return self.encode_chunk(chunk)
+
+    def decode(self, data, out: np.ndarray) -> np.ndarray:
+        return self.decode_chunk(data, out)
+
+    def zarr_codec(self):
+        """The zarr v3 codec that writes and reads the same bytes (registered with zarr on first use)."""
+        from mmreplay.codecs.zarr_adapter import zarr_codec_for
+
+        return zarr_codec_for(self)

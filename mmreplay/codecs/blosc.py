@@ -1,0 +1,105 @@
+"""Blosc frame codec (``{"name": "blosc", "cname": ..., "clevel": ...}``): lz4, lz4hc, zstd, zlib or blosclz
+inside blosc, one chunk a call, the bytes numcodecs' and zarr's ``BloscCodec`` write.
+
+Invariant: ``decode_chunk`` hands a payload to c-blosc only after its header is checked against the payload
+and the expected chunk (version, flags, codec, typesize, sizes, blocksize and block starts): c-blosc trusts
+its header, so a truncated or edited payload whose checksum was recomputed would otherwise be read past its
+end. Blosc runs single-threaded (chunks are decoded in parallel instead, as zarr does).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Mapping
+
+import numpy as np
+from numcodecs import blosc
+
+from mmreplay._native.codec_kinds import CODEC_BLOSC
+from mmreplay.codecs.base import FrameCodec
+from mmreplay.codecs.registry import register
+
+blosc.use_threads = False  # many small chunks in parallel beat Blosc's own threads (zarr does the same)
+
+BLOSC_CNAMES = ("lz4", "lz4hc", "zstd", "zlib", "blosclz")
+BLOSC_FORMAT_CODE = {"blosclz": 0, "lz4": 1, "lz4hc": 1, "zlib": 3, "zstd": 4}  # header flags >> 5
+BLOSC_HEADER = struct.Struct("<BBBBIII")  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
+BLOSC_MAX_VERSION = 2  # c-blosc 1.x writes format 2 (1: older releases)
+BLOSC_SHUFFLE, BLOSC_MEMCPYED, BLOSC_BITSHUFFLE, BLOSC_RESERVED = 0x1, 0x2, 0x4, 0x8
+
+
+@register
+class BloscFrameCodec(FrameCodec):
+    """Blosc through numcodecs' module-level functions: the same bytes as ``numcodecs.Blosc``, without its
+    per-call Python wrapping (which costs more than compressing an 84x84 frame); the GIL is released."""
+
+    name = "blosc"
+    kernel_kind = CODEC_BLOSC
+
+    def __init__(self, spec: Mapping[str, Any], dtype: Any = np.uint8):
+        super().__init__(spec, dtype)
+        self.cname = spec.get("cname", "lz4")
+        self._cname_bytes = self.cname.encode()
+        self.clevel = int(spec.get("clevel", 5))
+        self.format_code = BLOSC_FORMAT_CODE[self.cname]
+        self.shuffle = blosc.NOSHUFFLE if self.itemsize == 1 else blosc.SHUFFLE
+
+    @classmethod
+    def validate(cls, spec: Mapping[str, Any]) -> Mapping[str, Any]:
+        super().validate(spec)
+        if spec.get("cname", "lz4") not in BLOSC_CNAMES or not 0 <= int(spec.get("clevel", 5)) <= 9:
+            raise ValueError(f"blosc codec {dict(spec)} invalid: cname one of {BLOSC_CNAMES}, clevel 0..9")
+        return spec
+
+    def encode_chunk(self, chunk: np.ndarray) -> bytes:
+        return blosc.compress(chunk, self._cname_bytes, self.clevel, self.shuffle, 0)
+
+    def decode_chunk(self, data, out: np.ndarray) -> np.ndarray:
+        """Decode into ``out``; a payload of another decoded size is an error (blosc does not say so when
+        decoding into a buffer)."""
+        check_blosc_header(data, out.nbytes, self.itemsize, self.format_code)
+        blosc.decompress(data, out)
+        return out
+
+    def zarr_codec(self):
+        from zarr.codecs import BloscCodec
+
+        return BloscCodec(cname=self.cname, clevel=self.clevel,
+                          shuffle="noshuffle" if self.itemsize == 1 else "shuffle", typesize=self.itemsize,
+                          blocksize=0)
+
+
+def check_blosc_header(data, nbytes: int, itemsize: int, format_code: int) -> None:
+    """``ValueError`` unless ``data`` is a blosc 1 payload of exactly ``len(data)`` bytes that decodes to
+    ``nbytes`` bytes of items of ``itemsize`` with the compressor of ``format_code``, whose blocks all start
+    inside it: what c-blosc trusts without checking (it reads ``cbytes`` from the header, not the buffer)."""
+    if not isinstance(data, bytes):
+        data = memoryview(data).cast("B")
+    if len(data) < BLOSC_HEADER.size:
+        raise ValueError(f"blosc payload of {len(data)} bytes is shorter than its header ({BLOSC_HEADER.size})")
+    version, _, flags, typesize, announced, blocksize, cbytes = BLOSC_HEADER.unpack_from(data)
+    if not 1 <= version <= BLOSC_MAX_VERSION:
+        raise ValueError(f"blosc header: format version {version}, expected 1..{BLOSC_MAX_VERSION}")
+    if flags & BLOSC_RESERVED or (flags & BLOSC_SHUFFLE and flags & BLOSC_BITSHUFFLE) or flags >> 5 != format_code:
+        raise ValueError(f"blosc header: flags {flags:#04x} do not describe this column's codec "
+                         f"(compressor format {format_code})")
+    if typesize != (itemsize if itemsize <= 255 else 1):
+        raise ValueError(f"blosc header: typesize {typesize}, expected {itemsize}")
+    if announced != nbytes:
+        raise ValueError(f"blosc header announces {announced} bytes, expected {nbytes}")
+    if cbytes != len(data):
+        raise ValueError(f"blosc header says the payload is {cbytes} bytes, it is {len(data)} (truncated or "
+                         "padded chunk)")
+    if not 0 < blocksize <= max(nbytes, 1):
+        raise ValueError(f"blosc header: blocksize {blocksize} outside [1, {nbytes}]")
+    if flags & BLOSC_MEMCPYED:
+        if cbytes != nbytes + BLOSC_HEADER.size:
+            raise ValueError(f"blosc header: an uncompressed payload of {nbytes} bytes takes {cbytes}")
+        return
+    n_blocks = -(-nbytes // blocksize)
+    first = BLOSC_HEADER.size + 4 * n_blocks
+    if first > cbytes:
+        raise ValueError(f"blosc header: {n_blocks} block starts do not fit a payload of {cbytes} bytes")
+    starts = struct.unpack_from(f"<{n_blocks}i", data, BLOSC_HEADER.size)  # few: n_blocks * 4 <= cbytes
+    if n_blocks and (min(starts) < first or max(starts) >= cbytes):
+        raise ValueError(f"blosc header: a block starts outside [{first}, {cbytes})")
