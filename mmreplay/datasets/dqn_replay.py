@@ -678,6 +678,8 @@ def export_dqn_replay(store, out, *, capacity: int | None = None, update_horizon
     listing = list_episodes(store, include_partial=True)
     layout = _layout(listing, meta, k, capacity, _truncated_ends(store, listing))
     notes += list(listing.notes) + layout.notes
+    steps, episodes = listing.steps, len(listing.episodes)
+    del listing  # its per-episode id arrays: the layout holds them concatenated (8 bytes a transition)
     with staged(out, "exporting") as staging:
         os.mkdir(staging.path)
         total = sum(c["capacity"] for c in layout.checkpoints)
@@ -688,8 +690,8 @@ def export_dqn_replay(store, out, *, capacity: int | None = None, update_horizon
             done += entry["capacity"]
         notes += staging.notes
     return {"format": "dqn-replay", "path": os.path.abspath(os.fspath(out)),
-            "checkpoints": [c["number"] for c in layout.checkpoints], "transitions": listing.steps,
-            "episodes": len(listing.episodes), "notes": notes}
+            "checkpoints": [c["number"] for c in layout.checkpoints], "transitions": steps, "episodes": episodes,
+            "notes": notes}
 
 
 @dataclass
