@@ -238,10 +238,10 @@ def mutate(tree: str, rel: str, kind: str, outside: str, rng: random.Random, wor
     if kind == "link_out_copy":
         mirror = os.path.join(outside, "mirror", f"{rng.getrandbits(48):012x}")
         os.makedirs(os.path.dirname(mirror), exist_ok=True)
-        if is_dir:
-            shutil.copytree(path, mirror, symlinks=True)  # never follows a link planted earlier (a loop)
+        if is_dir:  # links copied as links (never followed: a loop), FIFOs and devices skipped
+            shutil.copytree(path, mirror, symlinks=True, copy_function=_copy_regular)
         else:
-            shutil.copy2(path, mirror, follow_symlinks=False)
+            _copy_regular(path, mirror)
     _remove(path, is_dir)
     if kind == "fifo":
         os.mkfifo(path)
@@ -271,6 +271,14 @@ def mutate(tree: str, rel: str, kind: str, outside: str, rng: random.Random, wor
         else:
             os.makedirs(os.path.join(path, "inner"))
     return f"{kind}:{rel}"
+
+
+def _copy_regular(src: str, dst: str) -> None:
+    """A copy of a regular file; of anything else (a FIFO or device planted earlier), an empty file."""
+    if stat.S_ISREG(os.lstat(src).st_mode):
+        shutil.copy2(src, dst)
+    else:
+        open(dst, "wb").close()
 
 
 def _remove(path: str, is_dir: bool) -> None:
@@ -351,7 +359,7 @@ def plan(rng: random.Random, names: list[str]) -> list[tuple[str, str]]:
     return chosen
 
 
-def fuzz(trees: int, seed: int, work: str, timeout: float, jobs: int, progress: bool) -> dict:
+def fuzz(trees: int, seed: int, work: str, timeout: float, jobs: int, progress: bool, checkpoint=None) -> dict:
     start = time.time()
     template = os.path.join(work, "template")
     build_template(template)
@@ -376,7 +384,10 @@ def fuzz(trees: int, seed: int, work: str, timeout: float, jobs: int, progress: 
             # hard links: cheap, and safe because mmreplay (and zarr) replace files, never write them in place;
             # the in-place mutations below copy their file first, and the template is checked at the end
             shutil.copytree(template, tree, symlinks=True, copy_function=os.link)
-            done = [mutate(tree, rel, kind, outside, rng, [w.pid for w in workers]) for rel, kind in plan(rng, names)]
+            try:
+                done = [mutate(tree, rel, kind, outside, rng, [w.pid for w in workers]) for rel, kind in plan(rng, names)]
+            except (OSError, shutil.Error) as exc:  # the harness's own trouble: say so, go on with the tree as is
+                done = [f"harness:{type(exc).__name__}: {str(exc)[:200]}"]
             for d in done:
                 kinds_seen[d.split(":")[0]] = kinds_seen.get(d.split(":")[0], 0) + 1
             batch.append((n, tree, done, worker))
@@ -408,16 +419,20 @@ def fuzz(trees: int, seed: int, work: str, timeout: float, jobs: int, progress: 
         shutil.rmtree(os.path.join(outside, "mirror"), ignore_errors=True)
         if failures and snapshot(outside, sentinel) != before:
             outside = make_outside(work)
-        if progress and (i // jobs) % 100 == 0:
-            print(f"{i + len(batch)} trees, {ops} ops, {len(failures)} failures, {time.time() - start:.0f} s",
-                  file=sys.stderr, flush=True)
+        if (i // jobs) % 100 == 0:
+            if progress:
+                print(f"{i + len(batch)} trees, {ops} ops, {len(failures)} failures, {time.time() - start:.0f} s",
+                      file=sys.stderr, flush=True)
+            if checkpoint is not None:  # the summary so far, should the run be stopped before its end
+                checkpoint({"trees_done": i + len(batch), "ops": ops, "failures": failures,
+                            "wall_s": round(time.time() - start, 1), "complete": False})
     for worker in workers:
         worker.proc.stdin.close()
         worker.proc.wait(timeout=60)
     if snapshot(template) != template_hash:
         failures.append({"tree": None, "mutations": [], "problems": ["the template changed: a file was written in "
                                                                       "place through a hard-linked tree"]})
-    return {"trees": trees, "ops": ops, "failures": failures, "worker_restarts": restarts,
+    return {"trees": trees, "complete": True, "ops": ops, "failures": failures, "worker_restarts": restarts,
             "mutations": kinds_seen, "seed": seed, "wall_s": round(time.time() - start, 1),
             "budget_bytes": BUDGET, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
@@ -439,7 +454,12 @@ def main(argv=None) -> int:
     work = args.work or tempfile.mkdtemp(prefix="fuzz-store-tree-")
     os.makedirs(work, exist_ok=True)
     try:
-        summary = fuzz(args.trees, args.seed, work, args.timeout, args.jobs, not args.quiet)
+        def checkpoint(partial):
+            with open(args.json + ".partial", "w") as f:
+                json.dump({**partial, "seed": args.seed}, f)
+
+        summary = fuzz(args.trees, args.seed, work, args.timeout, args.jobs, not args.quiet,
+                       checkpoint if args.json else None)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
