@@ -235,21 +235,75 @@ def read_small_columns(ckpt: Checkpoint) -> SmallColumns:
 
 def iter_frame_blocks(ckpt: Checkpoint, start: int, out: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     """``(first row, frames)`` blocks of the checkpoint's frames in the run's order from row ``start``,
-    read into ``out`` (reused: a block is valid until the next one)."""
+    read into ``out`` (reused: a block is valid until the next one). The gzip stream is decompressed once:
+    a wrapped checkpoint's file holds its newest rows first, so on the way to the oldest (the cursor) they
+    are kept LZ4-compressed in an unnamed temporary file (``_Stash``) and read back from there at the end."""
+    segments = ckpt.segments
+    if len(segments) == 2 and start < segments[0][1] - segments[0][0]:
+        yield from _wrapped_blocks(ckpt, start, out)
+        return
     pos = 0
-    for lo, hi in ckpt.segments:
+    for lo, hi in segments:
         if pos + hi - lo <= start:
             pos += hi - lo
             continue
         skip = max(0, start - pos)
         with _open_column(ckpt.files, "observation", ckpt.number) as reader:
             reader.skip_rows(lo + skip)
-            row = lo + skip
-            while row < hi:
-                n = min(hi - row, out.shape[0])
-                yield pos + row - lo, reader.read_rows(out[:n])
-                row += n
+            yield from _read_blocks(reader, lo + skip, hi, out, pos - lo)
         pos += hi - lo
+
+
+def _read_blocks(reader: NpyReader, row: int, end: int, out: np.ndarray, shift: int):
+    """Rows ``row .. end`` of the file, a block at a time, as ``(row + shift, frames)``."""
+    while row < end:
+        n = min(end - row, out.shape[0])
+        yield row + shift, reader.read_rows(out[:n])
+        row += n
+
+
+def _wrapped_blocks(ckpt: Checkpoint, start: int, out: np.ndarray):
+    (cursor, cap), _ = ckpt.segments
+    with _Stash() as stash:
+        with _open_column(ckpt.files, "observation", ckpt.number) as reader:
+            for _, frames in _read_blocks(reader, 0, cursor, out, 0):  # the newest rows: last in run order
+                stash.put(frames)
+            reader.skip_rows(start)
+            yield from _read_blocks(reader, cursor + start, cap, out, -cursor)
+        row = cap - cursor  # the file was read to its end (its CRC checked); the newest rows follow
+        for frames in stash.blocks(out):
+            yield row, frames
+            row += frames.shape[0]
+
+
+class _Stash:
+    """Blocks of frames kept LZ4-compressed in an unnamed temporary file (gone with the process)."""
+
+    def __init__(self):
+        import tempfile
+
+        from numcodecs import LZ4
+
+        self._codec = LZ4(acceleration=1)
+        self._file = tempfile.TemporaryFile(prefix="mmreplay-dqn-")
+        self._blocks: list[tuple[int, int]] = []  # (rows, compressed bytes)
+
+    def put(self, frames: np.ndarray) -> None:
+        data = self._codec.encode(np.ascontiguousarray(frames))
+        self._file.write(data)
+        self._blocks.append((frames.shape[0], len(data)))
+
+    def blocks(self, out: np.ndarray) -> Iterator[np.ndarray]:
+        self._file.seek(0)
+        for rows, nbytes in self._blocks:
+            self._codec.decode(self._file.read(nbytes), out=out[:rows])
+            yield out[:rows]
+
+    def __enter__(self) -> "_Stash":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
 
 
 # -- import ---------------------------------------------------------------------------------------
@@ -340,6 +394,8 @@ class _CheckpointImport:
                     self.pads_left = self.detect_padding(frames)
                     self.cursor.segments[-1]["lead_pads"] = self.pads_left
                 self.mask = self.pad_mask()
+            if self.cursor.pending is not None:
+                self._write_held(frames[0])
             hi = lo + frames.shape[0]
             pad = self.mask[lo - self.first: hi - self.first]
             self._check_pad_frames(frames, pad, lo)
@@ -353,6 +409,18 @@ class _CheckpointImport:
             self._advance(int(rows[-1]) if carry else hi, carry)
             progress(hi)
             yield
+
+    def _write_held(self, next_frame: np.ndarray) -> None:
+        """The previous checkpoint's newest row (``pending``), now that its next frame, this checkpoint's row
+        ``first``, is read (never a padding row: the held row is not terminal)."""
+        held, cursor = self.cursor.pending, self.cursor
+        if self.mask[0]:
+            raise NpyFormatError(self._not_padding(self.first, "place (it follows a non-terminal row)"))
+        frame = _unpack_frame(held["frame"], next_frame.shape)
+        self.writer.write(frame[None], np.array([held["action"]]), np.array([held["reward"]], np.float32),
+                          next_frame[None], np.zeros(1, bool), np.zeros(1, bool), end=False)
+        cursor.transitions += 1
+        cursor.pending = None
 
     def _check_pad_frames(self, frames: np.ndarray, pad: np.ndarray, lo: int) -> None:
         at = np.flatnonzero(pad)
@@ -580,30 +648,11 @@ def _import_checkpoint(ckpt: Checkpoint, cursor: Cursor, writer, k: int, buffer:
         first, pads_left = 0, None
     else:
         first, pads_left = cursor.global_next - gs, cursor.pads_left
-    if cursor.pending is not None and first < ckpt.rows:
-        _write_pending(cursor, writer, ckpt, first, buffer)
     base = gs if gs is not None else cursor.segments[-1]["global"]
     entry["first_global"] = base
     job = _CheckpointImport(ckpt, cols, cursor, writer, k, first, pads_left, base)
     yield from job.blocks(buffer, progress)
     entry["done"] = True
-
-
-def _write_pending(cursor: Cursor, writer, ckpt: Checkpoint, first: int, buffer: np.ndarray) -> None:
-    """The held row of the previous checkpoint, now that its next frame (this checkpoint's row ``first``)
-    is known."""
-    p = cursor.pending
-    shape = buffer.shape[1:]
-    frame = _unpack_frame(p["frame"], shape)
-    blocks = iter_frame_blocks(ckpt, first, buffer[1:2])
-    try:
-        nxt = next(blocks)[1][0].copy()
-    finally:
-        blocks.close()
-    writer.write(frame[None], np.array([p["action"]]), np.array([p["reward"]], np.float32), nxt[None],
-                 np.zeros(1, bool), np.zeros(1, bool), end=False)
-    cursor.transitions += 1
-    cursor.pending = None
 
 
 def _end_stream(cursor: Cursor, writer, notes: list[str], ckpt: Checkpoint) -> None:
