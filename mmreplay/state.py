@@ -32,6 +32,8 @@ from mmreplay.errors import FormatError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
 from mmreplay._native.draw import lowest_read
+from mmreplay.sampling.draw import check_batch_size
+from mmreplay.sampling.priorities import Priorities
 from mmreplay.sampling.registry import PrioritySets, SamplerStates
 from mmreplay.sampling.strategy import DrawStrategy, DrawView, Picked
 from mmreplay.settings import Settings
@@ -79,8 +81,8 @@ class StoreState:
         self.app_meta: dict = dict(rec.get("app", {}))  # the application's metadata, committed with the rest
         self.rollbacks = rec.get("rollbacks", 0)  # rollbacks ever committed (see the module invariants)
         self.samplers = SamplerStates(rec.get("samplers", {}))
-        self.priorities = PrioritySets(path, self.ring, self.frames, self.schema.frame_stack, rec.get("priorities", {}),
-                                       writable=writable)
+        self.priorities = PrioritySets(self._open_priority_files, self.ring, self.frames, self.schema.frame_stack,
+                                       rec.get("priorities", {}), writable=writable)
         self._writable = writable
         if record is not None:
             self._expect_shards(record)
@@ -99,6 +101,11 @@ class StoreState:
         self.ring.on_grow = lambda rows: resize_arrays(path, self.ring.layouts(), rows)
         if preload:
             self.reader.start_preload()
+
+    def _open_priority_files(self, name: str, ring: TransitionRing) -> priority_files.PriorityFiles:
+        """The files of priority set ``name`` (what ``PrioritySets`` is handed: sampling/ imports no storage)."""
+        geometry = RingGeometry(ring.rows, ring.shard_rows, ring.capacity is None)
+        return priority_files.PriorityFiles(self.path, name, geometry)
 
     def _identified_arrays(self) -> list:
         return [c.array for c in self.frames.columns.values()] + list(self.ring.disk.values())
@@ -145,6 +152,84 @@ class StoreState:
         unbounded = self.meta["capacity"] is None
         return StoreGeometry(self.meta["capacity"], RingGeometry(self.ring.rows, self.ring.shard_rows, unbounded),
                              RingGeometry(self.frames.rows, self.frames.shard_rows, unbounded))
+
+    # -- what the store asks, at the level of intent (store.py never reaches through the state) -----
+    def array_layouts(self) -> list:
+        """The layouts of every zarr array a new store creates: the index ring's columns, then the frames'."""
+        return self.ring.layouts() + [c.layout for c in self.frames.columns.values()]
+
+    def num_added(self) -> int:
+        """Transitions ever added (the ring's ``head``)."""
+        return self.ring.head
+
+    def num_frames(self) -> int:
+        """Distinct observations ever stored (the frame ring's ``head``)."""
+        return self.frames.head
+
+    def valid_range(self) -> tuple[int, int]:
+        """``(oldest, head)``: the transition ids the ring holds."""
+        return self.ring.oldest, self.ring.head
+
+    def count_valid(self) -> int:
+        """Transitions a draw can return (their whole frame stack is held)."""
+        return self.ring.count_valid(self.schema.frame_stack, self.frames.head)
+
+    def check_batch_size(self, batch_size: int) -> int:
+        """The number of valid transitions, if a batch of ``batch_size`` can be drawn from them (else an error
+        naming both)."""
+        return check_batch_size(self.ring, self.schema.frame_stack, self.frames.head, batch_size)
+
+    def read_range(self, name: str, lo: int, hi: int, what: str) -> np.ndarray:
+        """The stored codes of transition column ``name`` for ids ``[lo, hi)`` (``what`` names the caller in
+        errors)."""
+        return self.ring.read_range(name, lo, hi, what)
+
+    def episode_links(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(prev, terminated, truncated)`` of transitions ``[lo, hi)`` (``TransitionRing.episode_links``)."""
+        return self.ring.episode_links(lo, hi)
+
+    def stream_tail(self, stream: int) -> tuple[int, bool] | None:
+        """``(id, ended)`` of stream ``stream``'s newest transition still held, or None."""
+        sid = int(stream)
+        last = self.streams.last.get(sid, -1)
+        return None if last < self.ring.oldest else (last, self.streams.ended.get(sid, True))
+
+    def cache_stats(self) -> dict[str, dict]:
+        """The frame reader's cache and disk statistics per observation key."""
+        return self.reader.stats()
+
+    def committed_record(self) -> dict:
+        """The last commit record (writers: the newest durable one; readers: the one loaded)."""
+        return self.log.record
+
+    def committed_app_meta(self) -> dict:
+        """The application's metadata of the last commit (``{}`` if none)."""
+        return self.log.record.get("app", {})
+
+    def priority_set(self, name: str, alpha: float | None = None, eps: float | None = None) -> Priorities:
+        """Priority set ``name`` (``PrioritySets.get``)."""
+        return self.priorities.get(name, alpha, eps)
+
+    def saved_sampler_state(self, name: str) -> dict | None:
+        """The committed RNG state of sampler ``name``, or None."""
+        return self.samplers.saved_state(name)
+
+    def register_sampler(self, sampler: Any) -> None:
+        """``sampler`` is now the open sampler of its name (an error if another one is open)."""
+        self.samplers.register(sampler)
+
+    def open_sampler_names(self) -> list[str]:
+        """The names of the samplers open on this state, sorted."""
+        return sorted(name for name, smp in self.samplers.live.items() if not smp.closed)
+
+    def close_samplers(self) -> None:
+        """Close every open sampler; their RNG states are what the next commit records."""
+        self.samplers.close_all()
+
+    def commit_record(self, record: dict) -> None:
+        """Replace the commit record with ``record``, writing no data (a new store's first record, a
+        rollback's): every file it names must already be durable."""
+        self.log.commit(record, [])
 
     # -- writers ----------------------------------------------------------------------------------
     def record(self) -> dict:

@@ -29,7 +29,6 @@ from mmreplay.errors import FormatError, ReadOnlyError, StoreClosedError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.inspection import committed_work, first_readable, store_info, verify
 from mmreplay.sampling.batch import Batch, BatchBuffers
-from mmreplay.sampling.draw import check_batch_size
 from mmreplay.sampling.priorities import Priorities
 from mmreplay.sampling.sampler import Sampler, check_batch_size_arg
 from mmreplay.sampling.strategy import (DEFAULT_NAME, DrawStrategy, Ids, Picked, Prioritized, Transitions,
@@ -101,9 +100,10 @@ class Store:
         root.create_group("transitions")
         # The commit group is written by us (atomically), never by zarr: see storage/commit.py.
         store = cls(path, meta, record=None, mode="a", settings=settings)
-        for layout in store._state.ring.layouts() + [c.layout for c in store._state.frames.columns.values()]:
+        state = store._state
+        for layout in state.array_layouts():
             layout.create(root)
-        store._state.log.commit(store._state.record(), [])
+        state.commit_record(state.record())
         return store
 
     @classmethod
@@ -150,10 +150,7 @@ class Store:
         self._writer = self._new_writer() if mode == "a" else None
 
     def _new_writer(self) -> Writer:
-        st, settings = self._state, self.settings
-        return Writer(self.path, self.schema, st.ring, st.frames, st.reader, st.streams, self._lock,
-                      commit_every=settings.commit_every, commit_seconds=settings.commit_seconds,
-                      flush=self.flush, check_open=self._check_open)
+        return Writer(self._state, self._lock, self.settings)
 
     # -- writing ----------------------------------------------------------------------------------
     def add(self, obs, action, reward, next_obs, terminated, truncated, *, stream: int = 0,
@@ -182,12 +179,7 @@ class Store:
                 return
             if app_meta is not None:
                 self._state.app_meta = check_app_meta(app_meta)
-            writer.check_writable()
-            writer.drain()
-            if writer.pending or self._state.changed():
-                with writer.failing_writes():
-                    self._state.commit()
-                writer.committed()
+            writer.flush()
 
     def _drain(self) -> None:
         if self._writer is not None:
@@ -208,16 +200,16 @@ class Store:
             writer = self._writer or self._refuse_write()
             writer.drain()
             n = self._state.check_rollback(num_added)
-            open_samplers = sorted(name for name, smp in self._state.samplers.live.items() if not smp.closed)
+            open_samplers = self._state.open_sampler_names()
             if open_samplers:
                 raise RuntimeError(f"rollback: close the open sampler(s) {open_samplers} first (they hold "
                                    "positions and priorities of the transitions being dropped)")
             self.flush()  # the state before is committed whole: a crash from here on leaves it or the new one
-            dropped = self._state.ring.head - n
+            dropped = self._state.num_added() - n
             if dropped == 0:
                 return 0
             with writer.failing_writes():
-                self._state.log.commit(self._state.rollback_record(n), [])
+                self._state.commit_record(self._state.rollback_record(n))
             self._reload_committed()
             return dropped
 
@@ -225,14 +217,14 @@ class Store:
         """Rebuild the state in RAM from the commit record on disk, exactly as ``open`` would."""
         record = read_commit(self.path)
         check_record(record, self._meta, self.path)
-        self._state.samplers.close_all()
+        self._state.close_samplers()
         self._state.close()
         try:
             self._state = StoreState(self.path, self._meta, self.schema, record, writable=True,
                                      settings=self.settings)
         except BaseException:  # the commit is on disk; reopening the store continues from it
             self._closed = True
-            self._writer.closed = True
+            self._writer.close(self._closed_message())
             raise
         self._view.rebind(self._state)  # the inspector (and anything holding the view) reads the new state
         self._writer = self._new_writer()
@@ -275,7 +267,7 @@ class Store:
         rng = self._rng if seed is None else np.random.default_rng(seed)
         if isinstance(draw, Transitions):
             with self._guard:  # check before allocating the batch (10**6 Atari stacks: 28 GB)
-                check_batch_size(self._state.ring, self.frame_stack, self._state.frames.head, batch_size)
+                self._state.check_batch_size(batch_size)
         draw.validate(self.schema)
         buf = draw.new_buffers(self.schema, batch_size)
         self._view.read(draw, batch_size, rng, buf)
@@ -292,7 +284,7 @@ class Store:
     def app_meta(self) -> dict:
         """The application's metadata of the last commit (``flush(app_meta=...)``); ``{}`` if none."""
         with self._lock:
-            return json.loads(json.dumps(self._state.log.record.get("app", {})))
+            return json.loads(json.dumps(self._state.committed_app_meta()))
 
     # -- what is stored ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -300,19 +292,20 @@ class Store:
         with self._lock:
             self._check_open()
             self._drain()
-            return self._state.ring.count_valid(self.frame_stack, self._state.frames.head)
+            return self._state.count_valid()
 
     @property
     def num_added(self) -> int:
         """Transitions ever added (including those since overwritten)."""
-        return self._locked(lambda: self._state.ring.head)
+        return self._locked(lambda: self._state.num_added())
 
     def verify(self, progress=None) -> list[str]:
         """Read back every committed shard: each index and chunk checksum, each decoded size. Returns the
         problems found (empty: the store is intact); ``progress(done, total)`` is called per shard."""
         with self._lock:
             self._check_open()
-            layouts, work = committed_work(self.path, self._state.log.record, self._state.ring, self._state.frames)
+            st = self._state
+            layouts, work = committed_work(self.path, st.committed_record(), st.ring, st.frames)
         return verify(self.path, layouts, work, progress)
 
     def info(self) -> dict:
@@ -348,14 +341,14 @@ class Store:
         forking.forget_at_exit(self)
         if self._closed:
             return
-        self._state.samplers.close_all()  # before taking the lock: their threads may be waiting on it
+        self._state.close_samplers()  # before taking the lock: their threads may be waiting on it
         try:
             if self._writer is not None and self._writer.failed is None:
                 self.flush()
         finally:
             self._closed = True
             if self._writer is not None:
-                self._writer.closed = True
+                self._writer.close(self._closed_message())
             self._state.close()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
@@ -388,11 +381,14 @@ class Store:
 
     def _check_open(self) -> None:
         if self._closed:
-            if self._forked:
-                raise StoreClosedError(f"store {self.path!r} was opened before this process was forked from its "
-                                       "parent; open it again in the child (Store.open(path, mode='r') to read), "
-                                       "or use the 'spawn' or 'forkserver' start method")
-            raise StoreClosedError(f"store {self.path!r} is closed")
+            raise StoreClosedError(self._closed_message())
+
+    def _closed_message(self) -> str:
+        if self._forked:
+            return (f"store {self.path!r} was opened before this process was forked from its parent; open it again "
+                    "in the child (Store.open(path, mode='r') to read), or use the 'spawn' or 'forkserver' start "
+                    "method")
+        return f"store {self.path!r} is closed"
 
     def _refuse_write(self):
         self._check_open()
@@ -404,10 +400,11 @@ class Store:
             os.close(self._lock_fd)  # the parent keeps the lock; it ends with the parent, not with us
             self._lock_fd = None
         self._lock = threading.RLock()  # the parent's may be held by a thread that does not exist here
-        if self._writer is not None:
-            self._writer.lock, self._writer.closed = self._lock, True
         self._forked = self._forked or not self._closed
         self._closed = True
+        if self._writer is not None:
+            self._writer.lock = self._lock
+            self._writer.close(self._closed_message())
 
 
 
@@ -455,18 +452,18 @@ class StoreView:
 
     def priorities(self, prioritized: Prioritized) -> Priorities:
         with self._guard:
-            return self._state.priorities.get(prioritized.set_name, prioritized.alpha, prioritized.eps)
+            return self._state.priority_set(prioritized.set_name, prioritized.alpha, prioritized.eps)
 
     def update_priorities(self, prioritized: Prioritized, indices, values) -> int:
         with self._guard:
-            return self._state.priorities.get(prioritized.set_name).update(indices, values)
+            return self._state.priority_set(prioritized.set_name).update(indices, values)
 
     def saved_state(self, name: str) -> dict | None:
-        return self._state.samplers.saved_state(name)
+        return self._state.saved_sampler_state(name)
 
     def register(self, sampler: Sampler) -> None:
         with self._guard:
-            self._state.samplers.register(sampler)
+            self._state.register_sampler(sampler)
 
     def locked(self, read: Callable[[StoreState], Any]) -> Any:
         """``read(state)`` under the guard (for ``StoreInspector``)."""
@@ -502,7 +499,7 @@ class StoreInspector:
 
         def pick(state: StoreState) -> tuple[np.ndarray, np.ndarray | None]:
             if isinstance(draw, Transitions):
-                check_batch_size(state.ring, self._k, state.frames.head, size)
+                state.check_batch_size(size)
             picked = state.read(draw, size, rng, lambda: None)
             weights = None if picked.weights is None else picked.weights.astype(np.float32)
             return picked.ids.copy(), weights  # a priority set's draw buffers are reused
@@ -512,17 +509,17 @@ class StoreInspector:
         """``(oldest, head)``: the ids the store holds. ``get`` also needs an id's frame stack: after the
         ring cut an episode, its first ``frame_stack - 1`` kept steps near ``oldest`` are held but not
         readable. ``readable_range()`` gives the ids ``get`` accepts."""
-        return self._view.locked(lambda st: (st.ring.oldest, st.ring.head))
+        return self._view.locked(lambda st: st.valid_range())
 
     def readable_range(self) -> tuple[int, int]:
         """``(lo, head)``: every id in this range is one ``get`` accepts (at this commit); ``lo`` is
         ``valid_range()[0]`` unless the ring cut an episode whose frame stacks reach overwritten frames."""
-        return self._view.locked(lambda st: (first_readable(st.ring, self._k, st.frames.head), st.ring.head))
+        return self._view.locked(lambda st: (first_readable(st.ring, self._k, st.num_frames()), st.num_added()))
 
     @property
     def num_frames(self) -> int:
         """Distinct observations ever stored (each frame once, however many stacks it belongs to)."""
-        return self._view.locked(lambda st: st.frames.head)
+        return self._view.locked(lambda st: st.num_frames())
 
     def read_column(self, name: str, lo: int, hi: int) -> np.ndarray:
         """The stored values of transition column ``name`` (``action``, ``reward``, an extra, or
@@ -530,24 +527,20 @@ class StoreInspector:
         specs = {c.name: c for c in self._view.schema.transition_columns}
         if name not in specs and name not in TransitionRing.FLAG_COLUMNS:
             raise KeyError(f"no transition column {name!r}; columns: {[*specs, *TransitionRing.FLAG_COLUMNS]}")
-        codes = self._view.locked(lambda st: st.ring.read_range(name, lo, hi, "read_column"))
+        codes = self._view.locked(lambda st: st.read_range(name, lo, hi, "read_column"))
         return codes.astype(bool) if name not in specs else ColumnEncoder(specs[name]).decode(codes).copy()
 
     def episode_links(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For transitions ``lo <= g < hi`` (within ``valid_range()``): ``(prev, terminated, truncated)``,
         where ``prev`` is the global id of the previous step of ``g``'s episode (-1 at an episode start;
         it may lie below ``oldest`` where the ring overwrote it) and the flags are bools."""
-        return self._view.locked(lambda st: st.ring.episode_links(lo, hi))
+        return self._view.locked(lambda st: st.episode_links(lo, hi))
 
     def stream_tail(self, stream: int) -> tuple[int, bool] | None:
         """``(id, ended)``: the global id of stream ``stream``'s newest transition still held and whether it
         ended its episode, or None. The stream's next add continues that episode iff it did not end and the
         observation equals that transition's next observation (``get([id]).next_obs``)."""
-        def read(st: StoreState):
-            sid = int(stream)
-            last = st.streams.last.get(sid, -1)
-            return None if last < st.ring.oldest else (last, st.streams.ended.get(sid, True))
-        return self._view.locked(read)
+        return self._view.locked(lambda st: st.stream_tail(stream))
 
     def priorities(self, name: str = DEFAULT_NAME, *, alpha: float | None = None,
                    eps: float | None = None) -> Priorities:
@@ -555,7 +548,7 @@ class StoreInspector:
         maximum priority), for reading: ``.of(indices)``, ``.total``. A sampler with ``Prioritized`` uses
         the one of its own name. ``alpha`` and ``eps`` change a set's exponents; left out, a committed set
         keeps its own and a new one gets 0.6 and 1e-6."""
-        return self._view.locked(lambda st: st.priorities.get(name, alpha, eps))
+        return self._view.locked(lambda st: st.priority_set(name, alpha, eps))
 
     def has_sampler_state(self, name: str) -> bool:
         """Was an RNG state of sampler ``name`` committed (a sampler made with ``seed=None`` continues it)?"""
@@ -564,4 +557,4 @@ class StoreInspector:
     def cache_stats(self) -> dict[str, dict]:
         """Per observation key: hits, misses, evictions and bytes of the decoded-frame cache, and under
         ``"compressed"`` the compressed shards held in RAM below it (see docs/guide.md, "Cache budget")."""
-        return self._view.locked(lambda st: st.reader.stats())
+        return self._view.locked(lambda st: st.cache_stats())

@@ -14,7 +14,9 @@ Invariants (see ``Store`` for the whole picture):
   disk is intact.
 
 ``Writer`` is composed into a writable ``Store`` (readers have none): it owns the pending block and the
-count of transitions since the last commit, and is handed the rings, streams and lock it writes to.
+count of transitions since the last commit, and is handed the state it writes to (``WriteTarget``: the
+rings, the streams and the commit) and the store's lock. It calls nothing back in ``Store``: the automatic
+commit is the state's own ``commit``, and the store tells it when it closes (``close``).
 """
 
 from __future__ import annotations
@@ -22,37 +24,51 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from mmreplay.columns.encode import cast_exact, encode_flags, encoders_for
 from mmreplay.columns.spec import Schema
-from mmreplay.errors import StorageError
+from mmreplay.errors import StorageError, StoreClosedError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
 from mmreplay.reading.frames import FrameReader
+from mmreplay.settings import Settings
 from mmreplay.storage.frame_ring import FrameRing
 from mmreplay.storage.pending import PendingBlock
 
 _FLAG_VALUES = (True, False)  # `x in` this also accepts 0, 1 and numpy bools
 
 
+class WriteTarget(Protocol):
+    """What a writer writes to: a writable store's ``StoreState`` (state.py, a sibling this module does not
+    import). Its rings never change while the writer lives (a rollback makes a new state and a new writer)."""
+
+    path: str
+    schema: Schema
+    ring: TransitionRing
+    frames: FrameRing
+    reader: FrameReader  # a stream's last next-observation is read back to match a continued episode
+    streams: Streams
+
+    def changed(self) -> bool: ...
+    def commit(self) -> None: ...
+
+
 class Writer:
     """``add`` and ``extend`` of a writable store and what they need."""
 
-    def __init__(self, path: str, schema: Schema, ring: TransitionRing, frames: FrameRing, reader: FrameReader, streams: Streams,
-                 lock: threading.RLock, *, commit_every: int, commit_seconds: float, flush: Callable[[], None],
-                 check_open: Callable[[], None]):
-        """Writes to ``ring``/``frames``/``streams`` under ``lock``; calls ``flush`` (the store's commit) once
-        ``commit_every`` transitions or ``commit_seconds`` seconds have passed since the last ``committed``;
-        ``check_open`` raises if the store is closed."""
-        self.path, self.schema = path, schema
-        self.ring, self.frames, self.streams, self.lock = ring, frames, streams, lock
-        self.reader = reader  # a stream's last next-observation is read back to match a continued episode
-        self.commit_every, self.commit_seconds = commit_every, commit_seconds
-        self.flush, self.check_open = flush, check_open
+    def __init__(self, state: WriteTarget, lock: threading.RLock, settings: Settings):
+        """Writes to ``state``'s rings and streams under ``lock``; commits ``state`` once
+        ``settings.commit_every`` transitions or ``settings.commit_seconds`` seconds have passed since the
+        last commit."""
+        self.state, self.path, self.schema = state, state.path, state.schema
+        schema, ring, frames = state.schema, state.ring, state.frames
+        self.ring, self.frames, self.streams, self.reader, self.lock = ring, frames, state.streams, state.reader, lock
+        self.commit_every, self.commit_seconds = settings.commit_every, settings.commit_seconds
         self.closed = False  # set by the store's close (the fast path checks it without the lock)
+        self.closed_reason = ""  # the store's words for why (``close``)
         self.failed: OSError | None = None
         self.pending = 0  # transitions added since the last commit
         self.last_commit = time.monotonic()
@@ -68,13 +84,29 @@ class Writer:
         self._action_code = self.encoders["action"].scalar_code
         self._reward_code = self.encoders["reward"].scalar_code
 
-    def committed(self) -> None:
-        """The store just committed everything added so far."""
+    def close(self, reason: str) -> None:
+        """The store closed (or this process was forked from the one that holds it): refuse writes, saying
+        ``reason``."""
+        self.closed, self.closed_reason = True, reason
+
+    def flush(self) -> None:
+        """Commit every transition added so far, and anything else the last commit lacks (caller holds the
+        lock); cheap when nothing changed."""
+        self.check_writable()
+        self.drain()
+        if self.pending or self.state.changed():
+            self.commit()
+
+    def commit(self) -> None:
+        """Commit the state (an ``OSError`` leaves the store refusing writes, see ``failing_writes``)."""
+        with self.failing_writes():
+            self.state.commit()
         self.pending = 0
         self.last_commit = time.monotonic()
 
     def check_writable(self) -> None:
-        self.check_open()
+        if self.closed:
+            raise StoreClosedError(self.closed_reason)
         if self.failed is not None:
             raise StorageError(f"store {self.path!r}: an earlier write failed ({self.failed}); close() and "
                                "reopen the store to continue from its last commit")
@@ -229,7 +261,7 @@ class Writer:
         self.streams.record(stream_ids, g, done, next_obs)
         self.pending += n
         if self.pending >= self.commit_every or time.monotonic() - self.last_commit >= self.commit_seconds:
-            self.flush()
+            self.commit()  # nothing is pending in the block here: drain emptied it before appending
 
     def _encode_obs(self, obs, n: int, what: str) -> dict[str, np.ndarray]:
         specs = self.schema.observations

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from mmreplay.storage.files import atomic_write, fsync_dir, read_regular
+from mmreplay.storage.public import atomic_write, fsync_dir, read_regular
 
 LEDGER_FILE = "ledger.json"
 LEDGER_VERSION = 1

@@ -32,7 +32,7 @@ import numpy as np
 from mmreplay.distributed.learner_wire import check_wire, encode_frames, zero_padded
 from mmreplay.distributed.ledger import clients_at, make_entry, read_ledger, write_ledger
 from mmreplay.distributed.wire import ObsLayout, decode_batch
-from mmreplay.storage.commit import COMMIT_FILE
+from mmreplay.storage.public import COMMIT_FILE
 from mmreplay.sampling.strategy import Prioritized, Uniform
 
 STREAMS_PER_CLIENT = 1024

@@ -9,22 +9,23 @@ Invariants (all under the store's lock):
 - ``sync`` is lazy: nothing on the add path knows about priorities. Before each draw or update the
   transitions added since the last sync enter the tree at the maximum priority and those given up
   (overwritten, or whose frame stack now reaches below ``oldest``) leave it.
-- Persistence is ``storage/priority_files.py`` (``PriorityFiles``: two buffers, the commit writes the one the
-  record does not name; a crash reopens the priorities of the last commit exactly). Every change to ``raw``
-  is marked there (``files.mark``, or the update kernel writing ``files.new_tick()`` into ``files.shard_tick``).
+- Persistence is given, not imported: a ``PriorityPersistence`` (``state.py`` hands each set its
+  ``storage/priority_files.py`` ``PriorityFiles``: two buffers, the commit writes the one the record does not
+  name; a crash reopens the priorities of the last commit exactly). Every change to ``raw`` is marked there
+  (``files.mark``, or the update kernel writing ``files.new_tick()`` into ``files.shard_tick``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
+
 import numpy as np
 
 from mmreplay.errors import FormatError
 from mmreplay.index.ring import TransitionRing, as_transition_ids
 from mmreplay.index.sumtree import SumTree
-from mmreplay.storage.commit import NAME_PATTERN, check_leaf_range
-from mmreplay.storage.layout import RingGeometry
-from mmreplay.storage.priority_files import PriorityFiles, make_entry
+from mmreplay.storage.public import check_leaf_range, valid_name
 from mmreplay._native import priorities as kernels
 
 INITIAL_MAX_PRIORITY = 1.0
@@ -32,8 +33,27 @@ DEFAULT_ALPHA = 0.6
 DEFAULT_PRIORITY_EPS = 1e-6
 
 
+class PriorityPersistence(Protocol):
+    """The files of one priority set, as a set drives them (``storage/priority_files.py``'s ``PriorityFiles``
+    is the one the store hands in): which shards changed since each buffer was written, writing the buffer
+    the record does not name, reading a committed one back, and the record entry naming the committed one."""
+
+    buffer: int  # the committed buffer (what ``entry`` names)
+    shard_tick: np.ndarray  # tick of each file shard's last change (the update kernel writes into it)
+
+    def new_tick(self) -> int: ...
+    def mark(self, slots: np.ndarray) -> None: ...
+    def stale(self) -> bool: ...
+    def grow(self, rows: int) -> None: ...
+    def make_files(self) -> None: ...
+    def flush(self, raw: np.ndarray) -> list[str]: ...
+    def load(self, buffer: int, live: np.ndarray) -> np.ndarray: ...
+    def entry(self, max_priority: float, head: int, alpha: float, eps: float) -> dict: ...
+    def close(self) -> None: ...
+
+
 def check_name(name) -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not valid_name(name):
         raise ValueError(f"sampler name must be 1-64 letters, digits, '_' or '-' (it names a directory), "
                          f"got {name!r}")
     return name
@@ -50,11 +70,12 @@ class Priorities:
     priority of each ring slot, ``tree`` the sum tree of leaves ``(raw + eps) ** alpha``. Update it through
     the prioritized sampler of the same name (``sampler.update_priorities``)."""
 
-    def __init__(self, ring: TransitionRing, frames, frame_stack: int, root: str, name: str, *, alpha: float,
-                 eps: float, entry: dict | None):
+    def __init__(self, ring: TransitionRing, frames, frame_stack: int, files: PriorityPersistence, name: str, *,
+                 alpha: float, eps: float, entry: dict | None):
         """A priority set for ``ring`` (whose frame stacks of ``frame_stack`` frames point into ``frames``,
-        an object with a ``head``), stored under ``root``; ``entry`` is its committed record (None: new)."""
-        self.ring, self.frames, self.frame_stack, self.root = ring, frames, frame_stack, root
+        an object with a ``head``), persisted by ``files`` (laid out for ``ring`` as it is now); ``entry`` is
+        its committed record (None: new)."""
+        self.ring, self.frames, self.frame_stack = ring, frames, frame_stack
         self.name = check_name(name)
         self.alpha = check_exponent(alpha, "alpha")
         self.eps = check_exponent(eps, "eps")
@@ -66,7 +87,7 @@ class Priorities:
         self.tree = SumTree(self.rows)
         self.max_priority = INITIAL_MAX_PRIORITY
         self.synced_head = self.synced_oldest = ring.oldest
-        self.files = PriorityFiles(root, self.name, RingGeometry(self.rows, self.shard_rows, ring.capacity is None))
+        self.files = files
         self._draw_buffers: dict[int, tuple] = {}
         if entry is not None:
             self._load(entry)
@@ -227,7 +248,7 @@ class Priorities:
         self.sync()
         return float(self.tree.min_positive)
 
-    # -- persistence (storage/priority_files.py), driven by the commit --------------------------------
+    # -- persistence (the PriorityPersistence given), driven by the commit ----------------------------
     def write(self) -> tuple[dict, list[str]]:
         """Write the shards the other buffer lacks; returns the record entry naming it and the files
         written (to fsync before the commit record names them)."""
@@ -245,7 +266,7 @@ class Priorities:
         return self.synced_head != self.ring.head or self.files.stale() or committed != self.entry()
 
     def entry(self) -> dict:
-        return make_entry(self.files.buffer, self.max_priority, self.synced_head, self.alpha, self.eps)
+        return self.files.entry(self.max_priority, self.synced_head, self.alpha, self.eps)
 
     def _load(self, entry: dict) -> None:
         """Read the committed buffer; transitions the set had not seen yet enter at the max priority."""

@@ -14,18 +14,24 @@ Invariants (all under the store's lock):
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from mmreplay.index.ring import TransitionRing
-from mmreplay.sampling.priorities import DEFAULT_ALPHA, DEFAULT_PRIORITY_EPS, Priorities, check_name
+from mmreplay.sampling.priorities import (DEFAULT_ALPHA, DEFAULT_PRIORITY_EPS, Priorities, PriorityPersistence,
+                                          check_name)
+
+# Makes the files of set ``name`` laid out for ``ring`` as it is now (state.py hands in storage's PriorityFiles)
+OpenPriorityFiles = Callable[[str, TransitionRing], PriorityPersistence]
 
 
 class PrioritySets:
     """The priority sets of one store, by name (see the module invariant)."""
 
-    def __init__(self, root: str, ring: TransitionRing, frames, frame_stack: int, committed: dict[str, dict], *,
-                 writable: bool = False):
-        self.root, self.ring, self.frames, self.frame_stack = root, ring, frames, frame_stack
+    def __init__(self, open_files: OpenPriorityFiles, ring: TransitionRing, frames, frame_stack: int,
+                 committed: dict[str, dict], *, writable: bool = False):
+        """Sets over ``ring``'s transitions whose stacks of ``frame_stack`` frames point into ``frames``,
+        each persisted by ``open_files(name, ring)``; ``committed`` is the record's entry of every set."""
+        self.open_files, self.ring, self.frames, self.frame_stack = open_files, ring, frames, frame_stack
         self.writable = writable  # a writer's sets make their files when made (see PriorityFiles.make_files)
         self.entries: dict[str, dict] = dict(committed)  # committed, maybe not loaded
         self.loaded: dict[str, Priorities] = {}
@@ -42,8 +48,8 @@ class PrioritySets:
             saved = entry or {}
             alpha = saved.get("alpha", DEFAULT_ALPHA) if alpha is None else alpha
             eps = saved.get("eps", DEFAULT_PRIORITY_EPS) if eps is None else eps
-            prio = Priorities(self.ring, self.frames, self.frame_stack, self.root, name, alpha=alpha, eps=eps,
-                              entry=entry)
+            prio = Priorities(self.ring, self.frames, self.frame_stack, self.open_files(name, self.ring), name,
+                              alpha=alpha, eps=eps, entry=entry)
             if self.writable:
                 prio.make_files()
             self.loaded[name] = prio

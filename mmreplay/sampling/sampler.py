@@ -27,7 +27,7 @@ from mmreplay.columns.spec import Schema
 from mmreplay.sampling.batch import Batch
 from mmreplay.sampling.priorities import Priorities, check_exponent, check_name
 from mmreplay.sampling.strategy import DrawStrategy, Picked, Prioritized, check_strategy
-from mmreplay.storage import forking
+from mmreplay.storage.public import register_for_fork
 
 DEFAULT_ACCELERATOR_PREFETCH = 2
 
@@ -134,7 +134,7 @@ class Sampler:
         self.closed = False
         for slot in self._slots:
             self._free.put(slot)
-        forking.register(self)
+        register_for_fork(self)
         try:
             source.register(self)
         except ValueError:

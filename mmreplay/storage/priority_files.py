@@ -121,6 +121,10 @@ class PriorityFiles:
         self.written_tick = [np.full(n_shards, -1, dtype=np.int64) for _ in BUFFERS]
 
     # -- writing (driven by the commit) ---------------------------------------------------------------
+    def entry(self, max_priority: float, head: int, alpha: float, eps: float) -> dict[str, Any]:
+        """The set's entry in the commit record, naming the committed ``buffer`` (``make_entry``)."""
+        return make_entry(self.buffer, max_priority, head, alpha, eps)
+
     def make_files(self) -> None:
         """The buffers' zarr metadata: created once and grown with an unbounded ring (module invariants)."""
         if self._metadata_rows != self.rows:
