@@ -2,10 +2,12 @@
 frames; and the column's reader state that follows from it.
 
 Invariant: ``plan_tiers`` never plans more than ``total`` bytes; a ``ColumnReader`` holds a compressed tier
-only when the compiled decoder exists for its codec, and decodes straight into batches (``direct``) only
-when that tier exists and a chunk is one frame or a run of the temporal codec. The tier holds whole shards, all of them when they fit
-its share, else as many as fit (a *partial* tier): the other shards' frames are read from their files
-(``reading/disk.py``).
+only when the compiled decoder exists for its codec (``FrameCodec.kernel_kind``), and decodes straight into
+batches (``direct``) only when that tier exists and a chunk is one frame or the compiled decoder takes single
+frames out of its chunks (``FrameCodec.decodes_frames_of_runs``: the temporal codec's runs). The tier holds whole
+shards, all of them when they fit its share, else as many as fit (a *partial* tier): the other shards' frames
+are read from their files (``reading/disk.py``). Nothing here names a codec: the column's codec
+(``mmreplay/codecs/``) says what it can do.
 """
 
 from __future__ import annotations
