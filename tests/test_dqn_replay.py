@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from mmreplay import Uniform
-from mmreplay.datasets.dqn_replay import export_dqn_replay, import_dqn_replay
+from mmreplay.datasets.dqn_replay import import_dqn_replay
+from mmreplay.datasets.dqn_replay_export import export_dqn_replay
 from mmreplay.datasets.npy_stream import NpyFormatError
 from mmreplay.store import Store
 
@@ -315,7 +316,7 @@ def test_resume_without_a_leftover_starts_over(tmp_path):
 
 
 def test_checkpoint_selection():
-    from mmreplay.datasets.dqn_replay import parse_checkpoints
+    from mmreplay.datasets.dopamine_files import parse_checkpoints
 
     assert parse_checkpoints("0,1,5-7", range(10)) == [0, 1, 5, 6, 7]
     for bad in ("1-0", "a", "1,,2"):

@@ -1,5 +1,5 @@
 """Offline-RL datasets: export a store to Minari, D4RL-style HDF5, d3rlpy or Dopamine's replay checkpoints
-(the DQN Replay Dataset: ``dqn_replay.py``), and import them back.
+(the DQN Replay Dataset: ``dqn_replay.py``, ``dqn_replay_export.py``), and import them back.
 
 Every exporter reads episodes through ``episodes.py`` (episode links, single frames, bounded blocks);
 every importer writes through ``importing.py`` (a new store, episodes in order, bounded blocks);
@@ -38,7 +38,7 @@ def export_dataset(store, out, format: str, **kwargs) -> dict[str, Any]:
         from mmreplay.datasets.d4rl import export_d4rl
         return export_d4rl(store, out, **kwargs)
     if format == "dqn-replay":
-        from mmreplay.datasets.dqn_replay import export_dqn_replay
+        from mmreplay.datasets.dqn_replay_export import export_dqn_replay
         return export_dqn_replay(store, out, **kwargs)
     from mmreplay.datasets.d3rlpy import export_d3rlpy
     return export_d3rlpy(store, out, **kwargs)

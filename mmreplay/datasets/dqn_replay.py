@@ -1,11 +1,7 @@
 """Dopamine's replay checkpoints (the DQN Replay Dataset) to and from a store, streamed in bounded RAM.
 
-A Dopamine ``OutOfGraphReplayBuffer`` checkpoint ``N`` is a directory of gzip'd ``.npy`` files:
-``$store$_{observation,action,reward,terminal}_ckpt.N.gz`` (one row per *add*: frame ``(H, W)`` uint8,
-action int32, reward float32, terminal uint8), ``add_count_ckpt.N.gz`` (adds so far, padding included) and
-``invalid_range_ckpt.N.gz``. The buffer is circular: row ``g`` of the run (its ``g``-th add) lives at
-``g % capacity``; the oldest held row is at the cursor ``add_count % capacity`` once the buffer wrapped.
-Before each episode Dopamine adds ``stack_size - 1`` all-zero *padding* rows, and stacks of ``stack_size``
+A Dopamine checkpoint holds the last ``capacity`` rows of a run (one row per *add*), circularly
+(``dopamine_files.py``). Before each episode Dopamine adds ``stack_size - 1`` all-zero *padding* rows, and stacks of ``stack_size``
 rows are rebuilt at sample time, so an episode's first stacks hold zeros: the store keeps each frame once
 and is made with ``stack_padding="zeros"``, which gives the same stacks. A terminal step's final
 observation is not in the format; Dopamine's next state for it ends in the zero padding row that follows,
@@ -20,7 +16,7 @@ Invariants:
 - A padding row must be all zeros (frame, action, reward, terminal), else the import stops naming the row:
   the buffer was saved with another ``stack_size`` (checked first against ``invalid_range``).
 - Memory: the small columns of one checkpoint (~9 bytes a row) and one block of frames
-  (``BLOCK_BYTES``). Every header is checked before any allocation (``npy_stream.py``).
+  (``BLOCK_BYTES``). Every header is checked before any allocation (``dopamine_files.py``).
 - Resumable and atomic: the import writes through ``importing.EpisodeWriter`` into the sibling directory
   that ``outputs.staged`` renames onto ``OUT`` only when every asked checkpoint is in. The store commits
   only where this module says (``flush(app_meta=...)``, every ``commit_rows`` transitions and at each
@@ -28,35 +24,40 @@ Invariants:
   next one starts at, so a killed import rerun with ``resume=True`` continues in that sibling exactly
   where its last commit ended and gives the same store as an uninterrupted run.
 - Sampling a store made here draws every transition Dopamine's ``sample_transition_batch`` can draw from
-  the same checkpoints, with equal stacks, action, reward, terminal and next stack; it also draws the
-  ``stack_size`` rows after the cursor of a wrapped checkpoint that starts a run (Dopamine's
-  ``invalid_range`` leaves them out; their stacks start at the oldest held row with zeros before it).
+  the same checkpoints, with equal stacks, action, reward, terminal and next stack. It also draws the rows
+  Dopamine's ``invalid_range`` leaves out around a cursor: the oldest ``stack_size`` rows of the first
+  checkpoint read (zeros before them in their stacks) and, between consecutive checkpoints, the newest row
+  of one and the oldest ``stack_size`` of the next (their stacks are the run's rows).
+
+The files are read by ``dopamine_files.py``; ``dqn_replay_export.py`` writes a store back as checkpoints.
 """
 
 from __future__ import annotations
 
-import base64
 import os
-import re
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from mmreplay.datasets.dopamine_files import (
+    Checkpoint,
+    SmallColumns,
+    checkpoint_files,
+    iter_frame_blocks,
+    pack_frame,
+    parse_checkpoints,
+    read_checkpoint,
+    read_small_columns,
+    unpack_frame,
+)
 from mmreplay.datasets.npy_stream import (
     NpyFormatError,
-    NpyReader,
-    NpyWriter,
-    save_small,
 )
 
 ProgressFn = Callable[[int, int], None]
 
-STORE_PREFIX = "$store$_"
-COLUMNS = ("observation", "action", "reward", "terminal")
-_FILE = re.compile(r"^(\$store\$_(?:observation|action|reward|terminal)|add_count|invalid_range)_ckpt\.(\d+)\.gz$")
 #: frames a block holds at most, in bytes (one block of frames is most of the import's memory)
 BLOCK_BYTES = 32 << 20
 #: transitions between two commits (each names where a resumed import starts)
@@ -66,244 +67,6 @@ MAX_PACKED_REWARDS = 16
 DEFAULT_STACK = 4
 META_KEY = "dqn_replay"
 META_VERSION = 1
-
-
-# -- the directory --------------------------------------------------------------------------------
-def checkpoint_files(directory: str | os.PathLike) -> dict[int, dict[str, str]]:
-    """``{N: {"observation": path, ..., "add_count": path, ...}}`` for every checkpoint file in ``directory``."""
-    directory = os.fspath(directory)
-    if not os.path.isdir(directory):
-        raise NotADirectoryError(f"{directory!r} is not a directory (expected a Dopamine replay directory holding "
-                                 "$store$_observation_ckpt.N.gz and its sibling files)")
-    found: dict[int, dict[str, str]] = {}
-    for name in os.listdir(directory):
-        match = _FILE.match(name)
-        if match:
-            if not os.path.isfile(os.path.join(directory, name)):  # a FIFO or device would block or never end
-                raise NpyFormatError(f"{os.path.join(directory, name)!r} is not a regular file (expected a gzip'd "
-                                     ".npy checkpoint file)")
-            key = match.group(1).removeprefix(STORE_PREFIX)
-            found.setdefault(int(match.group(2)), {})[key] = os.path.join(directory, name)
-    if not found:
-        raise FileNotFoundError(f"{directory!r} holds no Dopamine checkpoint file ($store$_observation_ckpt.N.gz ...)")
-    return found
-
-
-def parse_checkpoints(text: str | Sequence[int] | None, available: Sequence[int]) -> list[int]:
-    """``"0,1,5-9"`` (or a list of numbers, or None: all of ``available``) -> sorted checkpoint numbers, each
-    of which must be in ``available``."""
-    if text is None:
-        return sorted(available)
-    numbers: set[int] = set()
-    if isinstance(text, str):
-        for part in text.split(","):
-            match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-            if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
-                raise ValueError(f"checkpoints {text!r}: expected numbers and ranges like 0,1,5-9 (low-high, low <= high)")
-            lo = int(match.group(1))
-            numbers.update(range(lo, int(match.group(2) or lo) + 1))
-    else:
-        numbers.update(int(n) for n in text)
-    missing = sorted(numbers - set(available))
-    if missing:
-        raise FileNotFoundError(f"checkpoint(s) {missing} not found: the directory holds {sorted(available)}")
-    return sorted(numbers)
-
-
-@dataclass
-class Checkpoint:
-    """One checkpoint's geometry: ``capacity`` rows in each file, ``add_count`` adds (None: no file; the rows
-    are then read in file order as one unwrapped buffer)."""
-
-    number: int
-    files: dict[str, str]
-    capacity: int
-    frame_shape: tuple[int, ...]
-    add_count: int | None
-    stack_size: int | None  # from invalid_range (with the update horizon), when both files are there
-    update_horizon: int | None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def segments(self) -> list[tuple[int, int]]:
-        """Physical row ranges in the run's order (oldest first)."""
-        a, cap = self.add_count, self.capacity
-        if a is None:
-            return [(0, cap)]
-        if a <= cap:
-            return [(0, a)] if a else []
-        c = a % cap
-        return [(c, cap), (0, c)] if c else [(0, cap)]
-
-    @property
-    def rows(self) -> int:
-        return sum(hi - lo for lo, hi in self.segments)
-
-    @property
-    def first_global(self) -> int | None:
-        return None if self.add_count is None else max(0, self.add_count - self.capacity)
-
-    def in_order(self, array: np.ndarray) -> np.ndarray:
-        return np.concatenate([array[lo:hi] for lo, hi in self.segments]) if self.segments else array[:0]
-
-
-def read_checkpoint(number: int, files: dict[str, str]) -> Checkpoint:
-    """Check one checkpoint's headers (before reading any data) and its ``add_count``/``invalid_range``."""
-    missing = [c for c in COLUMNS if c not in files]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {number}: missing {[f'{STORE_PREFIX}{c}_ckpt.{number}.gz' for c in missing]}")
-    with _open_column(files, "observation", number) as obs:
-        capacity, frame_shape = obs.rows, obs.row_shape
-        if obs.dtype != np.uint8:
-            raise NpyFormatError(f"checkpoint {number} observation ({files['observation']!r}): frames of dtype "
-                                 f"{obs.dtype}; expected uint8 (Dopamine's Atari frames)")
-    for name in ("action", "reward", "terminal"):
-        with _open_column(files, name, number) as col:
-            if col.rows != capacity:
-                raise NpyFormatError(f"checkpoint {number}: {name} has {col.rows} rows, observation has {capacity}")
-    add_count = None
-    ckpt = Checkpoint(number, files, capacity, frame_shape, None, None, None)
-    if "add_count" in files:
-        with NpyReader(files["add_count"], what=f"checkpoint {number} add_count", kinds="iu", row_ndim=(-1, 0)) as r:
-            value = r.read_all().reshape(-1)
-        if value.size != 1 or int(value[0]) < 0:
-            raise NpyFormatError(f"checkpoint {number}: add_count {value.tolist()}: expected one count >= 0")
-        ckpt.add_count = add_count = int(value[0])
-    else:
-        ckpt.notes.append(f"checkpoint {number} has no add_count file: its rows are read in file order, as an "
-                          "unwrapped buffer, and start a new stream")
-    if os.path.exists(os.path.join(os.path.dirname(files["observation"]), f"episode_end_indices_ckpt.{number}.gz")):
-        ckpt.notes.append(f"checkpoint {number}: episode_end_indices_ckpt.{number}.gz is a pickle and is not read: "
-                          "episodes end at terminal rows only (an episode Dopamine ended without a terminal runs on "
-                          "through the next episode's padding)")
-    if "invalid_range" in files and add_count:
-        with NpyReader(files["invalid_range"], what=f"checkpoint {number} invalid_range", kinds="iuf",
-                       row_ndim=0, max_rows=1 << 10) as r:
-            _infer_stack(ckpt, r.read_all())
-    return ckpt
-
-
-def _infer_stack(ckpt: Checkpoint, invalid: np.ndarray) -> None:
-    """Dopamine's ``invalid_range(cursor, capacity, stack_size, update_horizon)`` is
-    ``[(cursor - h + i) % capacity for i in range(stack_size + h)]``: its first value gives ``h``."""
-    cap = ckpt.capacity
-    cursor = ckpt.add_count % cap
-    if invalid.size == 0:
-        return
-    h = int((cursor - int(invalid[0])) % cap)
-    k = invalid.size - h
-    expected = np.array([(cursor - h + i) % cap for i in range(invalid.size)])
-    if k < 1 or not np.array_equal(invalid.astype(np.int64), expected):
-        ckpt.notes.append(f"checkpoint {ckpt.number}: invalid_range {invalid.tolist()[:8]} does not match its "
-                          f"add_count {ckpt.add_count} (cursor {cursor}); stack_size not inferred")
-        return
-    ckpt.stack_size, ckpt.update_horizon = k, h
-
-
-def _open_column(files: dict[str, str], name: str, number: int) -> NpyReader:
-    what = f"checkpoint {number} {name}"
-    if name == "observation":
-        return NpyReader(files[name], what=what, kinds="u", row_ndim=2)
-    kinds = {"action": "iu", "reward": "f", "terminal": "biu"}[name]
-    return NpyReader(files[name], what=what, kinds=kinds, row_ndim=0)
-
-
-@dataclass
-class SmallColumns:
-    """A checkpoint's action, reward and terminal columns in the run's order."""
-
-    action: np.ndarray
-    reward: np.ndarray
-    terminal: np.ndarray
-
-
-def read_small_columns(ckpt: Checkpoint) -> SmallColumns:
-    cols = {}
-    for name in ("action", "reward", "terminal"):
-        with _open_column(ckpt.files, name, ckpt.number) as r:
-            cols[name] = ckpt.in_order(r.read_all())
-    term = cols["terminal"]
-    bad = np.flatnonzero((term != 0) & (term != 1))
-    if bad.size:
-        raise NpyFormatError(f"checkpoint {ckpt.number}: terminal holds {term[bad[0]]!r}; expected 0 or 1")
-    if cols["action"].size and cols["action"].min() < 0:
-        raise NpyFormatError(f"checkpoint {ckpt.number}: action {int(cols['action'].min())}; expected actions >= 0")
-    if not np.isfinite(cols["reward"]).all():
-        raise NpyFormatError(f"checkpoint {ckpt.number}: a reward is not finite")
-    return SmallColumns(cols["action"].astype(np.int64), cols["reward"].astype(np.float32), term.astype(bool))
-
-
-def iter_frame_blocks(ckpt: Checkpoint, start: int, out: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """``(first row, frames)`` blocks of the checkpoint's frames in the run's order from row ``start``,
-    read into ``out`` (reused: a block is valid until the next one). The gzip stream is decompressed once:
-    a wrapped checkpoint's file holds its newest rows first, so on the way to the oldest (the cursor) they
-    are kept LZ4-compressed in an unnamed temporary file (``_Stash``) and read back from there at the end."""
-    segments = ckpt.segments
-    if len(segments) == 2 and start < segments[0][1] - segments[0][0]:
-        yield from _wrapped_blocks(ckpt, start, out)
-        return
-    pos = 0
-    for lo, hi in segments:
-        if pos + hi - lo <= start:
-            pos += hi - lo
-            continue
-        skip = max(0, start - pos)
-        with _open_column(ckpt.files, "observation", ckpt.number) as reader:
-            reader.skip_rows(lo + skip)
-            yield from _read_blocks(reader, lo + skip, hi, out, pos - lo)
-        pos += hi - lo
-
-
-def _read_blocks(reader: NpyReader, row: int, end: int, out: np.ndarray, shift: int):
-    """Rows ``row .. end`` of the file, a block at a time, as ``(row + shift, frames)``."""
-    while row < end:
-        n = min(end - row, out.shape[0])
-        yield row + shift, reader.read_rows(out[:n])
-        row += n
-
-
-def _wrapped_blocks(ckpt: Checkpoint, start: int, out: np.ndarray):
-    (cursor, cap), _ = ckpt.segments
-    with _Stash() as stash:
-        with _open_column(ckpt.files, "observation", ckpt.number) as reader:
-            for _, frames in _read_blocks(reader, 0, cursor, out, 0):  # the newest rows: last in run order
-                stash.put(frames)
-            reader.skip_rows(start)
-            yield from _read_blocks(reader, cursor + start, cap, out, -cursor)
-        row = cap - cursor  # the file was read to its end (its CRC checked); the newest rows follow
-        for frames in stash.blocks(out):
-            yield row, frames
-            row += frames.shape[0]
-
-
-class _Stash:
-    """Blocks of frames kept LZ4-compressed in an unnamed temporary file (gone with the process)."""
-
-    def __init__(self):
-        import tempfile
-
-        from numcodecs import LZ4
-
-        self._codec = LZ4(acceleration=1)
-        self._file = tempfile.TemporaryFile(prefix="mmreplay-dqn-")
-        self._blocks: list[tuple[int, int]] = []  # (rows, compressed bytes)
-
-    def put(self, frames: np.ndarray) -> None:
-        data = self._codec.encode(np.ascontiguousarray(frames))
-        self._file.write(data)
-        self._blocks.append((frames.shape[0], len(data)))
-
-    def blocks(self, out: np.ndarray) -> Iterator[np.ndarray]:
-        self._file.seek(0)
-        for rows, nbytes in self._blocks:
-            self._codec.decode(self._file.read(nbytes), out=out[:rows])
-            yield out[:rows]
-
-    def __enter__(self) -> "_Stash":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._file.close()
 
 
 # -- import ---------------------------------------------------------------------------------------
@@ -321,15 +84,6 @@ class Cursor:
     episodes: int = 0
     segments: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _pack_frame(frame: np.ndarray) -> str:
-    return base64.b64encode(zlib.compress(np.ascontiguousarray(frame).tobytes(), 6)).decode()
-
-
-def _unpack_frame(text: str, shape: tuple[int, ...]) -> np.ndarray:
-    raw = zlib.decompress(base64.b64decode(text), bufsize=int(np.prod(shape)))
-    return np.frombuffer(raw, np.uint8).reshape(shape).copy()
 
 
 class _CheckpointImport:
@@ -416,7 +170,7 @@ class _CheckpointImport:
         held, cursor = self.cursor.pending, self.cursor
         if self.mask[0]:
             raise NpyFormatError(self._not_padding(self.first, "place (it follows a non-terminal row)"))
-        frame = _unpack_frame(held["frame"], next_frame.shape)
+        frame = unpack_frame(held["frame"], next_frame.shape)
         self.writer.write(frame[None], np.array([held["action"]]), np.array([held["reward"]], np.float32),
                           next_frame[None], np.zeros(1, bool), np.zeros(1, bool), end=False)
         cursor.transitions += 1
@@ -437,7 +191,7 @@ class _CheckpointImport:
         if carry and hi == self.n:
             last = int(rows[-1])
             self.cursor.pending = {"action": int(c.action[last]), "reward": float(c.reward[last]),
-                                   "frame": _pack_frame(buffer[last + offset]), "global": self.base + last}
+                                   "frame": pack_frame(buffer[last + offset]), "global": self.base + last}
         done = rows[:-1] if carry else rows
         if done.size == 0:
             return carry
@@ -694,181 +448,3 @@ def _restore_cursor(store, plan: _Plan) -> Cursor:
         raise ValueError(f"cannot resume into {store.path!r}: it holds {store.num_added} transitions, its import "
                          f"state says {meta['transitions']}: rerun without resume")
     return Cursor(**{f: meta[f] for f in Cursor.__dataclass_fields__})
-
-
-# -- export ---------------------------------------------------------------------------------------
-def invalid_range(cursor: int, capacity: int, stack_size: int, update_horizon: int) -> np.ndarray:
-    """Dopamine's ``invalid_range`` (as its checkpoint stores it)."""
-    return np.array([(cursor - update_horizon + i) % capacity for i in range(stack_size + update_horizon)])
-
-
-def export_dqn_replay(store, out, *, capacity: int | None = None, update_horizon: int = 1, block_rows: int = 1024,
-                      progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Write the store as Dopamine checkpoints into the new directory ``out`` (see the module docstring).
-    A store made by ``import_dqn_replay`` gives back its checkpoints' arrays exactly; any other store is
-    laid out as Dopamine would have added its episodes, ``capacity`` (default 1,000,000) rows a checkpoint."""
-    from mmreplay.datasets.episodes import list_episodes
-    from mmreplay.datasets.outputs import staged
-
-    space = store.observation_space
-    if store.schema.dict_obs or len(space.shape) != 2 or np.dtype(space.dtype) != np.uint8:
-        raise ValueError(f"Dopamine checkpoints hold 2-D uint8 frames; this store's observations are {space}")
-    if not hasattr(store.action_space, "n"):
-        raise ValueError(f"Dopamine checkpoints hold integer actions; this store's action space is {store.action_space}")
-    k = store.frame_stack
-    # a block reads each transition's two stacks: bound it by bytes, whatever block_rows says
-    block_rows = max(1, min(block_rows, BLOCK_BYTES // (2 * k * max(1, int(np.prod(space.shape))))))
-    meta = store.app_meta.get(META_KEY)
-    notes: list[str] = []
-    if meta and store.inspect.valid_range()[0] > 0:  # a bounded store dropped imported rows: no exact layout
-        notes.append("the store no longer holds every imported transition (its capacity wrapped): laid out anew, "
-                     "not as the imported checkpoints")
-        meta = None
-    listing = list_episodes(store, include_partial=True)
-    layout = _layout(listing, meta, k, capacity, _truncated_ends(store, listing))
-    notes += list(listing.notes) + layout.notes
-    steps, episodes = listing.steps, len(listing.episodes)
-    del listing  # its per-episode id arrays: the layout holds them concatenated (8 bytes a transition)
-    with staged(out, "exporting") as staging:
-        os.mkdir(staging.path)
-        total = sum(c["capacity"] for c in layout.checkpoints)
-        done = 0
-        for entry in layout.checkpoints:
-            _write_checkpoint(store, staging.path, entry, layout, k, update_horizon, block_rows,
-                              lambda n, base=done: progress and progress(base + n, total))
-            done += entry["capacity"]
-        notes += staging.notes
-    return {"format": "dqn-replay", "path": os.path.abspath(os.fspath(out)),
-            "checkpoints": [c["number"] for c in layout.checkpoints], "transitions": steps, "episodes": episodes,
-            "notes": notes}
-
-
-@dataclass
-class _Layout:
-    """Where each transition lies in the run: episode ``e``'s step ``j`` is row ``starts[e] + j``."""
-
-    starts: np.ndarray
-    lengths: np.ndarray
-    ids: np.ndarray  # every episode's ids, concatenated
-    offsets: np.ndarray
-    pending: dict[int, dict[str, Any]]  # run row -> the held row (action, reward, frame)
-    checkpoints: list[dict[str, Any]]
-    notes: list[str]
-
-
-def _truncated_ends(store, listing) -> np.ndarray:
-    """Per listed episode: it ends truncated, not terminated."""
-    ends = np.array([int(e.ids[-1]) for e in listing.episodes], np.int64)
-    if not ends.size:
-        return np.zeros(0, bool)
-    lo = int(ends.min())
-    _, term, trunc = store.inspect.episode_links(lo, int(ends.max()) + 1)
-    return trunc[ends - lo] & ~term[ends - lo]
-
-
-def _layout(listing, meta, k: int, capacity: int | None, truncated_ends: np.ndarray) -> _Layout:
-    eps = listing.episodes
-    lengths = np.array([len(e) for e in eps], np.int64)
-    ids = np.concatenate([e.ids for e in eps]) if eps else np.zeros(0, np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if eps else np.zeros(0, np.int64)
-    segments = meta["segments"] if meta else [{"global": 0, "first_id": None, "lead_pads": k - 1, "pending": None}]
-    if meta and meta.get("pending"):
-        segments = [*segments[:-1], {**segments[-1], "pending": meta["pending"]}]
-    first_ids = [int(e.ids[0]) for e in eps]
-    starts = np.zeros(len(eps), np.int64)
-    pending: dict[int, dict[str, Any]] = {}
-    notes: list[str] = []
-    end = 0
-    e = 0
-    for s, seg in enumerate(segments):
-        nxt_first = segments[s + 1]["first_id"] if s + 1 < len(segments) else None
-        pos = seg["global"] + int(seg.get("lead_pads") or 0)
-        while e < len(eps) and (nxt_first is None or first_ids[e] < nxt_first):
-            starts[e] = pos
-            pos += lengths[e]
-            end = pos  # the run ends at the last real row (padding comes only before a next episode)
-            if eps[e].ended:
-                pos += k - 1  # the next episode's padding (Dopamine adds it before each episode)
-            e += 1
-        if seg.get("pending"):
-            pending[pos] = seg["pending"]
-            pos += 1
-            end = pos
-    truncated = int(truncated_ends.sum())
-    if truncated:
-        notes.append(f"{truncated} episode(s) end truncated: Dopamine's checkpoints mark terminals only, so "
-                     "their last step's next state is the next episode's zero padding")
-    if meta:
-        checkpoints = [dict(c) for c in meta["checkpoints"]]
-        if capacity is not None and any(c["capacity"] != capacity for c in checkpoints):
-            raise ValueError(f"capacity {capacity}: this store was imported from checkpoints of "
-                             f"{sorted({c['capacity'] for c in checkpoints})} rows; leave capacity out")
-    else:
-        cap = int(capacity or 1_000_000)
-        rows = int(end)
-        if rows == 0:
-            raise ValueError("the store holds no transition to export")
-        checkpoints = [{"number": i, "capacity": cap, "add_count": min((i + 1) * cap, rows)}
-                       for i in range(-(-rows // cap))]
-        notes.append("final observations are not in Dopamine's format: each episode's last next observation is "
-                     "left out (a terminal step's next state is the zero padding)")
-    return _Layout(starts, lengths, ids, offsets, pending, checkpoints, notes)
-
-
-def _write_checkpoint(store, directory: str, entry: dict[str, Any], layout: _Layout, k: int, update_horizon: int,
-                      block_rows: int, progress: Callable[[int], None]) -> None:
-    from mmreplay.sampling.batch import BatchBuffers
-
-    cap, add_count, number = int(entry["capacity"]), entry["add_count"], entry["number"]
-    shape = tuple(store.observation_space.shape)
-    held = cap if add_count is None else min(add_count, cap)
-    first = int(entry.get("first_global") or 0) if add_count is None else max(0, add_count - cap)
-    run_rows = np.arange(first, first + held, dtype=np.int64)
-    physical = run_rows % cap if add_count is not None else run_rows - first  # no add_count: file order
-    source = _sources(layout, run_rows)  # transition id, or -1 padding / unfilled, or -2 - i a held row
-    plan = np.full(cap, -1, np.int64)
-    plan[physical] = source
-    action = np.zeros(cap, np.int32)
-    reward = np.zeros(cap, np.float32)
-    terminal = np.zeros(cap, np.uint8)
-    held_rows = {-2 - i: v for i, v in enumerate(layout.pending.values())}
-    path = lambda name: os.path.join(directory, f"{name}_ckpt.{number}.gz")
-    with NpyWriter(path(STORE_PREFIX + "observation"), (cap, *shape), np.uint8) as obs_file:
-        for lo in range(0, cap, block_rows):
-            hi = min(cap, lo + block_rows)
-            part = plan[lo:hi]
-            frames = np.zeros((hi - lo, *shape), np.uint8)
-            rows = np.flatnonzero(part >= 0)
-            if rows.size:
-                batch = store.inspect.get(part[rows], out=BatchBuffers(store.schema, rows.size, numpy=True))
-                obs = batch.obs["obs"] if isinstance(batch.obs, dict) else batch.obs
-                frames[rows] = obs[:, -1] if k > 1 else obs
-                action[lo + rows] = np.asarray(batch.action)
-                reward[lo + rows] = np.asarray(batch.reward)
-                terminal[lo + rows] = np.asarray(batch.terminated)
-            for r in np.flatnonzero(part <= -2):
-                row = held_rows[int(part[r])]
-                frames[r] = _unpack_frame(row["frame"], shape)
-                action[lo + r], reward[lo + r] = row["action"], row["reward"]
-            obs_file.write_rows(frames)
-            progress(hi)
-    save_small(path(STORE_PREFIX + "action"), action)
-    save_small(path(STORE_PREFIX + "reward"), reward)
-    save_small(path(STORE_PREFIX + "terminal"), terminal)
-    count = held if add_count is None else add_count
-    save_small(path("add_count"), np.array(count, np.int64))
-    save_small(path("invalid_range"), invalid_range(count % cap, cap, k, update_horizon) if count
-               else np.zeros(k, np.float64))
-
-
-def _sources(layout: _Layout, run_rows: np.ndarray) -> np.ndarray:
-    out = np.full(run_rows.size, -1, np.int64)
-    if layout.starts.size:
-        e = np.searchsorted(layout.starts, run_rows, side="right") - 1
-        ok = e >= 0
-        off = run_rows - layout.starts[np.maximum(e, 0)]
-        ok &= off < layout.lengths[np.maximum(e, 0)]
-        out[ok] = layout.ids[layout.offsets[e[ok]] + off[ok]]
-    for i, row in enumerate(layout.pending):
-        out[run_rows == row] = -2 - i
-    return out
