@@ -1,18 +1,18 @@
-"""Dopamine's replay checkpoints (the DQN Replay Dataset) to and from a store, streamed in bounded RAM.
+"""Dopamine's replay checkpoints (the DQN Replay Dataset) into a new store, streamed in bounded RAM, resumable.
 
 A Dopamine checkpoint holds the last ``capacity`` rows of a run (one row per *add*), circularly
-(``dopamine_files.py``). Before each episode Dopamine adds ``stack_size - 1`` all-zero *padding* rows, and stacks of ``stack_size``
-rows are rebuilt at sample time, so an episode's first stacks hold zeros: the store keeps each frame once
-and is made with ``stack_padding="zeros"``, which gives the same stacks. A terminal step's final
+(``dopamine_files.py``). Before each episode Dopamine adds ``stack_size - 1`` all-zero *padding* rows,
+and stacks of ``stack_size`` rows are rebuilt at sample time, so an episode's first stacks hold zeros: the
+store keeps each frame once and is made with ``stack_padding="zeros"``, which gives the same stacks. A terminal step's final
 observation is not in the format; Dopamine's next state for it ends in the zero padding row that follows,
 so the store's next observation for it is the zero frame, and its next stack equals Dopamine's.
 
 Invariants:
 - Rows are consumed in the run's order (``g``), across checkpoints: a checkpoint overlapping rows already
   imported continues after them; one starting later (a gap) starts a new stream, and the row before the
-  gap (no next observation) is kept only in the app metadata. The newest row of the last checkpoint
-  read has no next observation yet either: it waits in the app metadata (``pending``) for the next
-  checkpoint, and the export writes it back.
+  gap (no next observation) is kept only in the app metadata. The newest row of a checkpoint has no
+  next observation yet either: it waits in the cursor (``pending``) for the next checkpoint's first row;
+  after the last checkpoint it stays in the app metadata, where the export finds it.
 - A padding row must be all zeros (frame, action, reward, terminal), else the import stops naming the row:
   the buffer was saved with another ``stack_size`` (checked first against ``invalid_range``).
 - Memory: the small columns of one checkpoint (~9 bytes a row) and one block of frames
