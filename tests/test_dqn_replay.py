@@ -404,3 +404,18 @@ def test_fixture_equals_dopamines_own_save(tmp_path):
         ours, dopamine = load(FIXTURE, n), load(tmp_path, n)
         for name in ours:
             assert ours[name].dtype == dopamine[name].dtype and np.array_equal(ours[name], dopamine[name]), name
+
+
+def test_cli_says_how_to_resume_a_failed_import(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURE, src)
+    ckpt = load(src, 1)
+    term = np.flatnonzero(ckpt["terminal"])[3]
+    ckpt["action"][(term + 1) % 500] = 2  # checkpoint 1 is refused after checkpoint 0 was imported
+    with open(src / "$store$_action_ckpt.1.gz", "wb") as f, gzip.GzipFile(fileobj=f, mode="wb") as out:
+        np.save(out, ckpt["action"], allow_pickle=False)
+    done = subprocess.run([sys.executable, "-m", "mmreplay.cli", "import", "--format", "dqn-replay", str(src),
+                           str(tmp_path / "store")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "padding" in done.stderr and "--resume" in done.stderr, done.stderr
+    assert not os.path.exists(tmp_path / "store")
+    assert [p for p in os.listdir(tmp_path) if p.startswith("store.importing-")]  # kept for --resume

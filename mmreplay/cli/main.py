@@ -99,6 +99,7 @@ def one_line(exc: BaseException) -> str:
         text = f"{exc.filename!r}: {exc.strerror}"  # "[Errno 2] No such file or directory: 'x'" reads worse
     else:
         text = str(exc) or type(exc).__name__
+    text = " ".join([text, *getattr(exc, "__notes__", ())])  # e.g. how to resume an interrupted import
     return " ".join(text.split())
 
 
