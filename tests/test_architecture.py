@@ -266,8 +266,8 @@ def _reads_through_state(source: str) -> list[str]:
     def is_state(node) -> bool:
         return (isinstance(node, ast.Attribute) and node.attr == "_state") or \
             (isinstance(node, ast.Name) and node.id in names)
-    found = [node for node in ast.walk(tree)
-             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and is_state(node.value.value)]
+    found = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+             and isinstance(node.value, ast.Attribute) and is_state(node.value.value)]
     return [f"{node.lineno}: {ast.unparse(node)}" for node in sorted(found, key=lambda n: (n.lineno, n.col_offset))]
 
 
