@@ -192,7 +192,7 @@ def _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx
     more than once is decoded once, into its first address, and copied to the others. Checked before any
     decode: the header against ``run_nbytes`` (and ``frame_nbytes``), every reference inside the run, the
     frame ends tiling the payload; while decoding: no chain longer than the run (a cycle), every zstd frame
-    exactly ``frame_nbytes``. ``loc``: 3 * RUN2_MAX int64 of workspace."""
+    exactly ``frame_nbytes`` (``decode_chains``). ``loc``: 5 * RUN2_MAX + 1 int64 of workspace."""
     if body < TEMPORAL_HEADER:
         return BAD_SIZE
     memcpy(header.ctypes.data, src, TEMPORAL_HEADER)
@@ -204,7 +204,8 @@ def _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx
         return BAD_SIZE
     memcpy(header.ctypes.data, src + TEMPORAL_HEADER, n)
     memcpy(ends.ctypes.data, src + TEMPORAL_HEADER + n, 4 * n)
-    done, want, stack = loc[:RUN2_MAX], loc[RUN2_MAX:2 * RUN2_MAX], loc[2 * RUN2_MAX:3 * RUN2_MAX]
+    # the header as ``decode_chains`` reads it: signed references, and where each frame's bytes start in the chunk
+    refs, bounds = loc[3 * RUN2_MAX:4 * RUN2_MAX], loc[4 * RUN2_MAX:5 * RUN2_MAX + 1]
     previous = np.int64(0)
     for i in range(n):
         d = np.int64(header[i])
@@ -214,38 +215,59 @@ def _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx
             return BAD_CODEC
         if np.int64(ends[i]) < previous:
             return BAD_SIZE
+        refs[i] = d
+        bounds[i] = start + previous
         previous = np.int64(ends[i])
     if previous != body - start:
         return BAD_SIZE
+    bounds[n] = start + previous
+    return decode_chains(src, n, refs, bounds, ends[:0], 0, n - 1, js, dsts, fb, scratch, dctx, loc)
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_chains(base, n, refs, bounds, fcrc, first, last, js, dsts, fb, scratch, dctx, loc):  # pragma: no cover
+    """The temporal codec's reconstruction, shared by whole runs (``_decode_frames2``) and partial reads
+    (``_native/runs.py``): frames ``js[r]`` of a run of ``n`` frames to addresses ``dsts[r]``, each decoded
+    with the frames its references lead to, from the root of its chain outward (each reference rebuilt
+    first); a frame asked for more than once is decoded once, into its first address, and copied to the
+    others; frames not asked for land in ``scratch`` (an address of ``n * fb`` bytes). Frame ``f`` refers to
+    frame ``f - refs[f]`` (0: coded alone) and its coded bytes are ``[base + bounds[f], base + bounds[f + 1])``;
+    with ``fcrc`` (empty: none) each is checked against its crc32c before it is decoded. A chain longer than
+    the run (a cycle) or leaving frames ``first..last`` is ``BAD_CODEC``. ``loc``: 3 * n int64 of workspace."""
+    done, want, stack = loc[:n], loc[n:2 * n], loc[2 * n:3 * n]
     if not mark_wanted(js, dsts, n, done, want):
         return BAD_SIZE
-    for r in range(js.size):
-        j = js[r]
+    for q in range(js.size):
+        j = js[q]
         if done[j] == 0:
             m, f = 0, j
             while done[f] == 0:  # the chain down to a frame decoded already, or one coded alone
-                if m >= n:
-                    return BAD_CODEC  # longer than the run: the references form a cycle
+                if m >= n or f < first or f > last:
+                    return BAD_CODEC  # longer than the run (the references form a cycle), or outside the bytes
                 stack[m] = f
                 m += 1
-                d = np.int64(header[f])
+                d = np.int64(refs[f])
                 if d == 0:
                     break
-                f -= d - 256 if d > 127 else d
-            for q in range(m - 1, -1, -1):  # from the chain's root outward: each reference is rebuilt first
-                f = stack[q]
+                f -= d
+                if f < 0 or f >= n:
+                    return BAD_CODEC
+            for s in range(m - 1, -1, -1):  # from the chain's root outward: each reference is rebuilt first
+                f = stack[s]
                 at = want[f] if want[f] != 0 else scratch + f * fb
-                lo = np.int64(ends[f - 1]) if f > 0 else np.int64(0)
-                status = decode_frame(dctx, at, fb, src + start + lo, np.int64(ends[f]) - lo)
+                a, b = np.int64(bounds[f]), np.int64(bounds[f + 1])
+                if fcrc.size != 0 and crc32c(base + a, b - a) != fcrc[f]:
+                    return BAD_CHECKSUM
+                status = decode_frame(dctx, at, fb, base + a, b - a)
                 if status != OK:
                     return status
-                d = np.int64(header[f])
+                d = np.int64(refs[f])
                 if d != 0:
                     frame = numba.carray(address(at), (fb,), np.uint8)
-                    frame += numba.carray(address(done[f - (d - 256 if d > 127 else d)]), (fb,), np.uint8)
+                    frame += numba.carray(address(done[f - d]), (fb,), np.uint8)
                 done[f] = at
-        if dsts[r] != done[j]:
-            memcpy(dsts[r], done[j], fb)
+        if dsts[q] != done[j]:
+            memcpy(dsts[q], done[j], fb)
     return OK
 
 
@@ -295,8 +317,8 @@ def decode_frame_groups_with(dctx, src_addrs, sizes, starts, js, dsts, frame_nby
     scratch = np.empty(run_nbytes, dtype=np.uint8)
     header = np.zeros(TEMPORAL_HEADER + TEMPORAL_MAX_RUN + 1, dtype=np.uint8)
     ends = np.zeros(RUN2_MAX, dtype=np.uint32)
-    loc = np.zeros(3 * RUN2_MAX, dtype=np.int64)
-    work = np.zeros(6 * RUN2_MAX, dtype=np.int64)
+    loc = np.zeros(5 * RUN2_MAX + 1, dtype=np.int64)
+    work = np.zeros(7 * RUN2_MAX + 1, dtype=np.int64)  # js, dsts and ``_decode_frames2``'s workspace
     crc = np.zeros(1, dtype=np.uint64)
     bad = 0
     for g in range(src_addrs.size):
@@ -387,7 +409,7 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
     Returns the number of failures."""
     scratch = np.zeros(1, dtype=np.uint64)
     header = np.zeros(TEMPORAL_HEADER + TEMPORAL_MAX_RUN + 1, dtype=np.uint8)
-    work = np.zeros(5 * RUN2_MAX, dtype=np.int64)
+    work = np.zeros(7 * RUN2_MAX + 1, dtype=np.int64)  # js, dsts and ``_decode_frames2``'s workspace
     ends = np.zeros(RUN2_MAX, dtype=np.uint32)
     dctx = np.uint64(0)
     if codec != CODEC_BLOSC:

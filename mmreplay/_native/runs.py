@@ -132,41 +132,8 @@ def _decode_partial(src, first, last, r, js, dsts, fb, scratch, dctx, dir_n, dir
     if n < 1 or first < 0 or last >= n or first > last:
         return BAD_SIZE
     base = src - np.int64(dir_bounds[r, first])  # the chunk's first byte, as if it were all there
-    done, want, stack = loc[:n], loc[n:2 * n], loc[2 * n:3 * n]
-    if not native.mark_wanted(js, dsts, n, done, want):
-        return BAD_SIZE
-    for q in range(js.size):
-        j = js[q]
-        if done[j] == 0:
-            m, f = 0, j
-            while done[f] == 0:
-                if m >= n or f < first or f > last:
-                    return BAD_CODEC  # a cycle, or a chain that leaves the bytes read
-                stack[m] = f
-                m += 1
-                d = np.int64(dir_refs[r, f])
-                if d == 0:
-                    break
-                f -= d
-                if f < 0 or f >= n:
-                    return BAD_CODEC
-            for s in range(m - 1, -1, -1):
-                f = stack[s]
-                at = want[f] if want[f] != 0 else scratch + f * fb
-                a, b = np.int64(dir_bounds[r, f]), np.int64(dir_bounds[r, f + 1])
-                if crc32c(base + a, b - a) != dir_fcrc[r, f]:
-                    return BAD_CHECKSUM
-                status = native.decode_frame(dctx, at, fb, base + a, b - a)
-                if status != OK:
-                    return status
-                d = np.int64(dir_refs[r, f])
-                if d != 0:
-                    frame = numba.carray(address(at), (fb,), np.uint8)
-                    frame += numba.carray(address(done[f - d]), (fb,), np.uint8)
-                done[f] = at
-        if dsts[q] != done[j]:
-            memcpy(dsts[q], done[j], fb)
-    return OK
+    return native.decode_chains(base, n, dir_refs[r], dir_bounds[r], dir_fcrc[r], first, last, js, dsts, fb, scratch,
+                                dctx, loc)
 
 
 @numba.njit(cache=True, nogil=True)

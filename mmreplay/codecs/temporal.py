@@ -64,15 +64,12 @@ of its configuration, and the decoder reads either layout whatever the configura
 names its own by its magic).
 
 Where its pieces live: this module is the format, the Python encoder and decoder and ``TemporalFrameCodec``
-(the codec's registration: kernel kind, runs decoded frame by frame, partial runs). The compiled decode of
-whole runs and of chosen frames is ``_native/decode.py`` (``_decode_temporal``, ``_decode_frames2``), of
-partial runs ``_native/runs.py`` (``_decode_partial``, with the directory ``reading/runs.py`` keeps). Those two
-rebuild a chain of frames with the same loop but stay two kernels: ``_decode_frames2`` reads references and
-frame ends from the run's header in the bytes it decodes (signed bytes; every frame's bytes present), while
-``_decode_partial`` reads them from the directory (references as int8, absolute byte bounds, a crc32c a
-frame checked before it is decoded, and only frames ``first..last`` present). Sharing one kernel would put a
-header-to-directory conversion on the path of every whole-run decode, the hot one; both are tested against
-the same encoder (``tests/test_temporal_codec.py``, ``tests/test_partial_runs.py``).
+(the codec's registration: kernel kind, runs decoded frame by frame, partial runs). The compiled decode is
+``_native/decode.py``: whole layout-1 runs (``_decode_temporal``), and one reconstruction kernel for layouts 2
+and 3 (``decode_chains``: chosen frames, each with the frames its references lead to), which whole runs
+(``_decode_frames2``: references and frame ends read from the run's header) and partial reads from files
+(``_native/runs.py``: read from the directory ``reading/runs.py`` keeps, each frame's crc32c checked first)
+share, the offset encoding converted at the edge (absolute byte bounds within the chunk).
 """
 
 from __future__ import annotations
