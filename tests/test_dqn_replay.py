@@ -390,7 +390,7 @@ def test_corrupt_gzip_is_named(tmp_path):
 
 def test_fixture_equals_dopamines_own_save(tmp_path):
     """The generator's rules are Dopamine's: the same steps through OutOfGraphReplayBuffer.save give the
-    committed fixture's arrays (where dopamine-rl installs; scripts/check_dqn_replay_with_dopamine.sh)."""
+    committed fixture's arrays (where dopamine-rl installs; scripts/checks/check_dqn_replay_with_dopamine.sh)."""
     crb = pytest.importorskip("dopamine.tf.replay_memory.circular_replay_buffer")
     gen = _generator()
     frames = np.load(gen.FIXTURE)["frames"]

@@ -16,7 +16,7 @@ from mmreplay.storage.codecs import Compressor
 from mmreplay.storage.shardfile import CRC_BYTES, EMPTY, crc32c, decode_chunk, encode_chunk, index_nbytes
 from test_shard_identity import forget_shard_identities
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "checks"))
 import fuzz_chunks  # noqa: E402
 
 LZ4HC = {"name": "blosc", "cname": "lz4hc", "clevel": 3}
@@ -147,7 +147,7 @@ def test_index_entries_that_wrap_around_2_64_are_refused_on_both_paths(synthetic
 def test_bounded_fuzz_of_both_read_paths():
     """A few thousand mutated chunks and shard files through both paths, each batch in a child process (a
     crash fails the test): original bytes or CorruptDataError, never other rows. The full run is
-    ``python scripts/fuzz_chunks.py``."""
+    ``python scripts/checks/fuzz_chunks.py``."""
     report = fuzz_chunks.fuzz(chunks=2500, shards=40, seed=7, batch=2500, quiet=True)
     assert not fuzz_chunks.failed(report), report
     for level, n in (("codec", 2500), ("store", 40)):

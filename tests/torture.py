@@ -1,4 +1,4 @@
-"""SIGKILL torture and concurrent readers, shared by the tests (short) and scripts/torture.py (long).
+"""SIGKILL torture and concurrent readers, shared by the tests (short) and scripts/checks/torture.py (long).
 
 A writer child appends the deterministic transitions of ``synthetic`` and commits at random points,
 printing each committed head; it is killed with SIGKILL at a random instant. The store is then
@@ -141,7 +141,7 @@ RACE_READER = textwrap.dedent("""
     examples, heads = [], set()
     sampler = s.sampler({batch}, prefetch=0, seed={seed})
     # Counted, not timed: on until {min_rows} rows were checked across three heads (and, for the long runs of
-    # scripts/torture.py, {seconds} s). The guard only ends a reader that makes no progress (a hang).
+    # scripts/checks/torture.py, {seconds} s). The guard only ends a reader that makes no progress (a hang).
     start = time.monotonic()
     guard_hit = False
     while rows < {min_rows} or len(heads) < 3 or time.monotonic() < start + {seconds}:
@@ -191,7 +191,7 @@ def reader_race(path: str, readers: int = 2, seconds: float = 0.0, capacity: int
     """One writer child on a wrapping ring, committing every 1..``max_commit_batch`` adds, and ``readers``
     reader children refreshing, sampling and ``get``-ing as fast as they can, each row checked against the
     ground truth, until each checked ``min_rows`` rows and saw three heads (and ran ``seconds``: the long
-    runs of scripts/torture.py). Counted, never timed: a loaded machine takes longer, it does not fail.
+    runs of scripts/checks/torture.py). Counted, never timed: a loaded machine takes longer, it does not fail.
     Returns each reader's counts (rows, wrong, refused, overtaken, guard_hit, examples of wrong rows...); a
     tiny cache (``cache_bytes``) keeps the readers going to the files, where the races are."""
     import json

@@ -1,6 +1,6 @@
 """Hostile-chunk fuzzing of both read paths (issue 23, case 3): real chunks and shard files, mutated.
 
-    python scripts/fuzz_chunks.py [--chunks 600000] [--shards 4000] [--seed 0] [--batch 4000]
+    python scripts/checks/fuzz_chunks.py [--chunks 600000] [--shards 4000] [--seed 0] [--batch 4000]
 
 Two levels, each through both read paths, every case in a child process (a crash is caught and counted,
 with the seed and batch that reproduce it):
@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the checkout's root
 
 PAGE = mmap.PAGESIZE
 SENTINEL = 0xA5

@@ -1,8 +1,8 @@
 """Issue "core store", done-when checks: write big stores, reopen them in a fresh process, compare
 every transition with what was written; report disk and index bytes per transition and the add rate.
 
-    python scripts/verify_roundtrip.py lowdim [--n 1000000]   # CartPole-like: 4 float32, 2 actions
-    python scripts/verify_roundtrip.py atari [--n 100000]     # real frames (scripts/atari_frames.py pool)
+    python scripts/checks/verify_roundtrip.py lowdim [--n 1000000]   # CartPole-like: 4 float32, 2 actions
+    python scripts/checks/verify_roundtrip.py atari [--n 100000]     # real frames (scripts/atari_frames.py pool)
 
 The writer and the checker are separate processes; the checker rebuilds the expected transitions from
 the same deterministic source and compares them with what the reopened store returns (obs stacks,
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/: atari_frames
 
 
 # -- sources ---------------------------------------------------------------------------------------

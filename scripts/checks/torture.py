@@ -11,9 +11,9 @@
   Alternates the thread and the process shard encoder. Prints rows checked and wrong rows; exits 1 if any
   row was wrong.
 
-    python scripts/torture.py [--trials 200] [--capacity 300] [--path /tmp/mmreplay_torture]
-    python scripts/torture.py --reader-race --minutes 10 --readers 3
-    python scripts/torture.py --resume --minutes 10 [--capacity 2000] [--readers 2]
+    python scripts/checks/torture.py [--trials 200] [--capacity 300] [--path /tmp/mmreplay_torture]
+    python scripts/checks/torture.py --reader-race --minutes 10 --readers 3
+    python scripts/checks/torture.py --resume --minutes 10 [--capacity 2000] [--readers 2]
 """
 
 import argparse
@@ -23,7 +23,7 @@ import shutil
 import sys
 import time
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # this checkout's mmreplay, not another one installed
 
 from torture import concurrent_readers, kill_trials, reader_race, resume_trials  # noqa: E402

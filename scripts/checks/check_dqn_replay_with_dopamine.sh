@@ -4,7 +4,7 @@
 # absl-py go into a scratch directory, and a stand-in `tensorflow` module provides the three names that
 # dopamine/tf/replay_memory/circular_replay_buffer.py uses (tf.io.gfile.exists/GFile/remove on local files,
 # tf.errors.NotFoundError). Nothing is installed into the venv.
-#   scripts/check_dqn_replay_with_dopamine.sh [python]   (default .venv/bin/python)
+#   scripts/checks/check_dqn_replay_with_dopamine.sh [python]   (default .venv/bin/python)
 set -euo pipefail
 PY=${1:-.venv/bin/python}
 WORK=$(mktemp -d)

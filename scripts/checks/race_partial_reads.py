@@ -4,7 +4,7 @@ the decoded cache): real Atari frames (the test fixture), the layout-2 temporal 
 wrapping 256-row ring committing every 1..30 adds, two reader processes with a 4 KiB budget (every run read
 from its file, in part once the reader has its directory entry) checking every row against the ground truth.
 
-    PYTHONPATH=. python scripts/race_partial_reads.py [seconds] [store path]
+    PYTHONPATH=. python scripts/checks/race_partial_reads.py [seconds] [store path]
 
 Prints each reader's rows checked and wrong, file reads, partial reads and partial reads read again whole.
 """
@@ -17,7 +17,7 @@ import time
 
 SECONDS = float(sys.argv[1]) if len(sys.argv) > 1 else 60
 PATH = sys.argv[2] if len(sys.argv) > 2 else "/tmp/mmreplay_race_partial"
-FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "data",
                        "atari_fixture.npz")
 COMMON = textwrap.dedent("""
     import numpy as np, mmreplay, time, json, sys
