@@ -5,7 +5,6 @@ before run in a child process with a timeout and an address-space limit, so that
 Also: ``storage/files.py``'s primitives one by one, the compiled bulk opens, an interrupted ``Store.create``,
 and a short run of ``scripts/checks/fuzz_store_tree.py``."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,6 +21,9 @@ from mmreplay._native import bulk
 from mmreplay.errors import UnsafeEntryError
 from mmreplay.sampling.strategy import Prioritized
 from mmreplay.storage import files
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "checks"))
+import fuzz_store_tree  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -49,19 +51,8 @@ def copy(template: str, tmp_path, name: str = "s") -> str:
     return dst
 
 
-def snapshot(root: str) -> str:
-    """Names, types, sizes, bytes and link targets under ``root`` (never following links)."""
-    h = hashlib.sha256()
-    for d, dirs, names in sorted(os.walk(root)):
-        for name in sorted(dirs + names):
-            p = os.path.join(d, name)
-            st = os.lstat(p)
-            h.update(f"{os.path.relpath(p, root)}|{stat.S_IFMT(st.st_mode)}|{st.st_size}".encode())
-            if stat.S_ISLNK(st.st_mode):
-                h.update(os.readlink(p).encode())
-            elif stat.S_ISREG(st.st_mode):
-                h.update(open(p, "rb").read())
-    return h.hexdigest()
+# the fuzzer's own snapshot (names, types, sizes, bytes and link targets, never following links)
+snapshot = fuzz_store_tree.snapshot
 
 
 def shard_files(store: str, array: str) -> list[str]:
