@@ -8,10 +8,9 @@ Thread and process knobs (``codec_threads``, ``encoder``) have environment varia
 changing a deployed script without editing it. Precedence, highest first: the environment variable when it
 is set, then the field (given to ``Settings`` or as a keyword to ``Store.create``/``open``), then the
 automatic default. ``Settings.resolve`` (what ``Store.create``/``open`` call) applies the environment, so
-``store.settings`` shows the values in effect, and records the result as this process's current session
-settings: the mechanisms that are one per process or made deep in the write path read ``current()`` when
-they are made (the codec helper threads at the first batch decoded; a writable store's shard encoder when
-it opens) instead of having the settings threaded through every layer.
+``store.settings`` shows the values in effect. Nothing below ``state.py`` reads settings from a process
+global: the state passes each mechanism the fields it needs (the shard encoder its ``encoder``, the reader
+its ``codec_threads``, with which the first batch decoded makes the process's helper threads).
 """
 
 from __future__ import annotations
@@ -238,15 +237,9 @@ class Settings:
         """These settings with the environment's overrides applied (``MMREPLAY_CODEC_THREADS``,
         ``MMREPLAY_ENCODER``, ``MMREPLAY_PARTIAL_READS``); a value there that is not valid is a ``ValueError`` naming the variable."""
         overrides: dict[str, Any] = {}
-        threads = os.environ.get(CODEC_THREADS_ENV)
+        threads = codec_threads_override()
         if threads is not None:
-            try:
-                overrides["codec_threads"] = int(threads)
-            except ValueError:
-                raise ValueError(f"{CODEC_THREADS_ENV} must be a number of threads (0 turns the helpers off), "
-                                 f"got {threads!r}") from None
-            if overrides["codec_threads"] < 0:
-                raise ValueError(f"{CODEC_THREADS_ENV} must be >= 0, got {overrides['codec_threads']}")
+            overrides["codec_threads"] = threads
         encoder = os.environ.get(ENCODER_ENV)
         if encoder is not None:
             if encoder not in ENCODERS:
@@ -263,8 +256,7 @@ class Settings:
     def resolve(cls, settings: "Settings | None", overrides: dict[str, Any]) -> "Settings":
         """``settings`` (default: the defaults) with the keyword arguments ``overrides`` (the old spelling,
         ``Store.open(path, cache_bytes=...)``) and then the environment's overrides applied; an unknown
-        keyword is a ``TypeError``. The result becomes this process's ``current()`` settings (a session is
-        being opened with them)."""
+        keyword is a ``TypeError``."""
         base = settings if settings is not None else cls()
         if not isinstance(base, cls):
             raise TypeError(f"settings must be an mmreplay.Settings, got {type(base).__name__}")
@@ -272,17 +264,20 @@ class Settings:
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {unknown}; session settings are {sorted(known)}")
-        resolved = (dataclasses.replace(base, **overrides) if overrides else base).with_environment()
-        global _current
-        _current = resolved
-        return resolved
+        return (dataclasses.replace(base, **overrides) if overrides else base).with_environment()
 
 
-_current: Settings | None = None  # the settings of the store session opened last in this process
-
-
-def current() -> Settings:
-    """The settings that per-process mechanisms read when they are made (the codec helper threads; a
-    writable store's shard encoder): those of the store session opened last in this process
-    (``Settings.resolve``), else the defaults, with the environment's overrides as they are now."""
-    return (_current or Settings()).with_environment()
+def codec_threads_override() -> int | None:
+    """``MMREPLAY_CODEC_THREADS`` as a number of helper threads, None when it is not set; a value that is not
+    a number >= 0 is a ``ValueError`` naming the variable."""
+    threads = os.environ.get(CODEC_THREADS_ENV)
+    if threads is None:
+        return None
+    try:
+        count = int(threads)
+    except ValueError:
+        raise ValueError(f"{CODEC_THREADS_ENV} must be a number of threads (0 turns the helpers off), "
+                         f"got {threads!r}") from None
+    if count < 0:
+        raise ValueError(f"{CODEC_THREADS_ENV} must be >= 0, got {count}")
+    return count

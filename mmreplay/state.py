@@ -62,9 +62,11 @@ class StoreState:
         self.ring = self._new_ring(rec)
         self.frames = FrameRing(path, schema.observations, geometry.frames.rows, geometry.frames.shard_rows,
                                 unbounded=geometry.frames.unbounded,
-                                head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable)
+                                head=rec.get("frame_head", 0), oldest=rec.get("frame_oldest", 0), writable=writable,
+                                encoder=settings.encoder)
         self.reader = FrameReader(self.frames, settings.cache_bytes, preload=False, io_depth=settings.io_depth,
-                                  partial_reads=settings.partial_reads, held_elsewhere=self.ring.nbytes)
+                                  partial_reads=settings.partial_reads, held_elsewhere=self.ring.nbytes,
+                                  codec_threads=settings.codec_threads)
         self.priorities = None
         self._view: DrawView | None = None  # what strategies read, made by view()
         self.watcher: CommitWatcher | None = None  # readers: made by _load

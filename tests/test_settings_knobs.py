@@ -10,7 +10,6 @@ from gymnasium import spaces
 
 import mmreplay
 from conftest import encoder_children, frame
-from mmreplay import settings
 from mmreplay._native import helpers
 from mmreplay.settings import CODEC_THREADS_ENV, ENCODER_ENV, Settings
 from mmreplay.storage.encoder import MIN_ROW_BYTES, ShardEncoder
@@ -20,10 +19,9 @@ ATARI = spaces.Box(0, 255, (84, 84), np.uint8)  # rows big enough for the encode
 
 @pytest.fixture(autouse=True)
 def no_overrides(monkeypatch):
-    """Each test starts with no override in the environment and no session opened yet."""
+    """Each test starts with no override in the environment."""
     monkeypatch.delenv(CODEC_THREADS_ENV, raising=False)
     monkeypatch.delenv(ENCODER_ENV, raising=False)
-    monkeypatch.setattr(settings, "_current", None)
 
 
 def test_defaults_are_automatic_threads_and_the_encoder_process():
@@ -69,18 +67,26 @@ def test_the_codec_helpers_count_comes_from_the_session_settings(monkeypatch):
     monkeypatch.setattr(helpers, "_in_dataloader_worker", lambda: False)
     automatic = helpers.helper_count()  # no session yet: the defaults (one fewer than the cores, at most 7)
     assert 0 <= automatic <= 7
-    Settings.resolve(None, {"codec_threads": 2})  # as Store.open(path, codec_threads=2)
-    assert helpers.helper_count() == 2
-    Settings.resolve(Settings(codec_threads=100), {})
-    assert helpers.helper_count() == helpers.MAX_HELPERS
+    session = Settings.resolve(None, {"codec_threads": 2})  # as Store.open(path, codec_threads=2)
+    assert helpers.helper_count(session.codec_threads) == 2
+    assert helpers.helper_count(Settings.resolve(Settings(codec_threads=100), {}).codec_threads) == helpers.MAX_HELPERS
     monkeypatch.setenv(CODEC_THREADS_ENV, "0")
-    assert helpers.helper_count() == 0  # the environment wins over the session's field
+    assert helpers.helper_count(session.codec_threads) == 0  # the environment wins over the session's field
+    assert Settings.resolve(None, {"codec_threads": 2}).codec_threads == 0
+
+
+def test_a_store_passes_its_session_codec_threads_to_the_reader(tmp_path):
+    import mmreplay
+    from gymnasium import spaces
+
+    with mmreplay.Store.create(tmp_path / "s.mmr", spaces.Box(0, 255, (8, 8), "uint8"), spaces.Discrete(2),
+                               capacity=100, codec_threads=3) as store:
+        assert store._state.reader.codec_threads == 3  # what the first decoded batch makes the helpers with
 
 
 def test_the_encoder_field_chooses_where_shards_are_compressed(tmp_path, monkeypatch):
     assert 84 * 84 >= MIN_ROW_BYTES
-    Settings.resolve(Settings(encoder="thread"), {})
-    assert ShardEncoder.for_rows(84 * 84) is None
+    assert ShardEncoder.for_rows(84 * 84, encoder="thread") is None  # the session's field, passed down
     before = set(encoder_children())
     with mmreplay.Store.create(str(tmp_path / "thread"), ATARI, spaces.Discrete(2), capacity=64,
                                encoder="thread") as s:

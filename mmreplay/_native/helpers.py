@@ -413,11 +413,12 @@ def _post_gather(ctrl, slab, index, k, shifted, out_obs, out_next, n_helpers):  
     return 1 if _post(ctrl, (n + per - 1) // per, n_helpers) else 0
 
 
-def helper_count() -> int:
-    """Helper threads for this process: ``Settings.codec_threads`` (``MMREPLAY_CODEC_THREADS`` overrides it)
-    if set, else none in a DataLoader worker and one fewer than the cores this process may run on (the
-    caller is the other one) elsewhere."""
-    configured = settings.current().codec_threads
+def helper_count(configured: int | None = None) -> int:
+    """Helper threads for this process: ``configured`` (the session's ``Settings.codec_threads``, which
+    ``MMREPLAY_CODEC_THREADS`` overrides) if set, else none in a DataLoader worker and one fewer than the
+    cores this process may run on (the caller is the other one) elsewhere."""
+    from_environment = settings.codec_threads_override()  # also applied by Settings.resolve; read here for
+    configured = configured if from_environment is None else from_environment  # callers with no session
     if configured is not None:
         return min(configured, MAX_HELPERS)
     if _in_dataloader_worker():
@@ -440,13 +441,14 @@ _HELPERS: CodecHelpers | None = None
 _MADE = threading.Lock()
 
 
-def codec_helpers() -> CodecHelpers | None:
-    """This process's helpers (made on first use), or None when there are none (one core, or turned off)."""
+def codec_helpers(configured: int | None = None) -> CodecHelpers | None:
+    """This process's helpers, or None when there are none (one core, or turned off). The first call makes
+    them, ``helper_count(configured)`` of them (the caller's session ``codec_threads``); later calls share them."""
     global _HELPERS
     if _HELPERS is None:
         with _MADE:
             if _HELPERS is None:
-                _HELPERS = CodecHelpers(helper_count())
+                _HELPERS = CodecHelpers(helper_count(configured))
     return _HELPERS if _HELPERS.n else None
 
 

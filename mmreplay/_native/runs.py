@@ -22,8 +22,8 @@ from mmreplay._native import decode as native
 from mmreplay._native import intrinsics, kernel_cache
 from mmreplay._native.bounds import check_array, check_indices, span
 from mmreplay._native import temporal_header as temporal
-from mmreplay._native.decode import (BAD_CHECKSUM, BAD_CODEC, BAD_SIZE, OK, TEMPORAL_HEADER, TEMPORAL_MAGIC2,
-                                     check_frame_decodes, crc32c, memcpy, zstd_create_dctx, zstd_free_dctx)
+from mmreplay._native.decode import (BAD_SIZE, OK, TEMPORAL_HEADER, TEMPORAL_MAGIC2, check_frame_decodes, crc32c,
+                                     zstd_create_dctx, zstd_free_dctx)
 from mmreplay._native.intrinsics import address
 
 kernel_cache.follow(__file__, native, intrinsics, temporal)  # the kernels inline decode's

@@ -66,8 +66,11 @@ class FrameReader(FrameEvents):
     with the writer through the ring's events."""
 
     def __init__(self, ring: FrameRing, cache_bytes: int, *, preload: bool = True, io_depth: int = DEFAULT_IO_DEPTH,
-                 partial_reads: bool = True, held_elsewhere: int = 0):
+                 partial_reads: bool = True, held_elsewhere: int = 0, codec_threads: int | None = None):
         self.ring = ring
+        # the session's Settings.codec_threads: the process's helper threads are made, with it, by the first
+        # batch any store of the process decodes (``_native/helpers.py``)
+        self.codec_threads = codec_threads
         self.cache_bytes = int(cache_bytes)
         self.partial_reads = partial_reads  # runs read from files only in the bytes a batch needs (reading/runs.py)
         # what the store holds in RAM besides frames (its index ring and columns): paid for from the budget
@@ -302,7 +305,7 @@ class FrameReader(FrameEvents):
         # 8-byte words when rows allow (Atari's 7,056-byte frames do): the copy loops run at memcpy speed
         slab = cache.slab_words(col.row_nbytes)
         shared = n >= SHARED_MIN_STACKS and n * (k + 1) * col.row_nbytes >= SHARED_MIN_STACK_BYTES
-        helpers = codec_helpers() if shared else None
+        helpers = codec_helpers(self.codec_threads) if shared else None
         # The common case, every frame cached: lookup and LRU marks in one compiled pass, and the copy in
         # the same call (small batches) or shared with the helpers.
         cache.tick += 1
@@ -462,14 +465,13 @@ class FrameReader(FrameEvents):
 
         return self.disk.read(col.column.array, chunks[from_files], col.disk, narrow, while_waiting), first, last
 
-    @staticmethod
-    def _decode_partial(col, chunks, src, starts, js, dsts, groups, firsts, lasts, nbytes, run_rows,
+    def _decode_partial(self, col, chunks, src, starts, js, dsts, groups, firsts, lasts, nbytes, run_rows,
                         into) -> np.ndarray:
         """Groups ``groups`` decoded from their partial reads (``RunDirectory.decode``); returns those that
         failed (nothing of theirs is returned as data: the caller reads them whole)."""
         take, sub_starts = _regroup(starts, groups)
         status = np.empty(groups.size, dtype=np.int8)
-        helpers = codec_helpers() if groups.size >= SHARED_MIN_RUNS else None
+        helpers = codec_helpers(self.codec_threads) if groups.size >= SHARED_MIN_RUNS else None
         bad = col.runs.decode(src[groups], firsts, lasts, chunks[groups], sub_starts, js[take], dsts[take], nbytes,
                               run_rows, status, into, helpers)
         return groups[status != native.OK] if bad else groups[:0]
@@ -489,7 +491,7 @@ class FrameReader(FrameEvents):
             starts = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
             js, dsts, chunks, src, sizes = js[take], dsts[take], chunks[groups], src[groups], sizes[groups]
         status = np.empty(src.size, dtype=np.int8)
-        helpers = codec_helpers() if src.size >= SHARED_MIN_RUNS else None
+        helpers = codec_helpers(self.codec_threads) if src.size >= SHARED_MIN_RUNS else None
         bad = None if helpers is None else helpers.decode_frames(src, sizes, starts, js, dsts, nbytes, run_rows,
                                                                  status, into)
         if bad is None:
@@ -510,7 +512,7 @@ class FrameReader(FrameEvents):
         decodes = n * (k + 1 if shifted else 2 * k)
         # The common case, every chunk held: plan and decodes in one compiled call, or the plan in one and
         # the decodes shared with the codec helpers when there are many.
-        if decodes < SHARED_MIN_DECODES or codec_helpers() is None:
+        if decodes < SHARED_MIN_DECODES or codec_helpers(self.codec_threads) is None:
             status = np.empty(decodes, dtype=np.int8)
             bad, rows = native.checked_decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes,
                                                      ring_rows, res.chunk_addr, res.chunk_size, col.codec, status)
@@ -594,7 +596,7 @@ class FrameReader(FrameEvents):
         """Compiled decodes to addresses ``dst`` / ``copies`` inside the arrays ``into`` (checked before any is
         written), shared with the codec helpers when there are many; raises on the first bad one."""
         status = np.empty(src.size, dtype=np.int8)
-        helpers = codec_helpers() if src.size >= SHARED_MIN_DECODES else None
+        helpers = codec_helpers(self.codec_threads) if src.size >= SHARED_MIN_DECODES else None
         bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status, into)
         if bad is None:
             bad = native.checked_decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status, into)
@@ -604,7 +606,7 @@ class FrameReader(FrameEvents):
     def _run_plan(self, col: ColumnReader, plan) -> None:
         """``_run_decodes`` of a batch's checked ``native.StackPlan`` (every chunk held)."""
         status = np.empty(plan.src.size, dtype=np.int8)
-        helpers = codec_helpers()
+        helpers = codec_helpers(self.codec_threads)
         bad = None if helpers is None else helpers.decode_plan(plan, col.codec, status)
         if bad is None:
             bad = native.checked_decode_plan(plan, col.codec, status)

@@ -35,7 +35,6 @@ import sys
 
 import numpy as np
 
-from mmreplay import settings
 from mmreplay.storage import shared_segments
 from mmreplay.storage.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write
@@ -59,10 +58,10 @@ class ShardEncoder:
         self._proc: subprocess.Popen | None = None
 
     @classmethod
-    def for_rows(cls, row_nbytes: int, store: str = "") -> "ShardEncoder | None":
-        """An encoder for image-sized rows of the store at ``store``, or None (small rows, or
-        ``Settings.encoder == "thread"``, which ``MMREPLAY_ENCODER`` overrides)."""
-        if row_nbytes < MIN_ROW_BYTES or settings.current().encoder == "thread":
+    def for_rows(cls, row_nbytes: int, store: str = "", encoder: str = "process") -> "ShardEncoder | None":
+        """An encoder for image-sized rows of the store at ``store``, or None (small rows, or ``encoder ==
+        "thread"``: the session's ``Settings.encoder``, which ``MMREPLAY_ENCODER`` overrides)."""
+        if row_nbytes < MIN_ROW_BYTES or encoder == "thread":
             return None
         return cls(store)
 

@@ -111,7 +111,7 @@ class FrameRing:
     """
 
     def __init__(self, root: str, specs: Sequence[ColumnSpec], rows: int, shard_rows: int, *, unbounded: bool,
-                 head: int = 0, oldest: int = 0, writable: bool = True):
+                 head: int = 0, oldest: int = 0, writable: bool = True, encoder: str = "process"):
         if rows % shard_rows:
             raise ValueError(f"frame rows {rows} must be a multiple of shard rows {shard_rows}")
         self.root = root
@@ -139,7 +139,7 @@ class FrameRing:
         self.staging_damage: dict[str, list] = {}  # column -> [(chunk, error)] of the staging shard (readers)
         # the encoder child finds only codecs a new process finds (a plug-in passed to ``register`` alone is not)
         in_child = all(known_to_new_processes(s.codec.get("name")) for s in specs)
-        self._encoder = ShardEncoder.for_rows(total_row_bytes, root) if writable and in_child else None
+        self._encoder = ShardEncoder.for_rows(total_row_bytes, root, encoder) if writable and in_child else None
         if self._encoder is not None:
             self._start_encoder()
         else:  # whoever opens the store next removes a killed writer's staging buffers (the encoder does too)
