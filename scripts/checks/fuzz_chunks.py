@@ -43,7 +43,8 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the checkout's root
+ROOT = os.path.dirname(os.path.dirname(HERE))  # the checkout's root (this file is scripts/checks/)
+sys.path.insert(0, ROOT)
 
 PAGE = mmap.PAGESIZE
 SENTINEL = 0xA5
@@ -58,7 +59,7 @@ def originals(seed: int) -> list[dict]:
     from mmreplay.storage.shardfile import encode_chunk
 
     rng = np.random.default_rng(seed)
-    frames = np.load(os.path.join(os.path.dirname(HERE), "mmreplay", "data", "atari_fixture.npz"))["frames"]
+    frames = np.load(os.path.join(ROOT, "mmreplay", "data", "atari_fixture.npz"))["frames"]
     cases = []
     for i in range(0, 640, 80):
         cases.append(({"name": "blosc", "cname": "lz4hc", "clevel": 3}, frames[i:i + 1]))
@@ -257,7 +258,7 @@ def make_store(path: str) -> dict:
     import mmreplay
     from gymnasium import spaces
 
-    frames = np.load(os.path.join(os.path.dirname(HERE), "mmreplay", "data", "atari_fixture.npz"))["frames"]
+    frames = np.load(os.path.join(ROOT, "mmreplay", "data", "atari_fixture.npz"))["frames"]
     with mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(4), capacity=600,
                                durable=False) as s:
         for g in range(300):
