@@ -286,6 +286,36 @@ def test_the_background_pass_lets_go_of_the_file_indexes_of_what_it_holds(atari_
         np.testing.assert_array_equal(s.inspect.get(g).obs.numpy(), expected_obs(data, g))
 
 
+def test_a_writer_closed_on_its_own_preload_thread_does_not_deadlock(atari_like, monkeypatch):
+    """A writable ``Store`` dropped without ``close`` is closed by ``__del__`` wherever the garbage collector
+    runs, which may be one of the background pass's reader threads (seen: a numba cache load there ran the
+    collector). Its close stops the pass, which waits for that very thread: it must not join it."""
+    import threading
+    path, data = atari_like
+    real, ready, done, errors = BackgroundPass._read_group, threading.Event(), threading.Event(), []
+    holder = {}
+
+    def read_then_close(col, shards):
+        read = real(col, shards)
+        store = holder.pop("store", None) if ready.wait(60) else None  # the first reader thread only
+        if store is not None:
+            try:
+                store.close()  # what Store.__del__ does when the collector runs on this thread
+            except Exception as exc:  # noqa: BLE001  (reported by the assertion below)
+                errors.append(exc)
+            done.set()
+        return read
+
+    monkeypatch.setattr(BackgroundPass, "_read_group", staticmethod(read_then_close))
+    holder["store"] = mmreplay.Store.open(path, mode="a")
+    ready.set()
+    assert done.wait(120), "the close on the pass's reader thread did not return (it joined its own pass)"
+    assert not errors, errors
+    with mmreplay.Store.open(path, mode="r") as s:  # the close committed, and every row is still true
+        g = np.arange(*s.inspect.valid_range())
+        np.testing.assert_array_equal(s.inspect.get(g).obs.numpy(), expected_obs(data, g))
+
+
 def test_a_group_load_that_fails_leaks_no_descriptor_and_the_rows_stay_true(atari_like, monkeypatch):
     """The background pass reads the next groups of files on reader threads while it holds the first: if
     a read raises (an ``mmap`` refused for want of memory), the pass stops there, the groups read or opened

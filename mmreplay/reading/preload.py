@@ -45,6 +45,7 @@ class BackgroundPass:
         self.reader = reader
         self.thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._reader_threads: set[int] = set()  # idents of the pool threads that have read a group
 
     def start(self) -> None:
         """List the committed shards and their generations now (the store's state is loading: nothing has
@@ -63,8 +64,15 @@ class BackgroundPass:
         return self.thread is not None and self.thread.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
-        if self.thread is not None:
+        """Wait for the pass to end; called from one of the pass's own threads (a ``Store`` garbage collected
+        while that thread ran, whose ``__del__`` closes it), it only returns: that thread cannot wait for the
+        pass, which waits for it (the pass ends on its own once stopped)."""
+        if self.thread is not None and not self._on_own_thread():
             self.thread.join(timeout)
+
+    def _on_own_thread(self) -> bool:
+        me = threading.get_ident()
+        return me == self.thread.ident or me in self._reader_threads
 
     def stop(self) -> None:
         self._stop.set()
@@ -94,7 +102,7 @@ class BackgroundPass:
                     wanted = self._to_load(name, col, group)
                     if wanted:
                         try:
-                            in_flight.append((name, col, pool.submit(self._read_group, col, wanted)))
+                            in_flight.append((name, col, pool.submit(self._read_group_here, col, wanted)))
                         except RuntimeError:  # the interpreter is shutting down: no new reader may start
                             return
                     while len(in_flight) >= PRELOAD_READS_AHEAD:
@@ -107,6 +115,11 @@ class BackgroundPass:
             for _, _, future in in_flight:
                 future.cancel()
             pool.shutdown(wait=True)  # reads in flight end (their descriptors closed); their bytes are dropped
+
+    def _read_group_here(self, col: "ColumnReader", shards: list[int]):
+        """``_read_group`` on a pool thread, which is first named as one of the pass's own (see ``join``)."""
+        self._reader_threads.add(threading.get_ident())
+        return self._read_group(col, shards)
 
     @staticmethod
     def _read_group(col: "ColumnReader", shards: list[int]):
