@@ -165,6 +165,10 @@ RACE_READER = textwrap.dedent("""
         except IndexError:
             refused += 1  # the writer overwrote what we asked for: a clear error, not wrong data
             continue
+        except ValueError as exc:  # the sampler's view (refreshed after ours) holds fewer valid rows than a batch
+            if "larger than the store" not in str(exc):
+                raise
+            continue
         except RuntimeError as exc:
             if "kept overwriting" not in str(exc):
                 raise
