@@ -119,13 +119,18 @@ def expected_uids(clients, steps):
     return np.sort(np.concatenate([[Envs(c).uid(e, t) for e in range(ENVS) for t in range(steps)] for c in clients]))
 
 
+# How long a killed shard may take to come back before a client gives its log up, or a wait ends: bounds
+# against a hang, not timings. Four suites side by side on 2 cores took Ray over 60 s to restart an actor,
+# and the clients, told 60 s, then dropped what the shard had not confirmed (a loaded machine must only be slower).
+RESTART_SECONDS = 300.0
+
 @pytest.fixture(scope="module")
 def deployment(cluster, tmp_path_factory):
     """3 env actors x 2 shards; shard 0 is killed (SIGKILL, Ray restarts it) with an uncommitted tail between
     two rounds of adds, then shard 1 while the actors are sending."""
     prefix, n_shards, clients = "kill", 2, [0, 1, 2]
     shards = make_shards(tmp_path_factory.mktemp("deploy"), n_shards, prefix)
-    actors = [EnvActor.remote(c, prefix, n_shards, batch_size=8, retry_seconds=60.0) for c in clients]
+    actors = [EnvActor.remote(c, prefix, n_shards, batch_size=8, retry_seconds=RESTART_SECONDS) for c in clients]
     ray.get([a.run.remote(40) for a in actors])
     shards.commit()  # a commit in the middle: the restart must keep it and lose only what followed
     ray.get([a.run.remote(30) for a in actors])
@@ -134,8 +139,8 @@ def deployment(cluster, tmp_path_factory):
     running = [a.run.remote(40, flush=True) for a in actors]
     time.sleep(1.0)  # and shard 1 dies while the actors are sending (calls in flight, whatever their state)
     ray.kill(shards.handles[1], no_restart=False)
-    stats = ray.get(running, timeout=180)
-    after = shards.info()
+    stats = ray.get(running, timeout=3 * RESTART_SECONDS)
+    after = shards.info(timeout=RESTART_SECONDS)
     yield {"shards": shards, "stats": stats, "before": before, "after": after, "clients": clients, "steps": 110}
     shards.close()
 
@@ -205,7 +210,7 @@ def test_priorities_are_routed_persisted_and_a_restarted_learner_continues(deplo
     for handle in shards.handles:
         ray.kill(handle, no_restart=False)  # both shards restart from their commit; the learner too
     shards = ReplayShards.connect(2, prefix="kill")
-    shards.info()  # waits until both are back
+    shards.info(timeout=RESTART_SECONDS)  # waits until both are back
     shard, idx = b.shard.numpy(), b.indices.numpy()
     for i in (0, 1):
         rows = shard == i
