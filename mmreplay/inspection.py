@@ -14,9 +14,9 @@ import numpy as np
 
 from mmreplay.columns.spec import ColumnSpec, Schema
 from mmreplay.index.ring import TransitionRing
-from mmreplay.storage.frame_ring import FrameRing
-from mmreplay.storage import priority_files
-from mmreplay.storage.layout import RingGeometry
+from mmreplay.index.frame_ring import FrameRing
+from mmreplay.storage.durability import priority_files
+from mmreplay.storage.format.layout import RingGeometry
 
 
 def first_readable(ring: TransitionRing, frame_stack: int, frame_head: int) -> int:

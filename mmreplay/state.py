@@ -37,14 +37,14 @@ from mmreplay.sampling.priorities import Priorities
 from mmreplay.sampling.registry import PrioritySets, SamplerStates
 from mmreplay.sampling.strategy import DrawStrategy, DrawView, Picked
 from mmreplay.settings import Settings
-from mmreplay.storage.commit import FORMAT_VERSION, CommitLog, CommitWatcher, read_commit
+from mmreplay.storage.durability.commit import FORMAT_VERSION, CommitLog, CommitWatcher, read_commit
 from mmreplay.reading.frames import FrameReader
-from mmreplay.storage import priority_files
-from mmreplay.storage.frame_ring import FrameRing
+from mmreplay.storage.durability import priority_files
+from mmreplay.index.frame_ring import FrameRing
 from mmreplay.storage.files import writer_active
-from mmreplay.storage.layout import RingGeometry, StoreGeometry, resize_arrays
-from mmreplay.storage.sharded import expect_identities, shard_identities
-from mmreplay.storage.meta import check_record
+from mmreplay.storage.format.layout import RingGeometry, StoreGeometry, resize_arrays
+from mmreplay.storage.format.sharded import expect_identities, shard_identities
+from mmreplay.storage.durability.meta import check_record
 
 
 MAX_READ_ATTEMPTS = 12  # reads of one batch before a reader gives up on a writer that outruns it
@@ -113,14 +113,14 @@ class StoreState:
         return [c.array for c in self.frames.columns.values()] + list(self.ring.disk.values())
 
     def _shard_identities(self, record: dict) -> dict:
-        """What ``record`` (about to be written) expects of the shard files (storage/sharded.py)."""
+        """What ``record`` (about to be written) expects of the shard files (storage/format/sharded.py)."""
         geo = self.geometry()
         return {**shard_identities([c.array for c in self.frames.columns.values()], geo.frames,
                                    record["frame_oldest"], record["frame_head"]),
                 **shard_identities(list(self.ring.disk.values()), geo.transitions, record["oldest"], record["head"])}
 
     def _expect_shards(self, record: dict) -> None:
-        """Shard files are read only if they are the ones ``record`` lists (storage/sharded.py); a reader
+        """Shard files are read only if they are the ones ``record`` lists (storage/format/sharded.py); a reader
         whose writer is active takes a newer file as the writer's, which its commit checks bound."""
         tolerate = None if self._writable else (lambda: writer_active(self.path))
         expect_identities(self._identified_arrays(), record, tolerate)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mmreplay.storage import priority_files
-from mmreplay.storage.commit import read_commit
+from mmreplay.storage.durability import priority_files
+from mmreplay.storage.durability.commit import read_commit
 
 #: transitions read per step (a few MB of links, flags and rewards)
 CHUNK = 1 << 18
@@ -33,7 +33,7 @@ def committed_priorities(store) -> dict[str, np.ndarray]:
     """Raw priorities of every prioritized sampler that has committed some (by sampler name), for the
     transitions ``[oldest, head)`` of the store's last commit, in id order: what the commit's buffers hold,
     and the sampler's ``max_priority`` for transitions added after its last commit (what sampling gives
-    them). Read from the files (``storage/priority_files.py``): no priority set is loaded into the store."""
+    them). Read from the files (``storage/durability/priority_files.py``): no priority set is loaded into the store."""
     return priority_files.read_committed(store.path, read_commit(store.path), store.geometry.transitions)
 
 

@@ -35,11 +35,11 @@ from mmreplay.sampling.strategy import (DEFAULT_NAME, DrawStrategy, Ids, Picked,
                                         check_strategy)
 from mmreplay.settings import Settings
 from mmreplay.state import StoreState
-from mmreplay.storage import forking
-from mmreplay.storage.commit import FORMAT_VERSION, check_app_meta, read_commit
+from mmreplay.storage.durability import forking
+from mmreplay.storage.durability.commit import FORMAT_VERSION, check_app_meta, read_commit
 from mmreplay.storage.files import acquire_writer_lock
-from mmreplay.storage.layout import StoreGeometry
-from mmreplay.storage.meta import (check_open_memory, check_record, plan_geometry, prepare_new_store_dir, read_meta,
+from mmreplay.storage.format.layout import StoreGeometry
+from mmreplay.storage.durability.meta import (check_open_memory, check_record, plan_geometry, prepare_new_store_dir, read_meta,
                                    validate_capacity)
 from mmreplay.writing import Writer
 
@@ -98,7 +98,7 @@ class Store:
         root = zarr.open_group(path, mode="w", zarr_format=3, attributes={"mmreplay": meta})
         root.create_group("frames")
         root.create_group("transitions")
-        # The commit group is written by us (atomically), never by zarr: see storage/commit.py.
+        # The commit group is written by us (atomically), never by zarr: see storage/durability/commit.py.
         store = cls(path, meta, record=None, mode="a", settings=settings)
         state = store._state
         for layout in state.array_layouts():
@@ -395,7 +395,7 @@ class Store:
         raise ReadOnlyError(f"store {self.path!r} was opened read-only (mode='r')")
 
     def _after_fork_in_child(self) -> None:
-        """See storage/forking.py: the parent's store is not this process's to use, nor its lock to hold."""
+        """See storage/durability/forking.py: the parent's store is not this process's to use, nor its lock to hold."""
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # the parent keeps the lock; it ends with the parent, not with us
             self._lock_fd = None

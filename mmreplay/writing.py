@@ -35,8 +35,8 @@ from mmreplay.index.ring import TransitionRing
 from mmreplay.index.streams import Streams
 from mmreplay.reading.frames import FrameReader
 from mmreplay.settings import Settings
-from mmreplay.storage.frame_ring import FrameRing
-from mmreplay.storage.pending import PendingBlock
+from mmreplay.index.frame_ring import FrameRing
+from mmreplay.index.pending import PendingBlock
 
 _FLAG_VALUES = (True, False)  # `x in` this also accepts 0, 1 and numpy bools
 

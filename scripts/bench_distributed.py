@@ -90,13 +90,13 @@ def descendants(table: dict, root: int) -> list[int]:
 
 
 def encoder_children(table: dict, pid: int) -> list[int]:
-    """The store encoder processes (``python -m mmreplay.storage.encoder``) started by ``pid``."""
+    """The store encoder processes (``python -m mmreplay.storage.format.encoder``) started by ``pid``."""
     out = []
     for child, (_, ppid, _) in table.items():
         if ppid == pid:
             try:
                 with open(f"/proc/{child}/cmdline", "rb") as f:
-                    if b"mmreplay.storage.encoder" in f.read():
+                    if b"mmreplay.storage.format.encoder" in f.read():
                         out.append(child)
             except OSError:
                 pass

@@ -124,7 +124,7 @@ def decode_rate(path: str, native) -> float:
     """Compiled decodes of the first shard file's chunks on one core (frames/s, checksum included)."""
     import zarr
 
-    from mmreplay.storage.shardfile import index_nbytes, parse_index
+    from mmreplay.storage.format.shardfile import index_nbytes, parse_index
 
     arr = zarr.open_array(os.path.join(path, "frames", "obs"), mode="r")
     inner = arr.metadata.codecs[0]

@@ -53,7 +53,7 @@ def _tuning_modules():
     """The modules that hold the read path's thread thresholds, in this tree or an older snapshot."""
     import importlib
     mods = []
-    for name in ("mmreplay.reading.frames", "mmreplay.storage.frame_ring"):
+    for name in ("mmreplay.reading.frames", "mmreplay.index.frame_ring"):
         try:
             mods.append(importlib.import_module(name))
         except ImportError:

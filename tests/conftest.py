@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import mmreplay  # noqa: E402
 import synthetic as syn  # noqa: E402
-from mmreplay.storage.layout import frame_layout  # noqa: E402
+from mmreplay.storage.format.layout import frame_layout  # noqa: E402
 
 IMG = spaces.Box(0, 255, (6, 5), np.uint8)
 
@@ -33,7 +33,7 @@ def frame_shard_file(store, shard: int = 0, name: str = "obs") -> str:
 
 
 def encoder_children() -> list[int]:
-    """Pids of this process's live shard-encoder children (``python -m mmreplay.storage.encoder``)."""
+    """Pids of this process's live shard-encoder children (``python -m mmreplay.storage.format.encoder``)."""
     pids = []
     for children in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
         with open(children) as f:
@@ -42,7 +42,7 @@ def encoder_children() -> list[int]:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"mmreplay.storage.encoder" in f.read():
+                if b"mmreplay.storage.format.encoder" in f.read():
                     found.append(pid)
         except OSError:
             pass  # exited meanwhile

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import mmreplay  # noqa: E402
 from mmreplay.sampling.strategy import NStep, Prioritized  # noqa: E402
-from mmreplay.storage.commit import CHECKSUM_KEY, COMMIT_KEY, record_checksum  # noqa: E402
+from mmreplay.storage.durability.commit import CHECKSUM_KEY, COMMIT_KEY, record_checksum  # noqa: E402
 
 NUMBERS = [-1, 0, 7, 2**31, 2**40, 2**64, 1.5, "12", None, True, {}]
 META_FIELDS = ["capacity", "transition_rows", "transition_shard_rows", "frame_rows", "frame_shard_rows",

@@ -23,7 +23,8 @@ def test_import_contracts_hold():
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"import-linter found a broken contract:\n{run.stdout}\n{run.stderr}"
     kept = re.search(r"Contracts: (\d+) kept, 0 broken", run.stdout)
-    assert kept and int(kept.group(1)) >= 4, run.stdout  # layers, optional deps, the two storage surfaces
+    assert kept and int(kept.group(1)) >= 5, run.stdout  # layers, optional deps, storage rooms, two storage surfaces
+    assert "storage/ rooms: public -> durability -> format -> files KEPT" in run.stdout, run.stdout
     for contract in ("sampling/ imports no storage internals", "distributed/ imports no storage internals"):
         assert f"{contract} (only mmreplay.storage.public) KEPT" in run.stdout, run.stdout
 

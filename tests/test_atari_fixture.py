@@ -74,7 +74,7 @@ def test_shards_sealed_in_the_background_read_back_identical(store_path, fixture
 def test_shards_split_between_child_and_adding_process_read_back_identical(store_path, fixture, child_share,
                                                                             monkeypatch):
     """The encoder child encodes the first part of each sealed shard, the adding process the rest."""
-    import mmreplay.storage.frame_ring as frame_ring
+    import mmreplay.index.frame_ring as frame_ring
 
     monkeypatch.setattr(frame_ring, "INITIAL_CHILD_SHARE", child_share)
     monkeypatch.setattr(frame_ring, "SHARE_STEP", 0.0)  # hold the split where the test put it

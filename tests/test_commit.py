@@ -1,5 +1,5 @@
-"""Unit tests of storage/commit.py (the record, ``CommitLog``, ``CommitWatcher``), of the ring geometry in
-storage/layout.py and of ``Settings``, each driven directly, without a Store."""
+"""Unit tests of storage/durability/commit.py (the record, ``CommitLog``, ``CommitWatcher``), of the ring geometry in
+storage/format/layout.py and of ``Settings``, each driven directly, without a Store."""
 
 import json
 import os
@@ -8,9 +8,9 @@ import pytest
 
 from mmreplay.errors import CorruptDataError, FormatError, NotAStoreError
 from mmreplay.settings import Settings
-from mmreplay.storage.commit import (COMMIT_FILE, FORMAT_VERSION, CommitLog, CommitWatcher, read_commit,
+from mmreplay.storage.durability.commit import (COMMIT_FILE, FORMAT_VERSION, CommitLog, CommitWatcher, read_commit,
                                      write_commit)
-from mmreplay.storage.layout import RingGeometry, StoreGeometry
+from mmreplay.storage.format.layout import RingGeometry, StoreGeometry
 
 
 def record(**fields):
@@ -116,7 +116,7 @@ def test_the_watcher_trusts_rows_only_above_every_oldest_seen(tmp_path):
 def test_the_watcher_reads_the_record_only_when_a_commit_replaced_it(tmp_path, monkeypatch):
     """It holds the file it read open: the same inode at the path means no commit since (one stat per
     batch); every commit (a new file renamed over the old) is noticed, even many in a row."""
-    from mmreplay.storage import commit
+    from mmreplay.storage.durability import commit
 
     reads = []
     real = commit.open_commit
@@ -188,7 +188,7 @@ def test_a_grown_unbounded_ring_is_durable_before_the_commit_that_names_it(tmp_p
         events.append(("write", path))
         return real_write(path, data, **kw)
     monkeypatch.setattr(files.os, "fsync", fsync)
-    monkeypatch.setattr("mmreplay.storage.commit.atomic_write", atomic_write)
+    monkeypatch.setattr("mmreplay.storage.durability.commit.atomic_write", atomic_write)
     store = mmreplay.Store.create(tmp_path / "s", gym.spaces.Box(0, 255, (4, 4), np.uint8), gym.spaces.Discrete(2),
                                   capacity=None)
     with store:

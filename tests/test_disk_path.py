@@ -15,7 +15,7 @@ from gymnasium import spaces
 import mmreplay
 from conftest import frame_shard_file, wait_preloaded
 from mmreplay.reading import disk
-from mmreplay.storage.shardfile import CRC_BYTES, EMPTY, index_nbytes
+from mmreplay.storage.format.shardfile import CRC_BYTES, EMPTY, index_nbytes
 from reference import ReferenceReplay, assert_batch_matches
 from test_nstep import assert_nstep_matches
 
@@ -218,7 +218,7 @@ def test_a_batch_opens_its_cold_files_at_once_and_a_misplaced_one_is_still_named
     reading threads at once (right after a restart each waits for the device); their identities are checked
     as one at a time: a misplaced file among them is the same error, a tail read that fails is retried by
     the file's own open, and every row is true."""
-    from mmreplay.storage.sharded import ShardedArray
+    from mmreplay.storage.format.sharded import ShardedArray
     store, ref = make_store(store_path, atari_frames, "lz4hc")
     store.close()
     real, threads = ShardedArray.open_file, []

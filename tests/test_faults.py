@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mmreplay
-import mmreplay.storage.sharded as sharded
+import mmreplay.storage.format.sharded as sharded
 from mmreplay.reading import disk
 import synthetic as syn
 from mmreplay.sampling.strategy import Prioritized
@@ -200,7 +200,7 @@ def test_small_things_that_used_to_pass_silently(filled, tmp_path):
 
 
 def test_a_priority_name_that_leaves_the_store_is_refused(filled):
-    from mmreplay.storage.commit import CHECKSUM_KEY, COMMIT_KEY, record_checksum
+    from mmreplay.storage.durability.commit import CHECKSUM_KEY, COMMIT_KEY, record_checksum
 
     commit = os.path.join(filled, "commit", "zarr.json")
     group = json.load(open(commit))
@@ -221,7 +221,7 @@ def test_a_create_that_crashed_before_its_first_commit_is_started_again(store_pa
     code = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
-        import mmreplay, mmreplay.storage.commit as st, synthetic as syn
+        import mmreplay, mmreplay.storage.durability.commit as st, synthetic as syn
         def die(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)
         st.write_commit = die

@@ -12,8 +12,8 @@ from numcodecs import blosc
 import mmreplay
 import synthetic as syn
 from conftest import frame_shard_file
-from mmreplay.storage.codecs import Compressor
-from mmreplay.storage.shardfile import CRC_BYTES, EMPTY, crc32c, decode_chunk, encode_chunk, index_nbytes
+from mmreplay.storage.format.codecs import Compressor
+from mmreplay.storage.format.shardfile import CRC_BYTES, EMPTY, crc32c, decode_chunk, encode_chunk, index_nbytes
 from test_shard_identity import forget_shard_identities
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "checks"))

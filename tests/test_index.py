@@ -11,7 +11,7 @@ from mmreplay.columns.spec import ColumnSpec
 from mmreplay.index.ring import TransitionRing, as_transition_ids
 from mmreplay.index.streams import Streams
 from mmreplay.index.sumtree import SumTree
-from mmreplay.storage.layout import RingGeometry
+from mmreplay.storage.format.layout import RingGeometry
 
 ACTION = ColumnSpec.packed("action", (0, 1, 2))
 REWARD = ColumnSpec.numeric("reward", (), "float32")

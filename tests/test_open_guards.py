@@ -50,7 +50,7 @@ def _edit_schema(path, **changes):
 @pytest.mark.parametrize("mode", ["a", "r"])
 def test_an_edited_observation_shape_is_refused_before_staging_is_allocated(atari_store, monkeypatch, changes,
                                                                              message, mode):
-    import mmreplay.storage.frame_ring as frame_ring
+    import mmreplay.index.frame_ring as frame_ring
 
     path, frames = atari_store
     original = open(os.path.join(path, "zarr.json")).read()

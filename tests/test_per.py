@@ -12,7 +12,7 @@ import torch
 from gymnasium import spaces
 
 import mmreplay
-from mmreplay.storage.commit import record_checksum
+from mmreplay.storage.durability.commit import record_checksum
 from mmreplay.index.sumtree import SumTree
 from mmreplay.sampling.strategy import Prioritized
 from reference import assert_batch_matches
@@ -220,7 +220,7 @@ CRASH_CHILD = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     sys.path.insert(0, {tests!r})
-    import mmreplay, mmreplay.storage.commit
+    import mmreplay, mmreplay.storage.durability.commit
     from test_per import lowdim_store
     store = lowdim_store({path!r}, 300, capacity=256)
     smp = store.sampler(32, mmreplay.Prioritized(), seed=0)
@@ -233,7 +233,7 @@ CRASH_CHILD = textwrap.dedent("""
     store.extend(obs, [0] * 5, [0.0] * 5, obs, [False] * 5, [False] * 5, streams=[1] * 5)
     def die(*a, **k):  # the new buffer is on disk, the commit record never gets written
         os.kill(os.getpid(), signal.SIGKILL)
-    mmreplay.storage.commit.write_commit = die
+    mmreplay.storage.durability.commit.write_commit = die
     store.flush()
 """)
 

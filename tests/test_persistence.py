@@ -11,7 +11,7 @@ import pytest
 from gymnasium import spaces
 
 import mmreplay
-from mmreplay.storage.commit import record_checksum
+from mmreplay.storage.durability.commit import record_checksum
 from conftest import IMG, frame
 from test_store_semantics import check_against_reference, drive
 

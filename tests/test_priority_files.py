@@ -1,4 +1,4 @@
-"""storage/priority_files.py on its own: the double buffer a commit writes, what is durable when, reading
+"""storage/durability/priority_files.py on its own: the double buffer a commit writes, what is durable when, reading
 back (damaged, missing, half-written files), and the read ``mmreplay info`` uses."""
 
 import os
@@ -12,8 +12,8 @@ import pytest
 import mmreplay
 from mmreplay.errors import CorruptDataError, FormatError
 from mmreplay.sampling.strategy import Prioritized
-from mmreplay.storage.layout import RingGeometry, priority_layout
-from mmreplay.storage.priority_files import PriorityFiles, make_entry, read_committed, slot_ranges
+from mmreplay.storage.format.layout import RingGeometry, priority_layout
+from mmreplay.storage.durability.priority_files import PriorityFiles, make_entry, read_committed, slot_ranges
 
 ROWS, SHARD = 64, 16  # four file shards
 

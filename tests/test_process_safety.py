@@ -16,7 +16,7 @@ from gymnasium import spaces
 import mmreplay
 import synthetic as syn
 from conftest import encoder_children
-from mmreplay.storage import encoder as encoder_module
+from mmreplay.storage.format import encoder as encoder_module
 from mmreplay._native import helpers
 
 HERE = os.path.dirname(os.path.abspath(__file__))

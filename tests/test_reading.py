@@ -20,8 +20,8 @@ from mmreplay.reading.preload import BackgroundPass
 from mmreplay.reading.tiers import (MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, PARTIAL_RESIDENT_SHARE, TierPlan,
                                     plan_tiers)
 from mmreplay.reading.resident import EMPTY_CHUNK, ResidentShards
-from mmreplay.storage.layout import ArrayLayout
-from mmreplay.storage.shardfile import build_shard
+from mmreplay.storage.format.layout import ArrayLayout
+from mmreplay.storage.format.shardfile import build_shard
 from mmreplay.sampling.strategy import NStep
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="this numcodecs/google-crc32c build exports no C symbols")

@@ -13,7 +13,7 @@ import mmreplay
 from conftest import IMG, frame
 from mmreplay import Prioritized
 from mmreplay.errors import ReadOnlyError
-from mmreplay.storage.commit import CommitWatcher
+from mmreplay.storage.durability.commit import CommitWatcher
 from reference import ReferenceReplay, assert_batch_matches
 
 STREAMS = 2
@@ -152,7 +152,7 @@ CRASH = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import mmreplay
     from mmreplay import store as store_module
-    from mmreplay.storage import commit
+    from mmreplay.storage.durability import commit
     where = {where!r}
     real = commit.write_commit
     def write_commit(root, record, durable=True):

@@ -7,8 +7,8 @@ import pytest
 from gymnasium import spaces
 
 import mmreplay
-from mmreplay.storage import encoder as encoder_module
-from mmreplay.storage import frame_ring
+from mmreplay.storage.format import encoder as encoder_module
+from mmreplay.index import frame_ring
 
 SHAPE = (32, 32)  # 1 KiB rows: image-sized, so the encoder child encodes them
 

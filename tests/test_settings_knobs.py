@@ -12,7 +12,7 @@ import mmreplay
 from conftest import encoder_children, frame
 from mmreplay._native import helpers
 from mmreplay.settings import CODEC_THREADS_ENV, ENCODER_ENV, Settings
-from mmreplay.storage.encoder import MIN_ROW_BYTES, ShardEncoder
+from mmreplay.storage.format.encoder import MIN_ROW_BYTES, ShardEncoder
 
 ATARI = spaces.Box(0, 255, (84, 84), np.uint8)  # rows big enough for the encoder child
 

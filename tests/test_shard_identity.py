@@ -14,8 +14,8 @@ import pytest
 import mmreplay
 import synthetic as syn
 from conftest import frame_shard_file
-from mmreplay.storage.commit import read_commit, write_commit
-from mmreplay.storage.shardfile import (CRC_BYTES, ShardTag, crc32c, identity, index_nbytes, tag_nbytes,
+from mmreplay.storage.durability.commit import read_commit, write_commit
+from mmreplay.storage.format.shardfile import (CRC_BYTES, ShardTag, crc32c, identity, index_nbytes, tag_nbytes,
                                        tail_nbytes)
 
 
@@ -151,13 +151,13 @@ def test_a_resumed_writer_keeps_the_partial_shards_identity_right(synthetic_stor
 CRASH_CHILD = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
-    import mmreplay, mmreplay.storage.commit, synthetic as syn
+    import mmreplay, mmreplay.storage.durability.commit, synthetic as syn
     s = mmreplay.Store.open({path!r})
     for g in range(s.num_added, {stop}):
         s.add(*syn.transition(g))
     def die(*a, **k):  # the shard files are rewritten, the commit record never gets written
         os.kill(os.getpid(), signal.SIGKILL)
-    mmreplay.storage.commit.write_commit = die
+    mmreplay.storage.durability.commit.write_commit = die
     s.flush()
 """)
 

@@ -10,8 +10,8 @@ import pytest
 import mmreplay
 import synthetic as syn
 from conftest import wait_preloaded
-from mmreplay.storage.sharded import ShardedArray
-from mmreplay.storage.shardfile import TAG_HEAD, tail_nbytes
+from mmreplay.storage.format.sharded import ShardedArray
+from mmreplay.storage.format.shardfile import TAG_HEAD, tail_nbytes
 from mmreplay._native import shardcheck
 
 pytestmark = pytest.mark.skipif(not shardcheck.AVAILABLE, reason="the codecs' C symbols did not link")

@@ -1,7 +1,7 @@
 """A SIGKILLed writer leaves no shared memory behind and no "leaked shared_memory" warning (issue 41, item 8):
 the encoder's staging segments are never registered with Python's resource tracker; the encoder child removes
 them when its parent dies, and the next writer of the store removes those of a dead process whose child died
-too (``storage/shared_segments.py``)."""
+too (``storage/format/shared_segments.py``)."""
 
 import os
 import signal
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mmreplay
-from mmreplay.storage import shared_segments
+from mmreplay.storage.format import shared_segments
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(shared_segments.SHM_DIR), reason="needs /dev/shm (Linux)")
 

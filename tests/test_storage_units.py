@@ -11,10 +11,10 @@ import zarr
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.errors import CorruptDataError
 from mmreplay.reading.cache import ChunkCache
-from mmreplay.storage.frame_ring import FrameEvents, FrameRing
-from mmreplay.storage.layout import ArrayLayout
-from mmreplay.storage.sharded import ShardedArray
-from mmreplay.storage.shardfile import EMPTY, build_shard, index_nbytes, parse_index, read_index
+from mmreplay.index.frame_ring import FrameEvents, FrameRing
+from mmreplay.storage.format.layout import ArrayLayout
+from mmreplay.storage.format.sharded import ShardedArray
+from mmreplay.storage.format.shardfile import EMPTY, build_shard, index_nbytes, parse_index, read_index
 
 CODEC = {"name": "blosc", "cname": "lz4", "clevel": 5}
 

@@ -15,7 +15,7 @@ import synthetic as syn
 from mmreplay.errors import CorruptDataError
 from mmreplay._native import decode as native
 from mmreplay.codecs import temporal
-from mmreplay.storage.codecs import validate_codec
+from mmreplay.storage.format.codecs import validate_codec
 from reference import ReferenceReplay, assert_batch_matches
 from torture import reader_race
 
@@ -78,7 +78,7 @@ def test_the_smaller_coding_of_a_run_is_kept(atari_frames):
 
 
 def test_smaller_than_per_frame_coding_on_real_frames(atari_frames):
-    from mmreplay.storage.codecs import numcodecs_compressor
+    from mmreplay.storage.format.codecs import numcodecs_compressor
     per_frame = numcodecs_compressor({"name": "blosc", "cname": "lz4hc", "clevel": 3}, np.uint8)
     runs = [atari_frames[i:i + 8] for i in range(0, 640, 8)]
     temporal_bytes = sum(len(temporal.encode_run(r)) for r in runs)

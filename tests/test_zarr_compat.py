@@ -9,8 +9,8 @@ from gymnasium import spaces
 
 import mmreplay
 from mmreplay.index.ring import TransitionRing
-from mmreplay.storage.layout import frame_layout
-from mmreplay.storage.sharded import ShardedArray
+from mmreplay.storage.format.layout import frame_layout
+from mmreplay.storage.format.sharded import ShardedArray
 from test_store_semantics import drive
 
 
@@ -120,7 +120,7 @@ def test_corrupt_chunk_raises_naming_array_shard_and_chunk(store_path):
 def test_chunk_that_decodes_to_the_wrong_size_is_rejected(store_path):
     from numcodecs import blosc
 
-    from mmreplay.storage.shardfile import build_shard, crc32c
+    from mmreplay.storage.format.shardfile import build_shard, crc32c
 
     with mmreplay.Store.create(store_path, spaces.Box(0, 255, (6, 5), np.uint8), spaces.Discrete(2),
                                capacity=1000) as s:
@@ -142,7 +142,7 @@ def test_chunk_that_decodes_to_the_wrong_size_is_rejected(store_path):
 
 def forget_shard_identities(path: str) -> None:
     """Rewrite the commit record without shard identities, as stores written before them have."""
-    from mmreplay.storage.commit import read_commit, write_commit
+    from mmreplay.storage.durability.commit import read_commit, write_commit
 
     record = read_commit(path)
     record.pop("shard_ids", None)

@@ -4,7 +4,7 @@ Invariant: ``decode_chunks`` writes chunk ``i`` into ``dst_addrs[i]`` only after
 4 checksum bytes that end it, and sets ``status[i]`` to ``OK`` only when the codec produced exactly
 ``dst_nbytes`` bytes; any other outcome is a nonzero status and the caller raises (never returns the
 destination as data). The bytes are the same ``compressor(bytes) + crc32c`` chunks that zarr writes
-(see ``storage/shardfile.py``), so nothing about the format changes.
+(see ``storage/format/shardfile.py``), so nothing about the format changes.
 
 Why compiled: the Python path spends ~7 us per 84x84 frame (pread, crc32c, blosc and the Python around
 them), the codec itself ~1 us. The C functions come from the libraries the package already depends on —

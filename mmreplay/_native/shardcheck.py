@@ -28,7 +28,7 @@ AVAILABLE = decode.AVAILABLE
 EMPTY = np.uint64(2**64 - 1)
 CRC_BYTES = 4
 INDEX_ENTRY_BYTES = 16
-# The tag's head (storage/shardfile.py's TAG_HEAD, "<4sIIIQQQ"): magic, version, array crc, chunks, shard
+# The tag's head (storage/format/shardfile.py's TAG_HEAD, "<4sIIIQQQ"): magic, version, array crc, chunks, shard
 TAG_HEAD_NBYTES = 40
 
 

@@ -68,7 +68,7 @@ class FrameCodec:
         """Decode ``data`` into ``out`` (C-contiguous, the chunk's shape and dtype) and return it."""
         raise NotImplementedError
 
-    # the names the storage layer calls (``storage/shardfile.py``): the chunk codec of a shard file
+    # the names the storage layer calls (``storage/format/shardfile.py``): the chunk codec of a shard file
     def encode(self, chunk: np.ndarray) -> bytes:
         return self.encode_chunk(chunk)
 

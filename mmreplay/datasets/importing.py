@@ -41,7 +41,7 @@ import numpy as np
 
 from mmreplay.columns.spaces import space_from_json, space_to_json
 from mmreplay.datasets.outputs import remove, staged
-from mmreplay.storage.commit import COMMIT_FILE
+from mmreplay.storage.durability.commit import COMMIT_FILE
 
 ProgressFn = Callable[[int, int], None]
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from mmreplay.columns import packing
 from mmreplay.columns.spec import ColumnSpec
-from mmreplay.storage.layout import RingGeometry, transition_layout
-from mmreplay.storage.sharded import ShardedArray
+from mmreplay.storage.format.layout import RingGeometry, transition_layout
+from mmreplay.storage.format.sharded import ShardedArray
 from mmreplay._native import ring as kernels
 
 U32 = np.uint32

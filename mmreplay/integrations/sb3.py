@@ -68,7 +68,7 @@ from mmreplay.sampling.batch import Batch
 from mmreplay.sampling.nstep import check_nstep
 from mmreplay.sampling.strategy import NStep, Uniform
 from mmreplay.storage.files import read_regular
-from mmreplay.storage.meta import read_meta
+from mmreplay.storage.durability.meta import read_meta
 from mmreplay.store import Store
 
 SETTINGS_FORMAT = "mmreplay.sb3-buffer"

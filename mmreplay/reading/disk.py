@@ -20,7 +20,7 @@ threads for all: they only waited for reads the kernel had started, and handing 
 CPU; collected by the caller, 10M Atari forced to disk sampled 17% more b256/s at 15% less CPU a batch
 (docs/performance.md). Measured on one VM's disk: ~3,900 random 4 KiB reads/s from one thread, ~22,000/s
 with 32 in flight (another's: ~26,000 and ~40,000). Files read this way are opened with
-``POSIX_FADV_RANDOM`` (``storage/sharded.py``): no readahead, which a memory cgroup would be charged for.
+``POSIX_FADV_RANDOM`` (``storage/format/sharded.py``): no readahead, which a memory cgroup would be charged for.
 The descriptors stay open while the reads run: they are issued with the array's file lock held
 (``ShardedArray.files_held``), in rounds of at most ``SHARDS_PER_ROUND`` files so that none of them is
 closed by the array's bound on open files.
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmreplay.errors import CorruptDataError
-from mmreplay.storage.shardfile import CRC_BYTES, EMPTY
-from mmreplay.storage.sharded import MAX_OPEN_FILES, ShardedArray
+from mmreplay.storage.format.shardfile import CRC_BYTES, EMPTY
+from mmreplay.storage.format.sharded import MAX_OPEN_FILES, ShardedArray
 
 # Chunks of one file this close are read together: a 4 KiB page is read whole anyway, and one request
 # costs far more than a few KiB of transfer.

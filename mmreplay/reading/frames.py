@@ -42,7 +42,7 @@ from mmreplay._native.gather import checked_gather_cached, checked_gather_stacks
 from mmreplay._native.helpers import DECODES_PER_PIECE, RUNS_PER_PIECE, STACKS_PER_PIECE, codec_helpers
 from mmreplay.reading.resident import EMPTY_CHUNK
 from mmreplay.reading.tiers import ColumnReader, decodes_direct, plan_tiers
-from mmreplay.storage.frame_ring import FrameEvents, FrameRing
+from mmreplay.index.frame_ring import FrameEvents, FrameRing
 
 # From this many stacks a batch's copy out of the decoded slab, and from this many decodes its decodes, are
 # shared with the codec helpers (``_native/helpers.py``: a piece of ~10-20 us costs two atomic operations

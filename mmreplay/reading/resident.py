@@ -39,8 +39,8 @@ import numpy as np
 from mmreplay.errors import CorruptDataError, UnsafeEntryError
 from mmreplay._native import bulk
 from mmreplay.storage.files import open_regular
-from mmreplay.storage.layout import ArrayLayout
-from mmreplay.storage.shardfile import EMPTY, index_nbytes, parse_index
+from mmreplay.storage.format.layout import ArrayLayout
+from mmreplay.storage.format.shardfile import EMPTY, index_nbytes, parse_index
 
 EMPTY_CHUNK = -1
 
@@ -99,7 +99,7 @@ class ResidentShards:
         self._epoch = 0  # drops of everything so far
         # Reentrant: a decode holding it (``reading``) may load a missing shard whole (``load``).
         self._lock = threading.RLock()
-        # ``ShardedArray.check_file``: a loaded file must be the one the commit expects (storage/sharded.py)
+        # ``ShardedArray.check_file``: a loaded file must be the one the commit expects (storage/format/sharded.py)
         self.check_file: Callable[[int, np.ndarray], None] | None = None
         # ``ShardedArray.proven_files``: which of a group read whole are proven the expected files in one
         # compiled call (the others go through ``check_file``)

@@ -10,7 +10,7 @@ Invariants (all under the store's lock):
   transitions added since the last sync enter the tree at the maximum priority and those given up
   (overwritten, or whose frame stack now reaches below ``oldest``) leave it.
 - Persistence is given, not imported: a ``PriorityPersistence`` (``state.py`` hands each set its
-  ``storage/priority_files.py`` ``PriorityFiles``: two buffers, the commit writes the one the record does not
+  ``storage/durability/priority_files.py`` ``PriorityFiles``: two buffers, the commit writes the one the record does not
   name; a crash reopens the priorities of the last commit exactly). Every change to ``raw`` is marked there
   (``files.mark``, or the update kernel writing ``files.new_tick()`` into ``files.shard_tick``).
 """
@@ -34,7 +34,7 @@ DEFAULT_PRIORITY_EPS = 1e-6
 
 
 class PriorityPersistence(Protocol):
-    """The files of one priority set, as a set drives them (``storage/priority_files.py``'s ``PriorityFiles``
+    """The files of one priority set, as a set drives them (``storage/durability/priority_files.py``'s ``PriorityFiles``
     is the one the store hands in): which shards changed since each buffer was written, writing the buffer
     the record does not name, reading a committed one back, and the record entry naming the committed one."""
 

@@ -9,12 +9,12 @@ set persists is not here: ``state.py`` hands each set its files (``sampling.prio
   priority-set names, which name directories) and ``check_leaf_range`` (priorities whose leaves overflow).
 - Files beside a store written atomically and read without following planted links: ``atomic_write``,
   ``fsync_dir``, ``read_regular``; ``COMMIT_FILE``, whose presence says a store was committed at least once.
-- ``register_for_fork``: objects whose ``_after_fork_in_child()`` runs in a forked child (``storage/forking.py``).
+- ``register_for_fork``: objects whose ``_after_fork_in_child()`` runs in a forked child (``storage/durability/forking.py``).
 """
 
-from mmreplay.storage.commit import COMMIT_FILE, check_leaf_range, valid_name
+from mmreplay.storage.durability.commit import COMMIT_FILE, check_leaf_range, valid_name
 from mmreplay.storage.files import atomic_write, fsync_dir, read_regular
-from mmreplay.storage.forking import register as register_for_fork
+from mmreplay.storage.durability.forking import register as register_for_fork
 
 __all__ = ["COMMIT_FILE", "atomic_write", "check_leaf_range", "fsync_dir", "read_regular", "register_for_fork",
            "valid_name"]

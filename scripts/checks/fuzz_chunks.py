@@ -55,8 +55,8 @@ GUARD = 64
 
 def originals(seed: int) -> list[dict]:
     """Real encoded chunks: (spec, dtype, decoded bytes, encoded chunk with its crc)."""
-    from mmreplay.storage.codecs import Compressor
-    from mmreplay.storage.shardfile import encode_chunk
+    from mmreplay.storage.format.codecs import Compressor
+    from mmreplay.storage.format.shardfile import encode_chunk
 
     rng = np.random.default_rng(seed)
     frames = np.load(os.path.join(ROOT, "mmreplay", "data", "atari_fixture.npz"))["frames"]
@@ -183,7 +183,7 @@ def _crc_of_views() -> None:
     (the decoder, what the guard page is for, still reads the guarded memory)."""
     import google_crc32c
 
-    from mmreplay.storage import shardfile
+    from mmreplay.storage.format import shardfile
 
     class Crc:
         @staticmethod
@@ -198,8 +198,8 @@ def codec_batch(path: str, seed: int, n: int, recompute: float = 0.9) -> dict:
     from mmreplay.errors import CorruptDataError
     from mmreplay import codecs
     from mmreplay._native import decode as native
-    from mmreplay.storage.codecs import Compressor
-    from mmreplay.storage.shardfile import crc32c, decode_chunk
+    from mmreplay.storage.format.codecs import Compressor
+    from mmreplay.storage.format.shardfile import crc32c, decode_chunk
 
     rng = np.random.default_rng([seed, 1 if path == "file" else 2])
     _crc_of_views()
@@ -273,12 +273,12 @@ def store_batch(path: str, seed: int, n: int, store: str) -> dict:
     from mmreplay import codecs
     from mmreplay._native import decode as native
     from mmreplay.reading.resident import ResidentShards
-    from mmreplay.storage.shardfile import CRC_BYTES, crc32c, index_nbytes, tag_nbytes
+    from mmreplay.storage.format.shardfile import CRC_BYTES, crc32c, index_nbytes, tag_nbytes
 
     rng = np.random.default_rng([seed, 3 if path == "file" else 4])
-    from mmreplay.storage.commit import read_commit
-    from mmreplay.storage.layout import frame_layout
-    from mmreplay.storage.sharded import ShardedArray, expect_identities
+    from mmreplay.storage.durability.commit import read_commit
+    from mmreplay.storage.format.layout import frame_layout
+    from mmreplay.storage.format.sharded import ShardedArray, expect_identities
 
     with mmreplay.Store.open(store, mode="r") as s:  # the store's own geometry and schema
         geometry, spec = s.geometry, s.schema.observations[0]

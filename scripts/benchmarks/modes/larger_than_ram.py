@@ -53,7 +53,7 @@ def codec_rate(path: str, n_shards: int = 40, frame_bytes: int = 84 * 84) -> tup
     files read whole."""
     import glob
     from mmreplay._native import decode as native
-    from mmreplay.storage.shardfile import EMPTY, index_nbytes, parse_index
+    from mmreplay.storage.format.shardfile import EMPTY, index_nbytes, parse_index
     with open(os.path.join(path, "frames", "obs", "zarr.json")) as f:  # plain zarr v3 metadata
         meta = json.load(f)
     per = meta["chunk_grid"]["configuration"]["chunk_shape"][0] // \

@@ -21,7 +21,7 @@ tracker never hears of: a SIGKILLed writer prints no "leaked shared_memory" warn
 outlives it until its stdin closes, removes them as it exits (the next writer of the store removes what a
 child killed too left).
 
-The child imports only numpy, numcodecs and google_crc32c (``python -m mmreplay.storage.encoder <prefix>``).
+The child imports only numpy, numcodecs and google_crc32c (``python -m mmreplay.storage.format.encoder <prefix>``).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import sys
 
 import numpy as np
 
-from mmreplay.storage import shared_segments
-from mmreplay.storage.codecs import numcodecs_compressor
+from mmreplay.storage.format import shared_segments
+from mmreplay.storage.format.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write
-from mmreplay.storage.shardfile import build_shard, encode_chunk
+from mmreplay.storage.format.shardfile import build_shard, encode_chunk
 
 MIN_ROW_BYTES = 1024  # small rows (low-dim observations) encode fast enough inline
 
@@ -108,7 +108,7 @@ class ShardEncoder:
         if self._proc is None or self._proc.poll() is not None:
             # A session of its own: a Ctrl-C at the terminal (SIGINT to the foreground process group) stops the
             # script, whose exit commit may still need the child; the child ends when its stdin closes.
-            self._proc = subprocess.Popen([sys.executable, "-m", "mmreplay.storage.encoder", self._prefix],
+            self._proc = subprocess.Popen([sys.executable, "-m", "mmreplay.storage.format.encoder", self._prefix],
                                           stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                           start_new_session=True)

@@ -41,11 +41,11 @@ import numpy as np
 from mmreplay.codecs import known_to_new_processes
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.errors import CorruptDataError
-from mmreplay.storage import shared_segments
-from mmreplay.storage.encoder import ShardEncoder
-from mmreplay.storage.layout import frame_layout
-from mmreplay.storage.sharded import ShardedArray
-from mmreplay.storage.shardfile import build_shard, encode_chunk
+from mmreplay.storage.format import shared_segments
+from mmreplay.storage.format.encoder import ShardEncoder
+from mmreplay.storage.format.layout import frame_layout
+from mmreplay.storage.format.sharded import ShardedArray
+from mmreplay.storage.format.shardfile import build_shard, encode_chunk
 
 MIN_CHILD_SHARE = 0.5  # the split of sealed-shard encoding between the child and the adding process
 INITIAL_CHILD_SHARE = 0.85
@@ -357,7 +357,7 @@ class FrameRing:
     def _submit_write(self, shard: int, buffers: Mapping[str, np.ndarray]) -> Future:
         """Write a sealed shard on the writer thread, or here once ``concurrent.futures`` refuses new work:
         it does from the start of interpreter exit, before the store's exit commit runs (see
-        ``storage/forking.py``), and in a thread still adding after the main thread finished."""
+        ``storage/durability/forking.py``), and in a thread still adding after the main thread finished."""
         try:
             return self._writer().submit(self._write_buffers, shard, buffers)
         except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"

@@ -9,7 +9,7 @@ and checked on every read, like a shard index's: an edited or damaged record rai
 is missing fields, has wrong types or absurd values raises ``FormatError``.
 
 The record says which file each shard it covers must be (``shard_ids``: per array path, the identity of
-each sealed shard and the earliest write time of the partial one; see ``storage/sharded.py``): reading a
+each sealed shard and the earliest write time of the partial one; see ``storage/format/sharded.py``): reading a
 committed shard from another file is ``CorruptDataError``. Every record written (give-ups included)
 states what the files are at that moment, after the files it covers were written. Records written before identities existed have none, and their
 shards are read unchecked.

@@ -28,10 +28,10 @@ import numpy as np
 
 from mmreplay._native import shardcheck
 from mmreplay.errors import CorruptDataError, UnsafeEntryError
-from mmreplay.storage.codecs import numcodecs_compressor
+from mmreplay.storage.format.codecs import numcodecs_compressor
 from mmreplay.storage.files import atomic_write, open_regular
-from mmreplay.storage.layout import ArrayLayout
-from mmreplay.storage.shardfile import (CRC_BYTES, EMPTY, TAG_MAGIC, TAG_VERSION, ShardTag, array_crc, build_shard,
+from mmreplay.storage.format.layout import ArrayLayout
+from mmreplay.storage.format.shardfile import (CRC_BYTES, EMPTY, TAG_MAGIC, TAG_VERSION, ShardTag, array_crc, build_shard,
                                        check_identity, check_written_since, decode_chunk, encode_chunk, identity,
                                        index_from_tail, read_tail, tag_nbytes, tail_nbytes)
 

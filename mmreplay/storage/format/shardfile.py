@@ -11,7 +11,7 @@ Identity (mmreplay's addition, invisible to zarr): between the chunks and the in
 (``ShardTag``): magic ``MMRS``, the crc32c of the array's path, the shard number, when it was written, a
 random nonce and the crc32c of every inner chunk. The crc32c of the whole tail (tag + index + index crc)
 is the shard's *identity*; the commit record lists the identity of every sealed shard it covers, and the
-write time of its partial one (``storage/sharded.py``). A valid
+write time of its partial one (``storage/format/sharded.py``). A valid
 checksum only proves that bytes are intact; the identity proves that the file is the one the commit
 expects (not another shard of the store, not an older copy of this one), and the tag's chunk crcs bind
 every chunk to it. No index entry points into the tag, so zarr readers never see it.

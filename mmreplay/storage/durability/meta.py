@@ -17,10 +17,10 @@ import numpy as np
 
 from mmreplay.columns.spec import Schema
 from mmreplay.errors import FormatError, NotAStoreError, UnsafeEntryError
-from mmreplay.storage.codecs import validate_codec
-from mmreplay.storage.commit import COMMIT_FILE, check_version
+from mmreplay.storage.format.codecs import validate_codec
+from mmreplay.storage.durability.commit import COMMIT_FILE, check_version
 from mmreplay.storage.files import read_regular, remove_contents
-from mmreplay.storage.layout import FRAMES_GROUP, MAX_ARRAY_META_BYTES, RingGeometry, StoreGeometry
+from mmreplay.storage.format.layout import FRAMES_GROUP, MAX_ARRAY_META_BYTES, RingGeometry, StoreGeometry
 
 FRAME_SHARD_TARGET_BYTES = 8 << 20
 UNBOUNDED_TRANSITION_SHARD = 16384

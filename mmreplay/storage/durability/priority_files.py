@@ -37,8 +37,8 @@ import numpy as np
 
 from mmreplay.errors import CorruptDataError, FormatError
 from mmreplay.storage.files import check_regular_or_absent, makedirs_inside
-from mmreplay.storage.layout import PRIORITIES_GROUP, RingGeometry, priority_layout, resize_arrays
-from mmreplay.storage.sharded import ShardedArray
+from mmreplay.storage.format.layout import PRIORITIES_GROUP, RingGeometry, priority_layout, resize_arrays
+from mmreplay.storage.format.sharded import ShardedArray
 
 BUFFERS = (0, 1)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.errors import FormatError
-from mmreplay.storage.codecs import zarr_compressor
+from mmreplay.storage.format.codecs import zarr_compressor
 from mmreplay.storage.files import atomic_write, fsync_dir, read_regular
 
 FRAMES_GROUP = "frames"
@@ -183,7 +183,7 @@ def resize_arrays(root: str, layouts, rows: int) -> None:
     hold ``bits`` per row); never shrinks. Growing a zarr array changes only ``shape`` in its ``zarr.json``
     (no chunk moves), so this edits that field itself, atomically, rather than through zarr: zarr's I/O
     runs on its event loop and thread pools, which refuse work once the interpreter began to exit, and an
-    unbounded ring may grow in the commit a store makes at exit (see ``storage/forking.py``)."""
+    unbounded ring may grow in the commit a store makes at exit (see ``storage/durability/forking.py``)."""
     for layout in layouts:
         path = os.path.join(root, layout.path, "zarr.json")
         try:
