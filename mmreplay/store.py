@@ -25,6 +25,7 @@ import numpy as np
 
 from mmreplay.columns.encode import ColumnEncoder
 from mmreplay.columns.spec import ColumnSpec, Schema, choose_frame_codec, schema_from_spaces
+from mmreplay.committing import check_rollback
 from mmreplay.errors import FormatError, ReadOnlyError, StoreClosedError
 from mmreplay.index.ring import TransitionRing
 from mmreplay.inspection import committed_work, first_readable, store_info, verify
@@ -103,7 +104,7 @@ class Store:
         state = store._state
         for layout in state.array_layouts():
             layout.create(root)
-        state.commit_record(state.record())
+        state.commit()  # the first record: the arrays exist, nothing is written yet
         return store
 
     @classmethod
@@ -199,7 +200,7 @@ class Store:
             self._check_open()
             writer = self._writer or self._refuse_write()
             writer.drain()
-            n = self._state.check_rollback(num_added)
+            n = check_rollback(num_added, *self._state.valid_range())
             open_samplers = self._state.open_sampler_names()
             if open_samplers:
                 raise RuntimeError(f"rollback: close the open sampler(s) {open_samplers} first (they hold "
@@ -209,7 +210,7 @@ class Store:
             if dropped == 0:
                 return 0
             with writer.failing_writes():
-                self._state.commit_record(self._state.rollback_record(n))
+                self._state.commit_rollback(n)
             self._reload_committed()
             return dropped
 
@@ -284,7 +285,7 @@ class Store:
     def app_meta(self) -> dict:
         """The application's metadata of the last commit (``flush(app_meta=...)``); ``{}`` if none."""
         with self._lock:
-            return json.loads(json.dumps(self._state.committed_app_meta()))
+            return json.loads(json.dumps(self._state.committed_record().get("app", {})))
 
     # -- what is stored ---------------------------------------------------------------------------
     def __len__(self) -> int:

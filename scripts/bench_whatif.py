@@ -45,7 +45,7 @@ VARIANTS = {
     "serial-all": "both of the above: no thread hand-offs at all",
     "torch-1-thread": "torch.set_num_threads(1)",
     "gc-freeze": "gc.freeze() after opening (the collector skips everything allocated so far)",
-    "no-reader-check": "StoreState.still_valid -> True: no per-batch check of the commit record (reader mode)",
+    "no-reader-check": "CheckedReads.still_valid -> True: no per-batch check of the commit record (reader mode)",
 }
 
 
@@ -71,8 +71,8 @@ def _patch(variant: str) -> None:
                     if hasattr(mod, name):
                         setattr(mod, name, 1 << 60)
     if variant == "no-reader-check":
-        import mmreplay.state as st
-        st.StoreState.still_valid = lambda self, *read: True
+        import mmreplay.checked_reads as cr
+        cr.CheckedReads.still_valid = lambda self, *read: True
     if variant == "torch-1-thread":
         import torch
         torch.set_num_threads(1)

@@ -76,13 +76,13 @@ def test_a_users_own_strategy_gets_the_whole_sampler(store500, store_path):
 
 
 def test_a_reader_that_lost_the_race_picks_again_and_fixed_ids_give_up_nothing(store500, store_path, monkeypatch):
-    """The one race-checked read (``StoreState.read``): when the check says the writer overwrote what was
+    """The one race-checked read (``CheckedReads.read``): when the check says the writer overwrote what was
     read, the strategy picks again (and gives up a margin of the oldest rows); fixed ids (``inspect.get``)
     are read again as they are, the view's ``oldest`` untouched."""
     store500.flush()
     with Store.open(store_path, mode="r") as reader:
-        state = reader._state
-        real = state.still_valid
+        reads = reader._state.reads
+        real = reads.still_valid
         lost = {"left": 1}
 
         def still_valid(*read):
@@ -90,7 +90,7 @@ def test_a_reader_that_lost_the_race_picks_again_and_fixed_ids_give_up_nothing(s
                 lost["left"] -= 1
                 return False  # as if the writer had overwritten this batch meanwhile
             return real(*read)
-        monkeypatch.setattr(state, "still_valid", still_valid)
+        monkeypatch.setattr(reads, "still_valid", still_valid)
         recent = Recent(0.5)
         batch = reader.sample(16, recent, seed=0)
         assert recent.picks == 2 and syn.wrong_rows(batch) == []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mmreplay
-import mmreplay.state as state_module
+import mmreplay.checked_reads as reads_module
 import synthetic as syn
 from torture import reader_race
 from mmreplay.sampling.strategy import Prioritized, Sequences
@@ -63,9 +63,9 @@ def wrong_steps(batch) -> list[int]:
 
 
 def after_first_call(monkeypatch, name, action):
-    """Make ``mmreplay.state.<name>`` (what a reader's refresh calls) run ``action`` once, right after its
-    first call returns."""
-    real = getattr(state_module, name)
+    """Make ``mmreplay.checked_reads.<name>`` (what a reader's refresh calls) run ``action`` once, right after
+    its first call returns."""
+    real = getattr(reads_module, name)
     done = []
 
     def wrapped(*args, **kwargs):
@@ -75,7 +75,7 @@ def after_first_call(monkeypatch, name, action):
             action()
         return result
 
-    monkeypatch.setattr(state_module, name, wrapped)
+    monkeypatch.setattr(reads_module, name, wrapped)
 
 
 def test_refresh_loading_files_a_later_commit_replaced(writer, store_path, monkeypatch):
@@ -130,14 +130,14 @@ def test_reader_overtaken_during_every_read_still_gets_true_rows(writer, store_p
     reader = mmreplay.Store.open(store_path, mode="r", cache_bytes=1 << 12)
     shard = reader.geometry.transitions.shard_rows
     overtaken = []
-    real = state_module.StoreState.still_valid
+    real = reads_module.CheckedReads.still_valid
 
     def overtake_then_check(self, *read):
         writer.add_and_commit(shard)  # the reader's oldest shard is replaced while it reads
         overtaken.append(True)
         return real(self, *read)
 
-    monkeypatch.setattr(state_module.StoreState, "still_valid", overtake_then_check)
+    monkeypatch.setattr(reads_module.CheckedReads, "still_valid", overtake_then_check)
     for _ in range(5):
         if how == "uniform":
             batch = reader.sample(32)

@@ -228,16 +228,16 @@ def test_a_rollback_while_a_reader_loads_a_commit_leaves_it_holding_nothing_unti
     ref.episodes.clear()
     replaced = [(s, frame(90 + i), 2, 1.0, frame(91 + i), False, False) for i, (s, *_) in enumerate(rows[350:])]
     state = reader._state
-    load_files = state._restore
+    load_files = state.reload
 
-    def rolled_back_meanwhile(record):  # the writer rolls back and rewrites while the reader reads files
-        load_files(record)
-        state._restore = load_files
+    def rolled_back_meanwhile(record, **how):  # the writer rolls back and rewrites while the reader reads files
+        load_files(record, **how)
+        state.reload = load_files
         store.rollback(350)
         add_all(store, ref, replaced)
         store.flush()
 
-    state._restore = rolled_back_meanwhile
+    state.reload = rolled_back_meanwhile
     try:
         assert reader.refresh()
         oldest, head = reader.inspect.valid_range()
