@@ -113,19 +113,22 @@ def choose_references(frames: np.ndarray, search: int) -> tuple[np.ndarray, np.n
     """Per frame of ``frames`` (``(n, frame_nbytes)`` uint8), the reference distance (1..``search`` back, 0
     for the first frame or ``search == 0``) and the residual bytes it leaves. The closest reference is the
     one whose differences are smallest in magnitude (read as signed bytes) on a strided sample of the
-    frame: small differences, not only zero ones, are what compresses (a scene whose light drifts)."""
+    frame: small differences, not only zero ones, are what compresses (a scene whose light drifts); a tie
+    goes to the nearest. One pass per distance over the whole run (not per frame): int8 subtraction wraps
+    modulo 256 into the signed difference, and its magnitude read as uint8 counts -128 as 128."""
     n = frames.shape[0]
-    step = max(1, frames.shape[1] // SAMPLED_BYTES)
-    sample = frames[:, ::step].astype(np.int16)
     refs = np.zeros(n, dtype=np.uint8)
+    depth = min(n - 1, search)
+    if depth <= 0:
+        return refs, frames.copy()
+    step = max(1, frames.shape[1] // SAMPLED_BYTES)
+    sample = np.ascontiguousarray(frames[:, ::step]).view(np.int8)  # < 2 * SAMPLED_BYTES bytes a frame
+    cost = np.full((n, depth), np.iinfo(np.uint32).max, np.uint32)  # cost[i, d - 1]: frame i against i - d
+    for d in range(1, depth + 1):
+        cost[d:, d - 1] = np.abs(sample[d:] - sample[:-d]).view(np.uint8).sum(axis=1, dtype=np.uint32)
+    refs[1:] = 1 + np.argmin(cost[1:], axis=1)
     residuals = frames.copy()
-    for i in range(1, n):
-        depth = min(i, search)
-        if depth == 0:
-            continue
-        diffs = (sample[i] - sample[i - depth:i][::-1] + 128) % 256 - 128  # row d-1: against frame i - d
-        refs[i] = 1 + int(np.argmin(np.abs(diffs).sum(axis=1)))
-        residuals[i] = frames[i] - frames[i - refs[i]]  # uint8 arithmetic wraps: modulo 256
+    residuals[1:] -= frames[np.arange(1, n) - refs[1:]]  # uint8 arithmetic wraps: modulo 256
     return refs, residuals
 
 
