@@ -25,6 +25,7 @@ from mmreplay.columns.spec import Schema
 from mmreplay.errors import FormatError
 from mmreplay.index.frame_ring import FrameRing
 from mmreplay.index.ring import TransitionRing
+from mmreplay.index.ring_scans import frame_span
 from mmreplay.reading.frames import FrameReader
 from mmreplay.sampling.registry import PrioritySets
 from mmreplay.sampling.strategy import DrawStrategy, DrawView, Picked
@@ -54,7 +55,7 @@ def check_frame_links(ring: TransitionRing, record: dict, path: str) -> None:
     """Every frame a valid transition of ``ring`` refers to must lie in ``record``'s frame range (what the
     record says and what the index holds must be one state). Readers check once their valid range is
     bounded by the newest commit: rows below it may already belong to the writer's next lap."""
-    lo, hi = ring.frame_span(record["frame_head"])
+    lo, hi = frame_span(ring, record["frame_head"])
     if lo < record["frame_oldest"] or hi >= record["frame_head"]:
         raise FormatError(f"store {path!r}: its transitions refer to frames [{lo}, {hi}] but the commit "
                           f"record keeps frames [{record['frame_oldest']}, {record['frame_head']}) (an edited "

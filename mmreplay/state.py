@@ -54,11 +54,7 @@ def _new_ring(path: str, meta: dict, schema: Schema, record: dict) -> Transition
 
 def _restore(ring: TransitionRing, frames: FrameRing, streams: Streams, record: dict) -> None:
     """Read what ``record`` covers into the rings and streams made for it."""
-    ring.load(record["head"])
-    # The episode links in RAM, not the record, say how far back a link reaches (what n-step and
-    # stack-validity scans need): exact, and immune to an edited record.
-    ring.max_prev_delta = ring.live_max_prev_delta()
-    ring.rebuild_shard_min_frame(record["frame_head"])
+    ring.load(record["head"], record["frame_head"])  # with what the record does not say (longest link, ...)
     frames.load_staging()
     streams.restore(record["streams"])
 

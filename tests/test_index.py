@@ -8,6 +8,7 @@ import pytest
 
 from mmreplay.columns.encode import ColumnEncoder
 from mmreplay.columns.spec import ColumnSpec
+from mmreplay.index import ring_scans
 from mmreplay.index.ring import TransitionRing, as_transition_ids
 from mmreplay.index.streams import Streams
 from mmreplay.index.sumtree import SumTree
@@ -225,7 +226,7 @@ def test_count_valid_in_numpy_equals_the_compiled_walk(tmp_path, capacity):
             assert compiled == int(valid.sum())
             checked += compiled < head - oldest
     assert checked > 50  # most cases had stacks cut at oldest: the walk was exercised, not only the trivial count
-# -- the scans at open (rebuild_shard_min_frame, live_max_prev_delta, frame_span) --------------------------
+# -- the scans at open (index/ring_scans.py: shard_min_frames, live_max_prev_delta, frame_span) -----------
 def scan_reference(ring, frame_head):
     """What the scans must find, by gathering every live transition at once (the old way)."""
     g = np.arange(ring.oldest, ring.head, dtype=np.int64)
@@ -240,35 +241,32 @@ def scan_reference(ring, frame_head):
 
 @pytest.mark.parametrize("block", [5, 8, 1 << 20])
 def test_the_scans_at_open_agree_with_a_full_gather_across_the_wrap(tmp_path, monkeypatch, block):
-    """Runs of slots (``_slot_runs``) cut at the ring's end and every ``SCAN_BLOCK``, shards cut mid-run."""
-    from mmreplay.index import ring as ring_module
-    monkeypatch.setattr(ring_module, "SCAN_BLOCK", block, raising=False)
+    """Runs of slots (``slot_runs``) cut at the ring's end and every ``SCAN_BLOCK``, shards cut mid-run."""
+    monkeypatch.setattr(ring_scans, "SCAN_BLOCK", block)
     ring = make_ring(tmp_path, rows=32, shard_rows=8, capacity=24)
     frame = 0
     for length in (3, 7, 1, 9, 4, 6, 2, 5):  # 37 transitions: the ring wrapped, oldest mid-shard
         frame = add_episode(ring, length, frame)
     assert ring.oldest > 0 and ring.slot(np.int64(ring.head - 1)) < ring.slot(np.int64(ring.oldest))
     mins, max_delta, span = scan_reference(ring, frame)
-    ring.rebuild_shard_min_frame(frame)
-    np.testing.assert_array_equal(ring.shard_min_frame, mins)
-    assert ring.live_max_prev_delta() == max_delta
-    assert ring.frame_span(frame) == span
+    np.testing.assert_array_equal(ring_scans.shard_min_frames(ring, frame), mins)
+    assert ring_scans.live_max_prev_delta(ring) == max_delta
+    assert ring_scans.frame_span(ring, frame) == span
 
 
 def test_the_scans_at_open_hold_no_copy_of_the_ring(tmp_path, monkeypatch):
     """Their temporaries stay within a block: gathering the live transitions by an index array took several
     int64 copies of the ring (~320 MB more peak RSS for 10M transitions, before any frame was read)."""
     import tracemalloc
-    from mmreplay.index import ring as ring_module
-    monkeypatch.setattr(ring_module, "SCAN_BLOCK", 1 << 12, raising=False)
+    monkeypatch.setattr(ring_scans, "SCAN_BLOCK", 1 << 12)
     rows = 1 << 17
     ring = make_ring(tmp_path, rows=rows, shard_rows=1 << 10, capacity=rows)
     frame = add_episode(ring, rows, 0)
     tracemalloc.start()
     try:
-        ring.rebuild_shard_min_frame(frame)
-        ring.live_max_prev_delta()
-        ring.frame_span(frame)
+        ring_scans.shard_min_frames(ring, frame)
+        ring_scans.live_max_prev_delta(ring)
+        ring_scans.frame_span(ring, frame)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -20,13 +20,12 @@ import numpy as np
 
 from mmreplay.columns import packing
 from mmreplay.columns.spec import ColumnSpec
+from mmreplay.index.ring_scans import NO_FRAME, live_max_prev_delta, shard_min_frames
 from mmreplay.storage.format.layout import RingGeometry, transition_layout
 from mmreplay.storage.format.sharded import ShardedArray
 from mmreplay._native import ring as kernels
 
 U32 = np.uint32
-NO_FRAME = np.iinfo(np.int64).max
-SCAN_BLOCK = 1 << 20  # transitions a scan at open reads at a time (``_slot_runs``)
 
 
 class TransitionRing:
@@ -184,8 +183,12 @@ class TransitionRing:
                 self.written.append(disk.write_shard(fs, data, disk.layout.shard_rows))
         self.dirty.clear()
 
-    def load(self, head: int) -> None:
-        """After open: read every committed shard back into RAM."""
+    def load(self, head: int, frame_head: int) -> None:
+        """After open: read every committed shard back into RAM, then rebuild from the episode links in RAM,
+        not from the record, what the record does not say: the longest link among transitions ``[oldest,
+        head)`` (what n-step and stack-validity scans need: exact, and immune to an edited record) and each
+        shard's minimum obs frame (``frame_head``: the record's, for the frame ids' high bits). The scans
+        are in ``ring_scans.py``."""
         n_shards_used = -(-min(head, self.rows) // self.shard_rows) if self.capacity is not None else \
             -(-head // self.shard_rows)
         for name, disk in self.disk.items():
@@ -194,46 +197,8 @@ class TransitionRing:
             for fs in range(n_shards_used):
                 lo, hi = int(fs * self.shard_rows * scale), int((fs + 1) * self.shard_rows * scale)
                 self.arrays[name][lo:hi] = disk.read_rows(lo, hi)
-
-    def _slot_runs(self, lo: int, hi: int):
-        """Transitions ``[lo, hi)`` as runs ``(g, slot, n)``: transitions ``g .. g + n`` lie in slots
-        ``slot .. slot + n``, at most ``SCAN_BLOCK`` of them. The scans at open read the columns through
-        these views: gathering them by an index array took four int64 copies of the ring (~320 MB for 10M
-        transitions) on top of the ring itself, at the process's peak before any frame was read."""
-        g = lo
-        while g < hi:
-            slot = int(self.slot(g))
-            n = min(hi - g, SCAN_BLOCK, self.rows - slot)
-            yield g, slot, n
-            g += n
-
-    def rebuild_shard_min_frame(self, frame_head: int) -> None:
-        """Recompute the per-shard minimum obs frame from the resident index (after open)."""
-        self.shard_min_frame[:] = NO_FRAME
-        for g, slot, n in self._slot_runs(self.oldest, self.head):
-            frames = self.frame_globals(self.arrays["obs_frame"][slot:slot + n], frame_head)
-            first = g // self.shard_rows
-            bounds = np.arange(first, (g + n - 1) // self.shard_rows + 1, dtype=np.int64) * self.shard_rows
-            bounds[0] = g
-            mins = np.minimum.reduceat(frames, bounds - g)
-            shards = self.file_shard_array(np.arange(first, first + bounds.size, dtype=np.int64))
-            np.minimum.at(self.shard_min_frame, shards, mins)
-
-    def live_max_prev_delta(self) -> int:
-        """The longest episode link among transitions ``[oldest, head)``."""
-        delta = self.arrays["prev_delta"]
-        return max((int(delta[slot:slot + n].max()) for _, slot, n in self._slot_runs(self.oldest, self.head)),
-                   default=0)
-
-    def frame_span(self, frame_head: int) -> tuple[int, int]:
-        """Smallest and largest global frame id that transitions ``[oldest, head)`` refer to (their own
-        observation and next observation); ``(frame_head, -1)`` when there are none."""
-        lo, hi = frame_head, -1
-        for _, slot, n in self._slot_runs(self.oldest, self.head):
-            for name in ("obs_frame", "next_frame"):
-                frames = self.frame_globals(self.arrays[name][slot:slot + n], frame_head)
-                lo, hi = min(lo, int(frames.min())), max(hi, int(frames.max()))
-        return lo, hi
+        self.max_prev_delta = live_max_prev_delta(self)
+        self.shard_min_frame[:] = shard_min_frames(self, frame_head)
 
     def file_shard_array(self, global_shards: np.ndarray) -> np.ndarray:
         return global_shards if self.capacity is None else global_shards % (self.rows // self.shard_rows)
