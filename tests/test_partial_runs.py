@@ -313,7 +313,7 @@ def test_a_failed_tier_decode_waits_for_the_file_reads_beside_it(recorded, monke
     """A batch whose runs lie partly in the tier and partly in files reads the files on the file-reads thread
     while it decodes the tier's: when that decode fails, the batch raises its error only after the reads
     ended, and the next batches are true."""
-    from mmreplay.reading.frames import FrameReader
+    from mmreplay.reading.decoding import Decoder
 
     path, ref = recorded
     monkeypatch.setattr(disk, "_cached_first", False)
@@ -321,7 +321,7 @@ def test_a_failed_tier_decode_waits_for_the_file_reads_beside_it(recorded, monke
         wait_preloaded(s)
         held = int(np.count_nonzero(column(s).resident.chunk_addr > 0))
         assert 0 < held < CAPACITY // 8, held  # some runs held, some read from their files
-        real, calls = FrameReader._run_frame_decodes, []
+        real, calls = Decoder.decode_run_groups, []
 
         def failing(self, *args):
             calls.append(self)
@@ -329,7 +329,7 @@ def test_a_failed_tier_decode_waits_for_the_file_reads_beside_it(recorded, monke
                 raise CorruptDataError("injected: the tier's decode failed")
             return real(self, *args)
 
-        monkeypatch.setattr(FrameReader, "_run_frame_decodes", failing)
+        monkeypatch.setattr(Decoder, "decode_run_groups", failing)
         reads = s.inspect.cache_stats()["obs"]["disk"]["reads"]
         with pytest.raises(CorruptDataError, match="injected"):
             s.inspect.get(ref.valid_ids(s.inspect.valid_range()[0]))

@@ -39,7 +39,8 @@ PRELOAD_READS_AHEAD = 4
 
 class BackgroundPass:
     """The pass of one ``FrameReader`` (see the module invariant): started once, stopped and joined at close.
-    It reads the reader's ``columns``, ``ring`` and ``ring_bytes`` (not imported here: the reader owns it)."""
+    It reads the reader's ``columns``, ``ring`` and its planner's ``ring_bytes`` (not imported here: the reader
+    owns it)."""
 
     def __init__(self, reader):
         self.reader = reader
@@ -143,7 +144,7 @@ class BackgroundPass:
     def group_size(self) -> int:
         """Shard files a background read takes at once: ~``PRELOAD_GROUP_BYTES`` of them (they are alike)."""
         ring = self.reader.ring
-        per_file = sum(self.reader.ring_bytes.values()) / max(1, ring.rows // ring.shard_rows)
+        per_file = sum(self.reader.planner.ring_bytes.values()) / max(1, ring.rows // ring.shard_rows)
         return int(max(1, min(PRELOAD_GROUP_FILES, PRELOAD_GROUP_BYTES // max(1.0, per_file))))
 
     def _to_load(self, name: str, col: "ColumnReader", group: list[int]) -> list[int]:

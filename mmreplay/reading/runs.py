@@ -15,7 +15,7 @@ needs 6 consecutive frames, and those need the frames between them and the key: 
 of DMC colour frames). Reading the header first would cost a dependent read per miss (the device's latency,
 twice); this directory holds what the header says and the frames' checksums instead, built the first time
 the disk path reads a run whole (then verified by its chunk checksum): ~170 bytes a run of 16 frames, ~11 MB
-for 1M frames, counted against the frame budget (``FrameReader._plan``). Checksums: the chunk's crc32c covers
+for 1M frames, counted against the frame budget (``TierPlanner.plan_columns``). Checksums: the chunk's crc32c covers
 the whole chunk, so a partial read cannot check it; zarr's bytes are unchanged, so the frames' own checksums
 live here, not in the file.
 """

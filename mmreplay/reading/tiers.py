@@ -144,8 +144,45 @@ class ColumnReader:
                 "compressed": self.tier.hits / decoded_misses if decoded_misses else 0.0,
                 "file": self.tier.misses / decoded_misses if decoded_misses else 0.0}
 
+    def take_over(self, old: "ColumnReader") -> None:
+        """What this column's reader keeps of the one it replaces (the tiers planned again): the run directory,
+        the counters, and the compressed shards held when this one has a tier too (else they are dropped)."""
+        if old.runs is not None and self.runs is not None:
+            self.runs = old.runs
+        self.tier.hits, self.tier.misses = old.tier.hits, old.tier.misses
+        self.cache.stats.hits, self.cache.stats.misses = old.cache.stats.hits, old.cache.stats.misses
+        self.disk = old.disk
+        if old.resident is not None and self.resident is not None:
+            self.resident = old.resident
+        elif old.resident is not None:
+            old.resident.drop()
+
     def invalidate_rows(self, lo: int, hi: int) -> None:
         c = self.spec.chunk_rows
         self.cache.invalidate(lo // c, -(-hi // c))
         if self.runs is not None:
             self.runs.forget(lo // c, -(-hi // c))
+
+    def forget_shards(self, shards: list[int], shard_rows: int) -> None:
+        """Shards written or changed elsewhere: no held copy of them stays, nor any decoded frame of theirs."""
+        if self.resident is not None:
+            self.resident.drop(shards)
+        for shard in shards:
+            self.invalidate_rows(shard * shard_rows, (shard + 1) * shard_rows)
+
+    def grow_address_space(self, rows: int) -> None:
+        """The (unbounded) ring has ``rows`` rows now."""
+        chunks = rows // self.spec.chunk_rows
+        self.cache.grow_address_space(chunks)
+        if self.runs is not None:
+            self.runs.grow(chunks)
+        if self.resident is not None:
+            self.resident.grow_address_space(chunks)
+
+    def clear(self) -> None:
+        """Nothing held: no decoded chunk, run entry or compressed shard."""
+        self.cache.clear()
+        if self.runs is not None:
+            self.runs.clear()
+        if self.resident is not None:
+            self.resident.drop()
