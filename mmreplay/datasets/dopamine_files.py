@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import base64
 import os
+import queue
 import re
+import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -196,14 +198,16 @@ def read_small_columns(ckpt: Checkpoint) -> SmallColumns:
     return SmallColumns(cols["action"].astype(np.int64), cols["reward"].astype(np.float32), term.astype(bool))
 
 
-def iter_frame_blocks(ckpt: Checkpoint, start: int, out: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+def iter_frame_blocks(ckpt: Checkpoint, start: int, out) -> Iterator[tuple[int, np.ndarray]]:
     """``(first row, frames)`` blocks of the checkpoint's frames in the run's order from row ``start``,
-    read into ``out`` (reused: a block is valid until the next one). The gzip stream is decompressed once:
-    a wrapped checkpoint's file holds its newest rows first, so on the way to the oldest (the cursor) they
-    are kept LZ4-compressed in an unnamed temporary file (``_Stash``) and read back from there at the end."""
+    read into ``out`` (reused: a block is valid until the next one), or, when ``out`` is a callable, into
+    the buffer it returns for each block. The gzip stream is decompressed once: a wrapped checkpoint's file
+    holds its newest rows first, so on the way to the oldest (the cursor) they are kept LZ4-compressed in
+    an unnamed temporary file (``_Stash``) and read back from there at the end."""
+    take = out if callable(out) else (lambda: out)
     segments = ckpt.segments
     if len(segments) == 2 and start < segments[0][1] - segments[0][0]:
-        yield from _wrapped_blocks(ckpt, start, out)
+        yield from _wrapped_blocks(ckpt, start, take)
         return
     pos = 0
     for lo, hi in segments:
@@ -213,30 +217,90 @@ def iter_frame_blocks(ckpt: Checkpoint, start: int, out: np.ndarray) -> Iterator
         skip = max(0, start - pos)
         with _open_column(ckpt.files, "observation", ckpt.number) as reader:
             reader.skip_rows(lo + skip)
-            yield from _read_blocks(reader, lo + skip, hi, out, pos - lo)
+            yield from _read_blocks(reader, lo + skip, hi, take, pos - lo)
         pos += hi - lo
 
 
-def _read_blocks(reader: NpyReader, row: int, end: int, out: np.ndarray, shift: int):
-    """Rows ``row .. end`` of the file, a block at a time, as ``(row + shift, frames)``."""
+def _read_blocks(reader: NpyReader, row: int, end: int, take: Callable[[], np.ndarray], shift: int):
+    """Rows ``row .. end`` of the file, a block at a time (each into ``take()``), as ``(row + shift, frames)``."""
     while row < end:
+        out = take()
         n = min(end - row, out.shape[0])
         yield row + shift, reader.read_rows(out[:n])
         row += n
 
 
-def _wrapped_blocks(ckpt: Checkpoint, start: int, out: np.ndarray):
+def _wrapped_blocks(ckpt: Checkpoint, start: int, take: Callable[[], np.ndarray]):
     (cursor, cap), _ = ckpt.segments
     with _Stash() as stash:
         with _open_column(ckpt.files, "observation", ckpt.number) as reader:
-            for _, frames in _read_blocks(reader, 0, cursor, out, 0):  # the newest rows: last in run order
+            scratch = take()
+            for _, frames in _read_blocks(reader, 0, cursor, lambda: scratch, 0):  # the newest rows: last in run order
                 stash.put(frames)
             reader.skip_rows(start)
-            yield from _read_blocks(reader, cursor + start, cap, out, -cursor)
+            yield from _read_blocks(reader, cursor + start, cap, take, -cursor)
         row = cap - cursor  # the file was read to its end (its CRC checked); the newest rows follow
-        for frames in stash.blocks(out):
+        for frames in stash.blocks(take):
             yield row, frames
             row += frames.shape[0]
+
+
+class _Stopped(Exception):
+    """The consumer of ``read_ahead_blocks`` stopped: the reading thread ends."""
+
+
+def read_ahead_blocks(ckpt: Checkpoint, start: int, buffers: Sequence[np.ndarray],
+                      inner: slice = slice(None)) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """``iter_frame_blocks`` read by a thread one block ahead: ``(first row, frames, buffer)``, the frames read
+    into ``buffer[inner]``, one of ``buffers`` in turn. A yielded buffer is the caller's until it asks for the
+    next block; the thread fills the others meanwhile (gzip's inflate and the stash's LZ4 release the GIL, so
+    the decompression runs beside the caller's work). Memory: the buffers, whatever the file holds. An error
+    of the reader is raised here; a caller that stops early ends the thread (and its open files) first."""
+    free: queue.Queue = queue.Queue()
+    full: queue.Queue = queue.Queue()
+    for b in buffers:
+        free.put(b)
+    taken: list = [None, True]  # the buffer the reader last took, and whether it went to the caller
+    stop = threading.Event()
+
+    def take() -> np.ndarray:
+        if stop.is_set():
+            raise _Stopped
+        if not taken[1]:  # a buffer used and not handed over (the stash's scratch) is free again
+            free.put(taken[0])
+        buffer = free.get()
+        if buffer is None:
+            raise _Stopped
+        taken[:] = [buffer, False]
+        return buffer[inner]
+
+    def read() -> None:
+        try:
+            for lo, frames in iter_frame_blocks(ckpt, start, take):
+                taken[1] = True  # every block is read into the buffer taken last
+                full.put((lo, frames, taken[0]))
+        except _Stopped:
+            return
+        except BaseException as exc:  # noqa: BLE001  (raised in the consumer)
+            full.put((None, None, exc))
+            return
+        full.put((None, None, None))
+
+    thread = threading.Thread(target=read, name=f"mmreplay-dqn-read-{ckpt.number}", daemon=True)
+    thread.start()
+    try:
+        while True:
+            lo, frames, buffer_or_error = full.get()
+            if frames is None:
+                if buffer_or_error is not None:
+                    raise buffer_or_error
+                return
+            yield lo, frames, buffer_or_error
+            free.put(buffer_or_error)
+    finally:
+        stop.set()
+        free.put(None)
+        thread.join()
 
 
 class _Stash:
@@ -256,11 +320,12 @@ class _Stash:
         self._file.write(data)
         self._blocks.append((frames.shape[0], len(data)))
 
-    def blocks(self, out: np.ndarray) -> Iterator[np.ndarray]:
+    def blocks(self, take: Callable[[], np.ndarray]) -> Iterator[np.ndarray]:
         self._file.seek(0)
         for rows, nbytes in self._blocks:
-            self._codec.decode(self._file.read(nbytes), out=out[:rows])
-            yield out[:rows]
+            out = take()[:rows]
+            self._codec.decode(self._file.read(nbytes), out=out)
+            yield out
 
     def __enter__(self) -> "_Stash":
         return self

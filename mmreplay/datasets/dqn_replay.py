@@ -45,9 +45,9 @@ from mmreplay.datasets.dopamine_files import (
     Checkpoint,
     SmallColumns,
     checkpoint_files,
-    iter_frame_blocks,
     pack_frame,
     parse_checkpoints,
+    read_ahead_blocks,
     read_checkpoint,
     read_small_columns,
     unpack_frame,
@@ -58,8 +58,10 @@ from mmreplay.datasets.npy_stream import (
 
 ProgressFn = Callable[[int, int], None]
 
-#: frames a block holds at most, in bytes (one block of frames is most of the import's memory)
+#: frames a block holds at most, in bytes (``READ_AHEAD_BUFFERS`` blocks are most of the import's memory)
 BLOCK_BYTES = 32 << 20
+#: blocks of frames in turn: one being written while the reading thread decompresses the next
+READ_AHEAD_BUFFERS = 2
 #: transitions between two commits (each names where a resumed import starts)
 COMMIT_ROWS = 100_000
 #: distinct rewards at most for a packed reward column (the DQN Replay Dataset's are clipped to -1, 0, 1)
@@ -137,12 +139,14 @@ class _CheckpointImport:
             j += 1
         return j
 
-    def blocks(self, buffer: np.ndarray, progress: Callable[[int], None]) -> Iterator[None]:
+    def blocks(self, buffers: Sequence[np.ndarray], progress: Callable[[int], None]) -> Iterator[None]:
         """Read and write block by block; yields after each (the cursor then names a resume point).
-        ``buffer``: ``(block + 2, H, W)`` uint8; its row 0 holds the carried row (read, not yet written), the
-        rows after it the block, and one more row for a zero next frame."""
+        ``buffers``: ``(block + 2, H, W)`` uint8 each, filled in turn by the reading thread
+        (``read_ahead_blocks``); in the one a block is in, row 0 takes the carried row (read, not yet
+        written), the rows after it the block, and one more row a zero next frame."""
         carry = False
-        for lo, frames in iter_frame_blocks(self.ckpt, self.first, buffer[1:-1]):
+        carried = np.empty(buffers[0].shape[1:], np.uint8)
+        for lo, frames, buffer in read_ahead_blocks(self.ckpt, self.first, buffers, slice(1, -1)):
             if self.mask is None:
                 if self.pads_left is None:
                     self.pads_left = self.detect_padding(frames)
@@ -156,10 +160,11 @@ class _CheckpointImport:
             offset = 1 - lo  # buffer row of run row r (row 0: the carried row lo - 1)
             rows = np.flatnonzero(~pad) + lo
             if carry:
+                buffer[0] = carried
                 rows = np.concatenate([[lo - 1], rows])
             carry = self._write_rows(rows, hi, buffer, offset)
             if carry:
-                buffer[0] = buffer[int(rows[-1]) + offset]
+                carried[...] = buffer[int(rows[-1]) + offset]
             self._advance(int(rows[-1]) if carry else hi, carry)
             progress(hi)
             yield
@@ -331,7 +336,7 @@ def _run(plan: _Plan, writer, cursor: Cursor, block_bytes: int, commit_rows: int
     if not writer.resumed:
         commit()  # a state from the start: an import killed before its first block still resumes
     block = max(1, block_bytes // max(1, int(np.prod(plan.frame_shape))))
-    buffer = np.empty((block + 2, *plan.frame_shape), np.uint8)
+    buffers = [np.empty((block + 2, *plan.frame_shape), np.uint8) for _ in range(READ_AHEAD_BUFFERS)]
     before = 0
     try:
         for ckpt in plan.checkpoints:
@@ -339,7 +344,7 @@ def _run(plan: _Plan, writer, cursor: Cursor, block_bytes: int, commit_rows: int
             before += ckpt.rows
             if any(c["number"] == ckpt.number and c["done"] for c in cursor.checkpoints):
                 continue
-            for _ in _import_checkpoint(ckpt, cursor, writer, plan.stack, buffer, plan.notes, report):
+            for _ in _import_checkpoint(ckpt, cursor, writer, plan.stack, buffers, plan.notes, report):
                 if cursor.transitions - last_commit[0] >= commit_rows:
                     commit()
             commit()
@@ -376,7 +381,7 @@ def _scan_values(ckpts: Sequence[Checkpoint]) -> tuple[int, np.ndarray]:
     return max_action, rewards
 
 
-def _import_checkpoint(ckpt: Checkpoint, cursor: Cursor, writer, k: int, buffer: np.ndarray, notes: list[str],
+def _import_checkpoint(ckpt: Checkpoint, cursor: Cursor, writer, k: int, buffers: Sequence[np.ndarray], notes: list[str],
                        progress: Callable[[int], None]) -> Iterator[None]:
     """Consume one checkpoint's rows; yields after each block (a place where a commit may go)."""
     entry = next((c for c in cursor.checkpoints if c["number"] == ckpt.number), None)
@@ -405,7 +410,7 @@ def _import_checkpoint(ckpt: Checkpoint, cursor: Cursor, writer, k: int, buffer:
     base = gs if gs is not None else cursor.segments[-1]["global"]
     entry["first_global"] = base
     job = _CheckpointImport(ckpt, cols, cursor, writer, k, first, pads_left, base)
-    yield from job.blocks(buffer, progress)
+    yield from job.blocks(buffers, progress)
     entry["done"] = True
 
 

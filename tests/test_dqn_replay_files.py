@@ -1,0 +1,81 @@
+"""Dopamine checkpoint files read ahead by a thread (``dopamine_files.read_ahead_blocks``): the same blocks, in
+the same order, as the plain streamed read, for wrapped and unwrapped checkpoints and any start row; a caller
+that stops early or a reader that fails leaves no thread behind.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+from mmreplay.datasets.dopamine_files import (
+    checkpoint_files,
+    iter_frame_blocks,
+    read_ahead_blocks,
+    read_checkpoint,
+)
+from mmreplay.datasets.npy_stream import NpyFormatError
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "dqn_replay")
+
+
+def checkpoints(directory=FIXTURE):
+    files = checkpoint_files(directory)
+    return [read_checkpoint(n, files[n]) for n in sorted(files)]
+
+
+def readers_alive() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("mmreplay-dqn-read")]
+
+
+def plain(ckpt, start, rows):
+    out = np.empty((rows, *ckpt.frame_shape), np.uint8)
+    return [(lo, frames.copy()) for lo, frames in iter_frame_blocks(ckpt, start, out)]
+
+
+@pytest.mark.parametrize("rows", [7, 64, 1000])
+def test_read_ahead_gives_the_plain_blocks(rows):
+    ckpts = checkpoints()
+    assert any(len(c.segments) == 2 for c in ckpts), "the fixture has a wrapped checkpoint"
+    for ckpt in ckpts:
+        for start in (0, 1, 5, ckpt.rows // 2, ckpt.rows - 1):
+            buffers = [np.full((rows + 2, *ckpt.frame_shape), 255, np.uint8) for _ in range(2)]
+            got = []
+            for lo, frames, buffer in read_ahead_blocks(ckpt, start, buffers, slice(1, -1)):
+                assert any(buffer is b for b in buffers)
+                assert np.shares_memory(frames, buffer[1:-1])
+                assert (buffer[0] == 255).all() and (buffer[-1] == 255).all()  # only buffer[inner] is read into
+                got.append((lo, frames.copy()))
+            want = plain(ckpt, start, rows)
+            assert [lo for lo, _ in got] == [lo for lo, _ in want]
+            assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got, want))
+            assert got[0][0] == start and got[-1][0] + len(got[-1][1]) == ckpt.rows
+    assert not readers_alive()
+
+
+def test_caller_that_stops_early_ends_the_thread():
+    ckpt = checkpoints()[-1]
+    buffers = [np.empty((10, *ckpt.frame_shape), np.uint8) for _ in range(2)]
+    blocks = read_ahead_blocks(ckpt, 0, buffers)
+    next(blocks)
+    blocks.close()
+    assert not readers_alive()
+
+
+def test_reader_error_is_raised_in_the_caller(tmp_path):
+    src = tmp_path / "ckpt"
+    shutil.copytree(FIXTURE, src)
+    name = src / "$store$_observation_ckpt.1.gz"
+    raw = gzip.decompress(name.read_bytes())
+    name.write_bytes(gzip.compress(raw[: len(raw) // 2]))  # declares all its rows, holds half
+    ckpt = checkpoints(src)[-1]
+    buffers = [np.empty((16, *ckpt.frame_shape), np.uint8) for _ in range(2)]
+    with pytest.raises(NpyFormatError, match="truncated"):
+        for _ in read_ahead_blocks(ckpt, 0, buffers):
+            pass
+    assert not readers_alive()
