@@ -552,14 +552,46 @@ def test_a_new_store_plans_its_tiers_again_once_it_knows_how_its_frames_compress
     data = np.repeat(frames(801, seed=9)[:, :2], 42, axis=1)  # compresses far better than the first guess
     with mmreplay.Store.create(store_path, spaces.Box(0, 255, FRAME, np.uint8), spaces.Discrete(4), capacity=2000,
                                frame_stack=4, durable=False, cache_bytes=3 << 20) as w:
-        assert not w._state.reader._measured  # planned from a guess (for the rows it holds: one shard's)
+        assert not w._state.reader.planner.measured  # planned from a guess (for the rows it holds: one shard's)
         for g in range(800):
             w.add(data[g], 0, 0.0, data[g + 1], g % 100 == 99, False)
         w.flush()
         b = w.sample(64)
         stats = w.inspect.cache_stats()["obs"]["compressed"]
-        assert w._state.reader._measured
+        assert w._state.reader.planner.measured
         assert 0 < stats["capacity_bytes"] <= MAX_RESIDENT_SHARE * (3 << 20)  # measured: the compressed ring fits
         start = b.indices.numpy() - b.indices.numpy() % 100
         ids = np.maximum(b.indices.numpy()[:, None] + np.arange(-3, 1), start[:, None])
         np.testing.assert_array_equal(b.obs.numpy(), data[ids])
+
+
+def test_the_compressed_tier_and_the_files_hand_out_the_same_compressed_bytes(atari_like):
+    """What a device decode (#38) asks the sources: the compressed bytes of chunks, as held in RAM
+    (``CompressedTierSource.compressed_chunks``) and as read from their files (``FileSource.compressed_chunks``):
+    byte for byte the same, checksum included, and they decode to the frames the reader returns."""
+    import ctypes
+    path, _ = atari_like
+    with mmreplay.Store.open(path, mode="r", cache_bytes=64 << 20) as s:
+        wait_preloaded(s)
+        reader = s._state.reader
+        col = reader.columns["obs"]
+        ids = np.arange(reader.oldest, reader.oldest + 40, dtype=np.int64)
+        chunks = reader.ring.row_of(ids)
+        with reader.compressed.holding(col):
+            addr, sizes = reader.compressed.compressed_chunks(col, chunks)
+            assert (addr > 0).all() and (sizes > 4).all()
+            held = [ctypes.string_at(int(a), int(n)) for a, n in zip(addr.tolist(), sizes.tolist())]
+        got = reader.files.compressed_chunks(col, chunks)
+        try:
+            assert not got.empty.any()
+            read = [got.buffer[p:p + n].tobytes() for p, n in zip(got.pos.tolist(), got.sizes.tolist())]
+            assert read == held
+            out = np.zeros((ids.size, *FRAME), np.uint8)
+            dst = out.ctypes.data + np.arange(ids.size, dtype=np.int64) * out[0].nbytes
+            reader.files.decoder.decode_chunks(col, chunks, got.addresses(), got.sizes, dst, np.zeros_like(dst),
+                                               out[0].nbytes, (out,))
+        finally:
+            got.release()
+        for i, frame_id in enumerate(ids.tolist()):
+            np.testing.assert_array_equal(out[i], reader.read_frame("obs", frame_id))
+        assert reader.compressed.compressed_chunks(col, chunks[:0])[0].size == 0
