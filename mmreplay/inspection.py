@@ -17,6 +17,7 @@ from mmreplay.index.ring import TransitionRing
 from mmreplay.index.frame_ring import FrameRing
 from mmreplay.storage.durability import priority_files
 from mmreplay.storage.format.layout import RingGeometry
+from mmreplay.storage.format.sharded import verify_shard
 
 
 def first_readable(ring: TransitionRing, frame_stack: int, frame_head: int) -> int:
@@ -61,7 +62,7 @@ def verify(root: str, layouts: list, work: list, progress=None) -> list[str]:
     for layout in layouts:
         problems += layout.metadata_problems(root)
     for i, (array, shard, committed_chunks) in enumerate(work):
-        problems += array.verify_shard(shard, committed_chunks)
+        problems += verify_shard(array, shard, committed_chunks)
         if progress:
             progress(i + 1, len(work))
     return problems

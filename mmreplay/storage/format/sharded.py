@@ -43,6 +43,23 @@ def _as_columns(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for the indexes of a 10M-frame store, which a reader keeps for every shard it has read from.)"""
     return np.ascontiguousarray(index[:, 0]), np.ascontiguousarray(index[:, 1])
 
+
+def _index_of(raw: bytes, n: int) -> np.ndarray:
+    """The (offset, nbytes) index of ``n`` chunks at the end of shard bytes built here (tagged or not)."""
+    return np.frombuffer(raw[len(raw) - n * 16 - CRC_BYTES: len(raw) - CRC_BYTES], dtype="<u8").reshape(n, 2)
+
+
+def _chunk_end_crcs(buf: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Per chunk of ``index`` (offsets and sizes in ``buf``, a whole shard file's bytes), the little-endian
+    crc32c that ends the chunk, as uint32 (0 for an empty chunk)."""
+    used = np.flatnonzero(index[:, 0] != EMPTY)
+    ends = (index[used, 0] + index[used, 1]).astype(np.int64)
+    crcs = np.zeros(len(index), dtype=np.uint32)
+    for k in range(CRC_BYTES):
+        crcs[used] |= buf[ends - CRC_BYTES + k].astype(np.uint32) << np.uint32(8 * k)
+    return crcs
+
+
 def _max_open_files() -> int:
     """Descriptors one array keeps open: a random batch touches hundreds of shards, and reopening one costs
     ~15 us warm, a device read of its index tail cold; bounded by an eighth of the process's limit (a store
@@ -150,11 +167,7 @@ class ShardedArray:
         if crcs is None:
             return
         used = np.flatnonzero(index[:, 0] != EMPTY)
-        ends = (index[used, 0] + index[used, 1]).astype(np.int64)
-        stored = np.zeros(used.size, dtype=np.uint32)
-        for k in range(CRC_BYTES):  # the little-endian crc that ends each chunk
-            stored |= buf[ends - CRC_BYTES + k].astype(np.uint32) << np.uint32(8 * k)
-        bad = used[stored != np.asarray(crcs, dtype=np.uint32)[used]]
+        bad = used[_chunk_end_crcs(buf, index)[used] != np.asarray(crcs, dtype=np.uint32)[used]]
         if bad.size:
             raise CorruptDataError(f"{self.where(shard, int(bad[0]))}: chunk checksum differs from the one the "
                                    "shard's identity tag lists (the chunk was replaced)")
@@ -174,7 +187,7 @@ class ShardedArray:
         n = self.layout.chunks_per_shard
         if not tagged:
             raw = self.tagged(shard, raw)
-        index = self._index_of(raw)  # the tag sits before the index: its place from the end is the same
+        index = _index_of(raw, n)  # the tag sits before the index: its place from the end is the same
         tail = raw[len(raw) - tail_nbytes(n):]
         path = self.layout.shard_file(self.root, shard)
         atomic_write(path, raw, root=self.root)  # its directories made inside the store, never through a link
@@ -190,19 +203,10 @@ class ShardedArray:
         """Untagged shard bytes (chunks, index, crc) with this array's tag inserted before the index (the
         chunk offsets do not change): the bytes ``install_shard`` writes."""
         n = self.layout.chunks_per_shard
-        index = self._index_of(raw)
         data_end = len(raw) - n * 16 - CRC_BYTES
-        crcs = np.zeros(n, dtype="<u4")
-        for i, (offset, nbytes) in enumerate(index.tolist()):
-            if offset != EMPTY_INT:
-                crcs[i] = int.from_bytes(raw[offset + nbytes - CRC_BYTES:offset + nbytes], "little")
+        crcs = _chunk_end_crcs(np.frombuffer(raw, dtype=np.uint8), _index_of(raw, n)).astype("<u4")
         tag = ShardTag.new(self.layout.path, shard).encode(crcs)
         return b"".join((raw[:data_end], tag, raw[data_end:]))
-
-    def _index_of(self, raw: bytes) -> np.ndarray:
-        """The (offset, nbytes) index at the end of shard bytes this array built (tagged or not)."""
-        n = self.layout.chunks_per_shard
-        return np.frombuffer(raw[len(raw) - n * 16 - CRC_BYTES: len(raw) - CRC_BYTES], dtype="<u8").reshape(n, 2)
 
     def write_shard(self, shard: int, data: np.ndarray, n_rows: int) -> str:
         return self.install_shard(shard, self.encode_shard(data, n_rows))
@@ -257,33 +261,6 @@ class ShardedArray:
         descriptor is -1 and the index None when there is no file and the array is ``missing_ok``."""
         fd, index = self._open(shard)
         return fd, index, self._chunk_crcs.get(shard)
-
-    def verify_shard(self, shard: int, committed_chunks: int | None = None) -> list[str]:
-        """Check a shard file's identity and index, and decode every chunk (checksum, format, decoded
-        size): the problems found. The first ``committed_chunks`` chunks (all if None) hold committed rows
-        and must be there; later ones may be empty."""
-        self.forget([shard])
-        path = self.layout.shard_file(self.root, shard)
-        if not os.path.exists(path):
-            return [f"array {self.layout.path!r}, shard {shard}: file {path} is missing"]
-        try:
-            with self._lock:
-                _, index = self._open(shard)
-        except CorruptDataError as exc:  # the index or identity is bad: every chunk would repeat it
-            self.forget([shard])
-            return [str(exc)]
-        committed = self.layout.chunks_per_shard if committed_chunks is None else committed_chunks
-        problems = []
-        out = np.empty(self.chunk_shape, dtype=self.layout.np_dtype)
-        for inner in range(self.layout.chunks_per_shard):
-            if inner >= committed and (index is None or int(index[0][inner]) == EMPTY_INT):
-                continue  # beyond the committed rows: empty is right
-            try:
-                self.read_chunk(shard * self.layout.chunks_per_shard + inner, out)
-            except CorruptDataError as exc:
-                problems.append(str(exc))
-        self.forget([shard])
-        return problems
 
     def read_rows(self, start: int, stop: int, damaged: list | None = None) -> np.ndarray:
         """Rows [start, stop) as a new array (used to load resident columns at open). With a ``damaged``
@@ -392,6 +369,35 @@ class ShardedArray:
         fd = self._fds.pop(shard, None)
         if fd is not None:
             os.close(fd)
+
+
+def verify_shard(array: ShardedArray, shard: int, committed_chunks: int | None = None) -> list[str]:
+    """Check shard ``shard``'s file of ``array``: its identity and index, and every chunk decoded (checksum,
+    format, decoded size): the problems found. The first ``committed_chunks`` chunks (all if None) hold
+    committed rows and must be there; later ones may be empty."""
+    layout = array.layout
+    array.forget([shard])
+    path = layout.shard_file(array.root, shard)
+    if not os.path.exists(path):
+        return [f"array {layout.path!r}, shard {shard}: file {path} is missing"]
+    try:
+        with array.files_held():
+            _, index, _ = array.open_shard(shard)
+    except CorruptDataError as exc:  # the index or identity is bad: every chunk would repeat it
+        array.forget([shard])
+        return [str(exc)]
+    committed = layout.chunks_per_shard if committed_chunks is None else committed_chunks
+    problems = []
+    out = np.empty(array.chunk_shape, dtype=layout.np_dtype)
+    for inner in range(layout.chunks_per_shard):
+        if inner >= committed and (index is None or int(index[0][inner]) == EMPTY_INT):
+            continue  # beyond the committed rows: empty is right
+        try:
+            array.read_chunk(shard * layout.chunks_per_shard + inner, out)
+        except CorruptDataError as exc:
+            problems.append(str(exc))
+    array.forget([shard])
+    return problems
 
 
 def shard_identities(arrays, ring, oldest: int, head: int) -> dict[str, dict]:
