@@ -3,7 +3,8 @@
 Writes (once, cached in ``--work``) a Dopamine replay directory of ``--checkpoints`` checkpoints of
 ``--rows`` rows each, from the real Atari frames of mmreplay/data/atari_fixture.npz
 (scripts/make_dqn_replay_fixture.py: Dopamine's add/save rules), then imports it with the CLI in a child
-process and reports wall time, transitions/s, the child's peak RSS and the store's bytes a transition.
+process and reports wall time, transitions/s, the CPU it took (import and encoder child), the process tree's
+peak RSS/PSS and the store's bytes a transition (``measure_import``, which the ``--dqn-replay`` bench uses too).
 
     python scripts/measure_dqn_replay.py --rows 100000 --checkpoints 2
 """
@@ -16,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -24,6 +26,81 @@ from make_dqn_replay_fixture import make_fixture  # noqa: E402
 
 def du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the import and its shard encoder child)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) summed over ``pid`` and its descendants, in bytes (PSS splits shared pages, e.g. the staging
+    buffers the import and its encoder child share, between them: the memory the import really holds)."""
+    rss = pss = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return rss, pss
+
+
+def measure_import(src: str, out: str, checkpoints: str | None = None, stream_progress: bool = False) -> dict:
+    """``mmreplay import --format dqn-replay src out`` in a child process: wall time, transitions/s, CPU
+    seconds of the import and its encoder child (``os.wait4``: the child's own rusage, its reaped children
+    included), the process tree's peak RSS and PSS (sampled every 0.2 s) and the store's bytes a transition.
+    ``stream_progress``: the CLI's progress bar goes to this process's stderr."""
+    cmd = [sys.executable, "-m", "mmreplay.cli", "import", "--format", "dqn-replay", src, out]
+    if checkpoints:
+        cmd += ["--checkpoints", checkpoints]
+    start = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None if stream_progress else subprocess.PIPE,
+                             text=True)
+    peak = [0, 0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            rss, pss = tree_memory(child.pid)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout = child.stdout.read()
+    stderr = child.stderr.read() if child.stderr else ""
+    _, status, usage = os.wait4(child.pid, 0)
+    done.set()
+    sampler.join()
+    wall = time.perf_counter() - start
+    if status:
+        raise RuntimeError(f"the import failed (status {status}): {stderr[-3000:]}")
+    summary = json.loads(stdout)
+    n = summary["transitions"]
+    cpu = usage.ru_utime + usage.ru_stime
+    frames = os.path.join(out, "frames")
+    return {"transitions": n, "seconds": round(wall, 1), "transitions_per_s": round(n / wall),
+            "cpu_s": round(cpu, 1), "cpu_us_per_transition": round(cpu / n * 1e6, 1),
+            "peak_rss_tree_mb": round(peak[0] / 2**20), "peak_pss_tree_mb": round(peak[1] / 2**20),
+            "peak_rss_largest_process_mb": round(usage.ru_maxrss / 1024),
+            "store_bytes": du(out), "store_bytes_per_transition": round(du(out) / n, 1),
+            "frame_bytes_per_transition": round(du(frames) / n, 1) if os.path.isdir(frames) else None,
+            "loadavg_start": round(load0, 2), "loadavg_end": round(os.getloadavg()[0], 2)}
 
 
 def main(argv=None) -> int:
@@ -41,27 +118,7 @@ def main(argv=None) -> int:
         print(f"wrote {src} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     out = os.path.join(args.work, "store")
     shutil.rmtree(out, ignore_errors=True)
-    start = time.perf_counter()
-    # the import's own rusage (os.wait4): a child forked from this process (which may hold the generated
-    # buffer) would otherwise report this process's pages as its peak
-    child = subprocess.Popen([sys.executable, "-m", "mmreplay.cli", "import", "--format", "dqn-replay", src, out],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout, stderr = child.stdout.read(), child.stderr.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    if status:
-        print(stderr, file=sys.stderr)
-        return 1
-    summary = json.loads(stdout)
-    peak = usage.ru_maxrss * 1024
-    cpu = usage.ru_utime + usage.ru_stime
-    n = summary["transitions"]
-    frames = os.path.join(out, "frames")
-    report = {"transitions": n, "rows": args.rows * args.checkpoints, "seconds": round(wall, 1),
-              "transitions_per_s": round(n / wall), "import_process_cpu_s": round(cpu, 1),
-              "peak_rss_mb": round(peak / 2**20),
-              "store_bytes_per_transition": round(du(out) / n, 1),
-              "frame_bytes_per_transition": round(du(frames) / n, 1) if os.path.isdir(frames) else None,
+    report = {"rows": args.rows * args.checkpoints, **measure_import(src, out),
               "source_gz_bytes_per_row": round(du(src) / (args.rows * args.checkpoints), 1)}
     print(json.dumps(report))
     return 0

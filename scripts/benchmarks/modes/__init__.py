@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from .base import Mode
 from .cgroup import CgroupMode
+from .dqn_replay import DqnReplayMode
 from .larger_than_ram import LargerThanRamMode
 from .per import PerMode
 from .workloads import WorkloadsMode
 
-MODES: list[Mode] = [WorkloadsMode(), PerMode(), CgroupMode(), LargerThanRamMode()]
+MODES: list[Mode] = [WorkloadsMode(), PerMode(), CgroupMode(), LargerThanRamMode(), DqnReplayMode()]
