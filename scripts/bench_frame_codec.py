@@ -93,7 +93,7 @@ def child_fill(path: str, workload: str, n: int, codec: str) -> dict:
 
 def child_sample(path: str, windows: int, window_s: float, check_ids: list[int]) -> dict:
     import mmreplay
-    from mmreplay._native import decode as native
+    from mmreplay._native import chunk_decode as native
 
     store = mmreplay.Store.open(path, mode="r")
     out = {}

@@ -10,7 +10,8 @@ import torch
 import pytest
 
 import mmreplay
-from mmreplay._native import decode as native, helpers
+from mmreplay._native import helpers, linked
+from mmreplay._native.codec_kinds import CODEC_BLOSC
 from mmreplay._native.gather import gather_stacks
 from test_reading import atari_like, chunk_bytes, direct_budget, expected_obs, frames  # noqa: F401 (a fixture)
 from numcodecs import blosc
@@ -73,17 +74,17 @@ def test_shared_decodes_land_where_asked_and_a_corrupt_chunk_is_reported(two_hel
     dst = out.ctypes.data + np.arange(n, dtype=np.int64) * out[0].nbytes
     copies = np.where(np.arange(n) % 3 == 0, copies_out.ctypes.data + np.arange(n) * out[0].nbytes, 0).astype(np.int64)
     status = np.full(n, -1, np.int8)
-    assert two_helpers.decode(src, sizes, dst, copies, out[0].nbytes, native.CODEC_BLOSC, status,
+    assert two_helpers.decode(src, sizes, dst, copies, out[0].nbytes, CODEC_BLOSC, status,
                               (out, copies_out)) == 0
-    assert (status == native.OK).all()
+    assert (status == linked.OK).all()
     np.testing.assert_array_equal(out, data)
     np.testing.assert_array_equal(copies_out[::3], data[::3])
     # one flipped byte in chunk 150 (a piece that either thread may take): that chunk fails, the rest decode
     buf[src[150] - buf.ctypes.data + 5] ^= 0xFF
     out[:] = 0
-    assert two_helpers.decode(src, sizes, dst, copies, out[0].nbytes, native.CODEC_BLOSC, status,
+    assert two_helpers.decode(src, sizes, dst, copies, out[0].nbytes, CODEC_BLOSC, status,
                               (out, copies_out)) == 1
-    assert status[150] == native.BAD_CHECKSUM and np.count_nonzero(status) == 1
+    assert status[150] == linked.BAD_CHECKSUM and np.count_nonzero(status) == 1
     np.testing.assert_array_equal(np.delete(out, 150, 0), np.delete(data, 150, 0))
 
 

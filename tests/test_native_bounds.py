@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from numcodecs import blosc
 
-from mmreplay._native import cache, decode, draw, gather, helpers, packing, priorities, ring, sequences, sumtree
+from mmreplay._native import (cache, decode, draw, gather, helpers, packing, priorities, ring, selftest, sequences,
+                              sumtree)
+from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_TEMPORAL
 from mmreplay.index.sumtree import SumTree
 
 pytestmark = pytest.mark.skipif(not decode.AVAILABLE, reason="this numcodecs/google-crc32c build exports no C symbols")
@@ -39,11 +41,11 @@ def test_a_decode_into_a_buffer_one_frame_short_is_refused_before_any_write():
     dst = out.ctypes.data + np.arange(4, dtype=np.int64) * FRAME
     status = np.full(4, -1, np.int8)
     with pytest.raises(ValueError, match=rf"dst\[3\] = {int(dst[3]):#x}: its {FRAME} bytes fall outside"):
-        decode.checked_decode_chunks(src, sizes, dst, np.zeros_like(dst), FRAME, decode.CODEC_BLOSC, status, (out,))
+        decode.checked_decode_chunks(src, sizes, dst, np.zeros_like(dst), FRAME, CODEC_BLOSC, status, (out,))
     assert not out.any() and (status == -1).all()  # not even the frames that fit were written
     out = np.zeros((4, FRAME), np.uint8)
     dst = out.ctypes.data + np.arange(4, dtype=np.int64) * FRAME
-    assert decode.checked_decode_chunks(src, sizes, dst, np.zeros_like(dst), FRAME, decode.CODEC_BLOSC, status,
+    assert decode.checked_decode_chunks(src, sizes, dst, np.zeros_like(dst), FRAME, CODEC_BLOSC, status,
                                         (out,)) == 0
     np.testing.assert_array_equal(out, data)
 
@@ -54,9 +56,9 @@ def test_a_copy_address_or_a_short_status_is_refused():
     dst = out.ctypes.data + np.arange(4, dtype=np.int64) * FRAME
     copies = np.array([0, other.ctypes.data, 0, 0], np.int64)  # into an array not named in ``into``
     with pytest.raises(ValueError, match=r"copies\[1\]"):
-        decode.checked_decode_chunks(src, sizes, dst, copies, FRAME, decode.CODEC_BLOSC, np.zeros(4, np.int8), (out,))
+        decode.checked_decode_chunks(src, sizes, dst, copies, FRAME, CODEC_BLOSC, np.zeros(4, np.int8), (out,))
     with pytest.raises(ValueError, match="status has 3 entries, the kernel writes 4"):
-        decode.checked_decode_chunks(src, sizes, dst, np.zeros_like(dst), FRAME, decode.CODEC_BLOSC,
+        decode.checked_decode_chunks(src, sizes, dst, np.zeros_like(dst), FRAME, CODEC_BLOSC,
                                      np.zeros(3, np.int8), (out,))
     assert not out.any() and not other.any()
 
@@ -68,7 +70,7 @@ def test_the_codec_helpers_refuse_a_destination_outside_their_buffers(monkeypatc
         out = np.zeros((39, FRAME), np.uint8)
         dst = out.ctypes.data + np.arange(40, dtype=np.int64) * FRAME
         with pytest.raises(ValueError, match=r"dst\[39\]"):
-            h.decode(src, sizes, dst, np.zeros_like(dst), FRAME, decode.CODEC_BLOSC, np.zeros(40, np.int8), (out,))
+            h.decode(src, sizes, dst, np.zeros_like(dst), FRAME, CODEC_BLOSC, np.zeros(40, np.int8), (out,))
         assert not out.any()
         slab = np.arange(80, dtype=np.uint64).reshape(10, 8)
         index = np.zeros((4, 5), np.int64)
@@ -93,22 +95,22 @@ def test_stack_decodes_need_outputs_that_hold_the_batch():
     status = np.full(10, -1, np.int8)
     with pytest.raises(ValueError, match=f"next_out holds {7 * FRAME} bytes, 2 stacks of 4 frames of {FRAME} bytes"):
         decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, next_out, FRAME, 0, src, sizes,
-                                     decode.CODEC_BLOSC, status)
+                                     CODEC_BLOSC, status)
     with pytest.raises(ValueError, match="next_out holds"):
         decode.checked_plan_stack_decodes(obs_ids, next_ids, True, obs_out, next_out, FRAME, 0, src, sizes)
     with pytest.raises(ValueError, match="status has 9 entries, the kernel writes 10"):
         decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, np.zeros((8, FRAME), np.uint8), FRAME, 0,
-                                     src, sizes, decode.CODEC_BLOSC, status[:9])
+                                     src, sizes, CODEC_BLOSC, status[:9])
     with pytest.raises(ValueError, match="next_out must be a C-contiguous numpy array"):
         decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, np.zeros((8, 2 * FRAME), np.uint8)[:, ::2],
-                                     FRAME, 0, src, sizes, decode.CODEC_BLOSC, status)
+                                     FRAME, 0, src, sizes, CODEC_BLOSC, status)
     with pytest.raises(ValueError, match="codec 7 is none of the compiled decoder's"):
         decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, np.zeros((8, FRAME), np.uint8), FRAME, 0,
                                      src, sizes, 7, status)
     assert not obs_out.any() and (status == -1).all()
     next_out = np.zeros((8, FRAME), np.uint8)
     bad, rows = decode.checked_decode_stacks(obs_ids, next_ids, True, obs_out, next_out, FRAME, 0, src, sizes,
-                                             decode.CODEC_BLOSC, status)
+                                             CODEC_BLOSC, status)
     assert bad == 0
     np.testing.assert_array_equal(obs_out, data[obs_ids.reshape(-1)])
     np.testing.assert_array_equal(next_out, data[next_ids.reshape(-1)])
@@ -126,19 +128,19 @@ def test_a_checked_plan_decodes_alone_or_shared_and_nothing_else_passes_for_one(
         # a tuple with the plan's fields, but not made by the checked planner (its addresses unchecked)
         forged = tuple(plan)
         with pytest.raises(TypeError, match="StackPlan from checked_plan_stack_decodes expected, got tuple"):
-            decode.checked_decode_plan(forged, decode.CODEC_BLOSC, np.zeros(40, np.int8))
+            decode.checked_decode_plan(forged, CODEC_BLOSC, np.zeros(40, np.int8))
         if h is not None:
             with pytest.raises(TypeError, match="got tuple"):
-                h.decode_plan(forged, decode.CODEC_BLOSC, np.zeros(40, np.int8))
+                h.decode_plan(forged, CODEC_BLOSC, np.zeros(40, np.int8))
         with pytest.raises(ValueError, match="status has 39 entries, the kernel writes 40"):
-            decode.checked_decode_plan(plan, decode.CODEC_BLOSC, np.zeros(39, np.int8))
+            decode.checked_decode_plan(plan, CODEC_BLOSC, np.zeros(39, np.int8))
         with pytest.raises(ValueError, match="codec 99"):
             decode.checked_decode_plan(plan, 99, np.zeros(40, np.int8))
         assert not obs_out.any() and not next_out.any()
         status = np.full(40, -1, np.int8)
-        bad = h.decode_plan(plan, decode.CODEC_BLOSC, status) if h is not None else None
+        bad = h.decode_plan(plan, CODEC_BLOSC, status) if h is not None else None
         if bad is None:
-            bad = decode.checked_decode_plan(plan, decode.CODEC_BLOSC, status)
+            bad = decode.checked_decode_plan(plan, CODEC_BLOSC, status)
         assert bad == 0 and (status == decode.OK).all()
         np.testing.assert_array_equal(obs_out, data[obs_ids.reshape(-1)])
         np.testing.assert_array_equal(next_out, data[next_ids.reshape(-1)])
@@ -149,7 +151,7 @@ def test_a_checked_plan_decodes_alone_or_shared_and_nothing_else_passes_for_one(
         held = decode.checked_plan_stack_decodes(obs_ids, next_ids, True, obs_out, next_out, FRAME, 0, src_gone,
                                                  sizes_gone)
         with pytest.raises(ValueError, match="1 frames whose chunk is not held"):
-            decode.checked_decode_plan(held, decode.CODEC_BLOSC, status)
+            decode.checked_decode_plan(held, CODEC_BLOSC, status)
     finally:
         if h is not None:
             h.stop()
@@ -304,39 +306,39 @@ def test_priority_kernels_check_their_arrays():
 
 # -- the C symbols: checked on known chunks at first use ---------------------------------------------------
 def test_the_linked_symbols_decode_known_chunks_as_numcodecs_does():
-    decode.self_test()  # raises on a mismatch
-    decode.ensure_linked()
-    assert decode._LINK_CHECKED
+    selftest.self_test()  # raises on a mismatch
+    selftest.ensure_linked()
+    assert selftest._LINK_CHECKED
 
 
 def test_a_symbol_that_decodes_otherwise_is_named(monkeypatch):
-    real = decode._known_chunks()
-    wrong = [(codec, what, chunk, bytes(expected[:-1]) + bytes([expected[-1] ^ 1])) if codec == decode.CODEC_BLOSC
+    real = selftest._known_chunks()
+    wrong = [(codec, what, chunk, bytes(expected[:-1]) + bytes([expected[-1] ^ 1])) if codec == CODEC_BLOSC
              else (codec, what, chunk, expected) for codec, what, chunk, expected in real]
-    monkeypatch.setattr(decode, "_known_chunks", lambda: wrong)
-    with pytest.raises(decode.LinkError, match="numcodecs.blosc: blosc_decompress_ctx.*gave bytes that differ"):
-        decode.self_test()
-    wrong = [(codec, what, chunk, expected) if codec != decode.CODEC_TEMPORAL
+    monkeypatch.setattr(selftest, "_known_chunks", lambda: wrong)
+    with pytest.raises(selftest.LinkError, match="numcodecs.blosc: blosc_decompress_ctx.*gave bytes that differ"):
+        selftest.self_test()
+    wrong = [(codec, what, chunk, expected) if codec != CODEC_TEMPORAL
              else (codec, what, chunk, expected[::-1]) for codec, what, chunk, expected in real]
-    monkeypatch.setattr(decode, "_known_chunks", lambda: wrong)
-    with pytest.raises(decode.LinkError, match=r"numcodecs.zstd: ZSTD_decompress \(temporal run\)"):
-        decode.self_test()
+    monkeypatch.setattr(selftest, "_known_chunks", lambda: wrong)
+    with pytest.raises(selftest.LinkError, match=r"numcodecs.zstd: ZSTD_decompress \(temporal run\)"):
+        selftest.self_test()
     wrong = [(codec, what, chunk[:-4] + bytes(4), expected) for codec, what, chunk, expected in real]
-    monkeypatch.setattr(decode, "_known_chunks", lambda: wrong)
-    with pytest.raises(decode.LinkError, match="google_crc32c._crc32c: crc32c_value"):
-        decode.self_test()
+    monkeypatch.setattr(selftest, "_known_chunks", lambda: wrong)
+    with pytest.raises(selftest.LinkError, match="google_crc32c._crc32c: crc32c_value"):
+        selftest.self_test()
     # at first use: a process whose self-test fails refuses to decode rather than return garbage
-    monkeypatch.setattr(decode, "_LINK_CHECKED", False)
+    monkeypatch.setattr(selftest, "_LINK_CHECKED", False)
     buf, src, sizes, data = blosc_chunks(1)
     out = np.zeros((1, FRAME), np.uint8)
     dst = np.array([out.ctypes.data], np.int64)
-    with pytest.raises(decode.LinkError):
-        decode.checked_decode_chunks(src, sizes, dst, np.zeros(1, np.int64), FRAME, decode.CODEC_BLOSC,
+    with pytest.raises(selftest.LinkError):
+        decode.checked_decode_chunks(src, sizes, dst, np.zeros(1, np.int64), FRAME, CODEC_BLOSC,
                                      np.zeros(1, np.int8), (out,))
     assert not out.any()
-    monkeypatch.setattr(decode, "_known_chunks", lambda: real)
-    decode.ensure_linked()
-    assert decode._LINK_CHECKED  # passed once: not run again
+    monkeypatch.setattr(selftest, "_known_chunks", lambda: real)
+    selftest.ensure_linked()
+    assert selftest._LINK_CHECKED  # passed once: not run again
 
 
 # -- frame decodes (layout-2 runs decoded straight into a batch) ------------------------------------------

@@ -14,7 +14,8 @@ from numcodecs import blosc, zstd
 
 import mmreplay
 from conftest import wait_preloaded
-from mmreplay._native import decode as native
+from mmreplay._native import chunk_decode, linked
+from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_ZSTD
 from mmreplay.reading.frames import FrameReader
 from mmreplay.reading.preload import BackgroundPass
 from mmreplay.reading.tiers import (MAX_RESIDENT_SHARE, MIN_DECODED_SHARE, PARTIAL_RESIDENT_SHARE, TierPlan,
@@ -24,7 +25,7 @@ from mmreplay.storage.format.layout import ArrayLayout
 from mmreplay.storage.format.shardfile import build_shard
 from mmreplay.sampling.strategy import NStep
 
-pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="this numcodecs/google-crc32c build exports no C symbols")
+pytestmark = pytest.mark.skipif(not linked.AVAILABLE, reason="this numcodecs/google-crc32c build exports no C symbols")
 
 FRAME = (84, 84)
 
@@ -47,7 +48,7 @@ def decode(chunks: list[bytes], out: np.ndarray, codec: int) -> np.ndarray:
     src = buf.ctypes.data + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     dst = out.ctypes.data + np.arange(len(chunks), dtype=np.int64) * out[0].nbytes
     status = np.full(len(chunks), -1, dtype=np.int8)
-    native.decode_chunks(src, sizes, dst, np.zeros_like(dst), out[0].nbytes, codec, status)
+    chunk_decode.decode_chunks(src, sizes, dst, np.zeros_like(dst), out[0].nbytes, codec, status)
     return status
 
 
@@ -55,13 +56,13 @@ def decode(chunks: list[bytes], out: np.ndarray, codec: int) -> np.ndarray:
 def test_the_kernel_decodes_what_numcodecs_encoded(codec):
     data = frames(50)
     if codec == "zstd":
-        enc, kind = (lambda a: zstd.compress(a, 3)), native.CODEC_ZSTD
+        enc, kind = (lambda a: zstd.compress(a, 3)), CODEC_ZSTD
     else:
         cname = codec.split("-")[1].encode()
-        enc, kind = (lambda a: blosc.compress(a, cname, 3, blosc.NOSHUFFLE, 0)), native.CODEC_BLOSC
+        enc, kind = (lambda a: blosc.compress(a, cname, 3, blosc.NOSHUFFLE, 0)), CODEC_BLOSC
     chunks = [chunk_bytes(bytes(enc(np.ascontiguousarray(f)))) for f in data]
     out = np.zeros_like(data)
-    assert (decode(chunks, out, kind) == native.OK).all()
+    assert (decode(chunks, out, kind) == linked.OK).all()
     np.testing.assert_array_equal(out, data)
 
 
@@ -75,8 +76,8 @@ def test_the_kernel_refuses_a_flipped_byte_a_short_chunk_and_a_wrong_size():
     half = np.ascontiguousarray(data[3][:42])  # decodes to half a frame: the checksum is right, the size not
     chunks[3] = chunk_bytes(bytes(blosc.compress(half, b"lz4", 5, blosc.NOSHUFFLE, 0)))
     out = np.zeros_like(data)
-    status = decode(chunks, out, native.CODEC_BLOSC)
-    assert status.tolist() == [native.OK, native.BAD_CHECKSUM, native.BAD_SIZE, native.BAD_SIZE]
+    status = decode(chunks, out, CODEC_BLOSC)
+    assert status.tolist() == [linked.OK, linked.BAD_CHECKSUM, linked.BAD_SIZE, linked.BAD_SIZE]
     np.testing.assert_array_equal(out[0], data[0])
     assert not out[1].any()  # nothing written for a chunk whose checksum failed
 
@@ -85,7 +86,7 @@ def test_a_zstd_payload_of_another_size_is_refused():
     data = frames(1)
     short = chunk_bytes(zstd.compress(np.ascontiguousarray(data[0][:10]), 1))
     out = np.zeros_like(data)
-    assert decode([short], out, native.CODEC_ZSTD).tolist() == [native.BAD_SIZE]
+    assert decode([short], out, CODEC_ZSTD).tolist() == [linked.BAD_SIZE]
 
 
 def layout(tmp_path, rows=64, shard_rows=16) -> ArrayLayout:
@@ -119,9 +120,9 @@ def test_resident_shards_map_every_chunk_and_mark_empty_ones(tmp_path):
     held = np.flatnonzero(addr > 0)
     status = np.empty(held.size, dtype=np.int8)
     copy = np.zeros_like(data)  # a second place for each decoded frame (the kernel copies it there)
-    native.decode_chunks(addr[held], res.chunk_size[16 + held], out.ctypes.data + held.astype(np.int64) * out[0].nbytes,
-                         copy.ctypes.data + held.astype(np.int64) * out[0].nbytes, out[0].nbytes, native.CODEC_BLOSC,
-                         status)
+    at = held.astype(np.int64) * out[0].nbytes
+    chunk_decode.decode_chunks(addr[held], res.chunk_size[16 + held], out.ctypes.data + at, copy.ctypes.data + at,
+                               out[0].nbytes, CODEC_BLOSC, status)
     assert (status == 0).all()
     np.testing.assert_array_equal(out[held], data[held])
     np.testing.assert_array_equal(copy[held], data[held])

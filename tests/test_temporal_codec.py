@@ -13,7 +13,8 @@ from gymnasium import spaces
 import mmreplay
 import synthetic as syn
 from mmreplay.errors import CorruptDataError
-from mmreplay._native import decode as native
+from mmreplay._native import chunk_decode, decode as native, run_decode
+from mmreplay._native.codec_kinds import CODEC_TEMPORAL
 from mmreplay.codecs import temporal
 from mmreplay.storage.format.codecs import validate_codec
 from reference import ReferenceReplay, assert_batch_matches
@@ -121,9 +122,9 @@ def test_malformed_chunks_are_refused_by_the_compiled_path(atari_frames):
         chunk = np.frombuffer(data + struct.pack("<I", google_crc32c.value(data)), np.uint8).copy()
         out = np.zeros((8, 84, 84), np.uint8)
         status = np.zeros(1, np.int8)
-        bad = native.decode_chunks(np.array([chunk.ctypes.data]), np.array([chunk.size]),
-                                   np.array([out.ctypes.data]), np.zeros(1, np.int64), out.nbytes,
-                                   native.CODEC_TEMPORAL, status)
+        bad = chunk_decode.decode_chunks(np.array([chunk.ctypes.data]), np.array([chunk.size]),
+                                         np.array([out.ctypes.data]), np.zeros(1, np.int64), out.nbytes,
+                                         CODEC_TEMPORAL, status)
         if what == "intact":
             assert bad == 0 and np.array_equal(out, atari_frames[:8])
         else:
@@ -195,11 +196,12 @@ def test_compiled_partial_decode_writes_exactly_the_frames_asked_for(atari_frame
     ids[::7] = ids[1::7][:ids[::7].size]  # duplicates
     out = np.zeros((ids.size, 84, 84), np.uint8)
     dsts = out.ctypes.data + np.arange(ids.size, dtype=np.int64) * out[0].nbytes
-    chunks, starts, js, gdsts, order = native.group_frame_requests(ids.astype(np.int64), dsts, 0, 16)
+    chunks, starts, js, gdsts, order = run_decode.group_frame_requests(ids.astype(np.int64), dsts, 0, 16)
     assert np.array_equal(ids[order] // 16, np.repeat(chunks, np.diff(starts)))
     status = np.zeros(chunks.size, np.int8)
-    bad = native.decode_frame_groups(np.array([coded[c].ctypes.data for c in chunks]),
-                                     np.array([coded[c].size for c in chunks]), starts, js, gdsts, 84 * 84, 16, status)
+    bad = run_decode.decode_frame_groups(np.array([coded[c].ctypes.data for c in chunks]),
+                                         np.array([coded[c].size for c in chunks]), starts, js, gdsts, 84 * 84, 16,
+                                         status)
     assert bad == 0 and (status == native.OK).all()
     assert np.array_equal(out, atari_frames[ids])
 
@@ -247,13 +249,13 @@ def test_layout2_malformed_chunks_are_refused_by_the_compiled_paths(atari_frames
         chunk = _with_crc(data)
         out = np.zeros((8, 84, 84), np.uint8)
         status = np.zeros(1, np.int8)
-        whole = native.decode_chunks(np.array([chunk.ctypes.data]), np.array([chunk.size]),
-                                     np.array([out.ctypes.data]), np.zeros(1, np.int64), out.nbytes,
-                                     native.CODEC_TEMPORAL, status)
+        whole = chunk_decode.decode_chunks(np.array([chunk.ctypes.data]), np.array([chunk.size]),
+                                           np.array([out.ctypes.data]), np.zeros(1, np.int64), out.nbytes,
+                                           CODEC_TEMPORAL, status)
         part = np.zeros((3, 84, 84), np.uint8)
         dsts = part.ctypes.data + np.arange(3, dtype=np.int64) * part[0].nbytes
-        partial = native.decode_frame_groups(np.array([chunk.ctypes.data]), np.array([chunk.size]),
-                                             np.array([0, 3]), np.array([0, 6, 7]), dsts, 84 * 84, 8, status)
+        partial = run_decode.decode_frame_groups(np.array([chunk.ctypes.data]), np.array([chunk.size]),
+                                                 np.array([0, 3]), np.array([0, 6, 7]), dsts, 84 * 84, 8, status)
         if what == "intact":
             assert whole == 0 and np.array_equal(out, atari_frames[:8])
             assert partial == 0 and np.array_equal(part, atari_frames[[0, 6, 7]])
@@ -299,10 +301,10 @@ def test_layout3_codes_frames_near_the_key_as_lz4_and_round_trips(atari_frames, 
             for js in (np.arange(16), np.array([15, 0, 9])):
                 got = np.zeros((js.size, 84, 84), np.uint8)
                 status = np.zeros(1, np.int8)
-                bad = native.decode_frame_groups(np.array([sealed.ctypes.data]), np.array([sealed.size]),
-                                                 np.array([0, js.size]), js.astype(np.int64),
-                                                 got.ctypes.data + np.arange(js.size, dtype=np.int64) * 7056,
-                                                 84 * 84, 16, status)
+                bad = run_decode.decode_frame_groups(np.array([sealed.ctypes.data]), np.array([sealed.size]),
+                                                     np.array([0, js.size]), js.astype(np.int64),
+                                                     got.ctypes.data + np.arange(js.size, dtype=np.int64) * 7056,
+                                                     84 * 84, 16, status)
                 assert bad == 0 and np.array_equal(got, chunk[js])
 
 
@@ -347,9 +349,9 @@ def test_layout3_malformed_lz4_frames_are_refused_by_both_paths(atari_frames):
         sealed = _with_crc(data)
         out = np.zeros_like(chunk)
         status = np.zeros(1, np.int8)
-        whole = native.decode_chunks(np.array([sealed.ctypes.data]), np.array([sealed.size]),
-                                     np.array([out.ctypes.data]), np.zeros(1, np.int64), out.nbytes,
-                                     native.CODEC_TEMPORAL, status)
+        whole = chunk_decode.decode_chunks(np.array([sealed.ctypes.data]), np.array([sealed.size]),
+                                           np.array([out.ctypes.data]), np.zeros(1, np.int64), out.nbytes,
+                                           CODEC_TEMPORAL, status)
         assert whole == 1 and status[0] != native.OK, what
 
 

@@ -163,7 +163,7 @@ WINDOW = textwrap.dedent("""
     sys.path.insert(0, {here!r})
     import numpy as np
     import mmreplay
-    from mmreplay._native import decode as native
+    from mmreplay._native import chunk_decode, decode as native, stack_plan
     from mmreplay.reading.frames import FrameReader
     from torture import resume_transition, resume_wrong_rows
     WAIT = 60
@@ -217,13 +217,13 @@ WINDOW = textwrap.dedent("""
     real_decode_stacks = native._decode_stacks_checked
 
     def decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, addr, size, codec, status):
-        rows, src, sizes, dst, copies, absent = native.plan_stack_decodes(
+        rows, src, sizes, dst, copies, absent = stack_plan.plan_stack_decodes(
             obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, addr, size)
         if absent:
             return -1, rows
         decode_held.set()
         assert decode_go.wait(WAIT)
-        return native.decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size]), rows
+        return chunk_decode.decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size]), rows
 
     # Someone waiting for the tier while the decode holds it (the writer thread, if the tier makes it wait).
     blocked = threading.Event()

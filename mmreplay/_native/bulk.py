@@ -25,7 +25,7 @@ closed and reported as not opened (-1), which sends the caller to ``storage/file
 
 ``read_files`` writes only inside the buffer it is given: before the kernel runs, every file it will read
 is checked to fit that buffer at its offset, a direct one at an aligned address with its rounded-up size
-(``bounds``). The C functions are libc's, linked by name (as ``decode.py`` links the codecs), so numba's
+(``bounds``). The C functions are libc's, linked by name (as ``linked.py`` links the codecs), so numba's
 on-disk cache stays valid across processes. ``AVAILABLE`` is False where the platform lacks
 ``posix_fadvise``; the caller then reads one file at a time from Python.
 """

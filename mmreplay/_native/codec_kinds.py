@@ -1,4 +1,4 @@
-"""The integer kinds by which the compiled decoders (``decode.py``, ``helpers.py``) tell frame codecs apart.
+"""The integer kinds by which the compiled decoders (``chunk_decode.py``, ``helpers.py``) tell frame codecs apart.
 
 Invariant: each kind names one chunk format the kernels decode; the mapping from a codec's name to its kind
 lives in that codec's module (``mmreplay/codecs/``: its ``kernel_kind``), never here. This module imports

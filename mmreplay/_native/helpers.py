@@ -29,14 +29,19 @@ from numba import types
 from mmreplay._native.intrinsics import address, atomic_add, atomic_cas, atomic_load, atomic_store
 from mmreplay._native.gather import gather_stacks
 from mmreplay._native.bounds import check_indices
-from mmreplay._native.decode import (check_decodes, check_frame_decodes, check_plan, decode_chunks,
-                                     decode_frame_groups_with, ensure_linked, zstd_create_dctx, zstd_free_dctx)
+from mmreplay._native.chunk_decode import decode_chunks
+from mmreplay._native.decode import check_decodes, check_frame_decodes, check_plan
+from mmreplay._native.linked import zstd_create_dctx, zstd_free_dctx
+from mmreplay._native.run_decode import decode_frame_groups_with
 from mmreplay._native.runs import decode_partial_groups_with
+from mmreplay._native.selftest import ensure_linked
 from mmreplay import settings
-from mmreplay._native import cache, codec_kinds, decode as native, gather, intrinsics, kernel_cache, runs, temporal_header
+from mmreplay._native import (cache, chunk_decode, codec_kinds, gather, intrinsics, kernel_cache, linked, run_decode,
+                              runs, temporal_header)
 
 # these kernels call the compiled decode and copy kernels of other modules: see kernel_cache
-kernel_cache.follow(__file__, intrinsics, gather, cache, native, runs, temporal_header, codec_kinds)
+kernel_cache.follow(__file__, intrinsics, gather, cache, linked, run_decode, chunk_decode, runs, temporal_header,
+                    codec_kinds)
 
 # Layout of the control words (int64).
 TICKET, DONE, BAD, STOP, SLEEPING = 0, 8, 16, 24, 32   # SLEEPING + i: helper i is asleep (1) or not (0)
@@ -50,7 +55,7 @@ MAX_PIECES = 0xFFFF
 # A piece: ~10-20 us of work, small enough that the last one held by a helper is a short wait.
 DECODES_PER_PIECE = 16
 STACKS_PER_PIECE = 4
-# Runs of frames (``native.decode_frame_groups``): a run's frames for a batch take ~5-10 frame decodes.
+# Runs of frames (``run_decode.decode_frame_groups``): a run's frames for a batch take ~5-10 frame decodes.
 RUNS_PER_PIECE = 2
 SPIN_SECONDS = 300e-6
 OUTSIDE = -2  # _post_gather: an index is not a row of the slab (nothing posted)
@@ -231,7 +236,7 @@ class CodecHelpers:
             event.set()
 
     def decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status, into) -> int | None:
-        """``decode.decode_chunks`` shared with the helpers; the number of failures, or None if the
+        """``chunk_decode.decode_chunks`` shared with the helpers; the number of failures, or None if the
         helpers are busy with another caller's job or the arrays are not plain (then decode alone).
         Every destination and copy address is first checked to have ``nbytes`` of room in ``into`` (the
         arrays they point into; ``decode.check_decodes``): a ``ValueError`` then, and nothing written."""
@@ -260,7 +265,7 @@ class CodecHelpers:
 
     def decode_frames(self, src, sizes, starts, js, dsts, frame_nbytes: int, run_rows: int, status,
                       into) -> int | None:
-        """``decode.decode_frame_groups`` shared with the helpers (as ``decode``; the requests first checked by
+        """``run_decode.decode_frame_groups`` shared with the helpers (as ``decode``; the requests first checked by
         ``decode.check_frame_decodes``)."""
         check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into)
         ensure_linked()

@@ -18,15 +18,16 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mmreplay._native import decode as native
-from mmreplay._native import intrinsics, kernel_cache
+from mmreplay._native import intrinsics, kernel_cache, linked, run_decode
 from mmreplay._native.bounds import check_array, check_indices, span
 from mmreplay._native import temporal_header as temporal
-from mmreplay._native.decode import (BAD_SIZE, OK, TEMPORAL_HEADER, TEMPORAL_MAGIC2, check_frame_decodes, crc32c,
-                                     zstd_create_dctx, zstd_free_dctx)
+from mmreplay._native.decode import check_frame_decodes
 from mmreplay._native.intrinsics import address
+from mmreplay._native.linked import BAD_SIZE, OK, crc32c, zstd_create_dctx, zstd_free_dctx
+from mmreplay._native.run_decode import TEMPORAL_HEADER, TEMPORAL_MAGIC2, decode_chains
+from mmreplay._native.selftest import ensure_linked
 
-kernel_cache.follow(__file__, native, intrinsics, temporal)  # the kernels inline decode's
+kernel_cache.follow(__file__, run_decode, linked, intrinsics, temporal)  # the kernels inline run_decode's
 
 
 @numba.njit(cache=True, nogil=True)
@@ -132,8 +133,8 @@ def _decode_partial(src, first, last, r, js, dsts, fb, scratch, dctx, dir_n, dir
     if n < 1 or first < 0 or last >= n or first > last:
         return BAD_SIZE
     base = src - np.int64(dir_bounds[r, first])  # the chunk's first byte, as if it were all there
-    return native.decode_chains(base, n, dir_refs[r], dir_bounds[r], dir_fcrc[r], first, last, js, dsts, fb, scratch,
-                                dctx, loc)
+    return decode_chains(base, n, dir_refs[r], dir_bounds[r], dir_fcrc[r], first, last, js, dsts, fb, scratch,
+                         dctx, loc)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -250,7 +251,7 @@ def checked_decode_partial_groups(src, firsts, lasts, rows, starts, js, dsts, fr
     """``decode_partial_groups`` (shared with the codec ``helpers`` when given and free) after
     ``check_partial_decodes`` (and the linking self-test); the number of failed groups."""
     check_partial_decodes(src, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows, directory, status, into)
-    native.ensure_linked()
+    ensure_linked()
     if helpers is not None:
         bad = helpers.decode_partial(src, firsts, lasts, rows, starts, js, dsts, frame_nbytes, run_rows, directory,
                                      status)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mmreplay._native import decode
+from mmreplay._native import linked
 from mmreplay._native.bounds import check_array
 
-AVAILABLE = decode.AVAILABLE
+AVAILABLE = linked.AVAILABLE
 EMPTY = np.uint64(2**64 - 1)
 CRC_BYTES = 4
 INDEX_ENTRY_BYTES = 16
@@ -53,14 +53,14 @@ def _is_expected(buf, start, size, n_chunks, identity, shard, array_crc, magic, 
     if identity < 0 or size < tail_nbytes:
         return False
     tail = start + size - tail_nbytes
-    if np.int64(decode.crc32c(buf.ctypes.data + tail, tail_nbytes)) != identity:
+    if np.int64(linked.crc32c(buf.ctypes.data + tail, tail_nbytes)) != identity:
         return False
     if (_u32(buf, tail) != magic or _u32(buf, tail + 4) != version or _u32(buf, tail + 8) != array_crc
             or _u32(buf, tail + 12) != n_chunks or _u64(buf, tail + 16) != np.uint64(shard)):
         return False
     index = tail + tag_nbytes
     body = index_nbytes - CRC_BYTES
-    if decode.crc32c(buf.ctypes.data + index, body) != _u32(buf, index + body):
+    if linked.crc32c(buf.ctypes.data + index, body) != _u32(buf, index + body):
         return False
     limit = np.uint64(size - index_nbytes)  # chunk bytes lie before the index (the tag included, as zarr's)
     for c in range(n_chunks):

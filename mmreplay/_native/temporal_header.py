@@ -1,5 +1,5 @@
 """The header of a temporal-codec run, shared by its Python encoder (``codecs/temporal.py``) and the
-compiled decoder (``_native/decode.py``).
+compiled decoder (``_native/run_decode.py``).
 
 Invariant: a run starts with ``HEADER`` = (``MAGIC``, run length ``n`` in ``[1, MAX_RUN]``, frame bytes),
 followed by ``n`` one-byte references (layouts 2 and 3, ``MAGIC2``: signed, then ``n`` uint32 frame ends); both

@@ -197,7 +197,7 @@ def codec_batch(path: str, seed: int, n: int, recompute: float = 0.9) -> dict:
     """``n`` mutated chunks through one read path (``file`` or ``compiled``): counts by outcome."""
     from mmreplay.errors import CorruptDataError
     from mmreplay import codecs
-    from mmreplay._native import decode as native
+    from mmreplay._native import chunk_decode as native
     from mmreplay.storage.format.codecs import Compressor
     from mmreplay.storage.format.shardfile import crc32c, decode_chunk
 
@@ -271,7 +271,7 @@ def store_batch(path: str, seed: int, n: int, store: str) -> dict:
     import mmreplay
     from mmreplay.errors import CorruptDataError
     from mmreplay import codecs
-    from mmreplay._native import decode as native
+    from mmreplay._native import chunk_decode as native
     from mmreplay.reading.resident import ResidentShards
     from mmreplay.storage.format.shardfile import CRC_BYTES, crc32c, index_nbytes, tag_nbytes
 

@@ -52,7 +52,7 @@ def codec_rate(path: str, n_shards: int = 40, frame_bytes: int = 84 * 84) -> tup
     blosc/lz4, into a small buffer), on one thread and on every core at once; chunks of ``n_shards`` shard
     files read whole."""
     import glob
-    from mmreplay._native import decode as native
+    from mmreplay._native import chunk_decode as native
     from mmreplay.storage.format.shardfile import EMPTY, index_nbytes, parse_index
     with open(os.path.join(path, "frames", "obs", "zarr.json")) as f:  # plain zarr v3 metadata
         meta = json.load(f)
