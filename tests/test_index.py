@@ -254,6 +254,31 @@ def test_the_scans_at_open_agree_with_a_full_gather_across_the_wrap(tmp_path, mo
     assert ring_scans.frame_span(ring, frame) == span
 
 
+def test_load_rebuilds_from_the_links_on_disk_what_a_record_does_not_say(tmp_path):
+    """A ring loaded from its files (``TransitionRing.load``) holds the longest *live* episode link and every
+    shard's minimum obs frame as the scans find them in what it read, not what the writer once held."""
+    ring = make_ring(tmp_path, rows=32, shard_rows=8, capacity=24)
+    g = np.arange(40, dtype=np.int64)
+    delta = np.where(g < 12, 2, 1).astype(np.uint32)  # two interleaved streams, then one
+    delta[[0, 1, 12]] = 0  # episode starts
+    obs = (3 * g + 7).astype(np.uint32)
+    index = {"obs_frame": obs, "next_frame": obs + 1, "prev_delta": delta,
+             "terminated": np.zeros(40, np.uint8), "truncated": np.zeros(40, np.uint8)}
+    ring.append(40, index, {"action": (g % 3).astype(np.uint8), "reward": g.astype(np.float32)}, obs.astype(np.int64))
+    ring.flush()
+    frame = int(obs.max()) + 2
+    assert ring.oldest == 16 and ring.max_prev_delta == 2  # the links of 2 were all overwritten
+    loaded = TransitionRing(str(tmp_path), [ACTION, REWARD], RingGeometry(32, 8, False), capacity=24,
+                            head=ring.head, oldest=ring.oldest)
+    loaded.load(ring.head, frame)
+    mins, max_delta, _ = scan_reference(ring, frame)
+    assert loaded.max_prev_delta == max_delta == 1
+    np.testing.assert_array_equal(loaded.shard_min_frame, mins)
+    assert sorted(loaded.shard_min_frame.tolist()) == [3 * 16 + 7, 3 * 24 + 7, 3 * 32 + 7, ring_scans.NO_FRAME]
+    live = np.arange(ring.oldest, ring.head)
+    np.testing.assert_array_equal(loaded.read("reward", live), live.astype(np.float32))
+
+
 def test_the_scans_at_open_hold_no_copy_of_the_ring(tmp_path, monkeypatch):
     """Their temporaries stay within a block: gathering the live transitions by an index array took several
     int64 copies of the ring (~320 MB more peak RSS for 10M transitions, before any frame was read)."""
