@@ -45,13 +45,15 @@ class DqnReplayMode(Mode):
     def add_arguments(self, p) -> None:
         p.add_argument("--dqn-replay", action="store_true", help="the DQN Replay Dataset workload (issue #42)")
         p.add_argument("--checkpoints", type=int, default=None,
-                       help="--dqn-replay: Dopamine checkpoints to write and import (the dataset: 50; default 2, quick 2)")
+                       help="--dqn-replay: Dopamine checkpoints to write and import (the dataset: 50; default 2)")
         p.add_argument("--dqn-rows", type=int, default=None, help="rows a checkpoint (default 1000000; quick 20000)")
         p.add_argument("--dqn-limit", type=lambda v: int(float(v)), default=4_000_000_000,
                        help="memory cgroup of the store's sampling child, bytes (default 4e9)")
         p.add_argument("--dqn-subset", type=int, default=None, help="rows the 1%% loader holds (default 500000; "
                        "quick 20000)")
         p.add_argument("--dqn-repeats", type=int, default=None, help="sampling rounds (default 2; quick 1)")
+        p.add_argument("--dqn-gzip-level", type=int, default=6, help="gzip level of the written checkpoints "
+                       "(Dopamine's save: 9; default 6, the same format, written 4.5x faster)")
         p.add_argument("--dqn-verify-batches", type=int, default=None, help="batches of 256 checked (default 40)")
 
     def finish_args(self, a, quick: bool, argv: list[str]) -> None:
@@ -91,13 +93,13 @@ class DqnReplayMode(Mode):
 # ----------------------------------------------------------------------------------------------
 def task_write(spec: dict) -> dict:
     from ..dqn_data import ensure_checkpoints
-    return {"checkpoints": ensure_checkpoints(spec["src"], spec["rows"], spec["n"])}
+    return {"checkpoints": ensure_checkpoints(spec["src"], spec["rows"], spec["n"], spec["gzip_level"])}
 
 
 def task_import(spec: dict) -> dict:
     from measure_dqn_replay import measure_import  # scripts/, on the path of bench.py
-    shutil.rmtree(spec["out"], ignore_errors=True)
-    return measure_import(spec["src"], spec["out"], f"0-{spec['n'] - 1}", stream_progress=True)
+    shutil.rmtree(spec["store"], ignore_errors=True)
+    return measure_import(spec["src"], spec["store"], f"0-{spec['n'] - 1}", stream_progress=True)
 
 
 def task_store(spec: dict) -> dict:
@@ -188,13 +190,14 @@ def run(runner, a) -> dict:
     src = os.path.join(runner.workdir, f"dqn_replay_dopamine_{a.dqn_rows}")
     out = {"checkpoints": a.checkpoints, "rows": a.dqn_rows, "limit_bytes": a.dqn_limit, "subset": a.dqn_subset,
            "source": src}
-    written = runner.child({"task": "dqn_write", "src": src, "rows": a.dqn_rows, "n": a.checkpoints},
+    written = runner.child({"task": "dqn_write", "src": src, "rows": a.dqn_rows, "n": a.checkpoints,
+                            "gzip_level": a.dqn_gzip_level},
                            label=f"dqn-replay/write {a.checkpoints} checkpoints", timeout=24 * 3600)
     if "error" in written:
         return {**out, "error": written["error"]}
     out["written"] = written
     store = os.path.join(runner.workdir, f"dqn_replay_store_{a.dqn_rows}x{a.checkpoints}")
-    out["import"] = runner.child({"task": "dqn_import", "src": src, "out": store, "n": a.checkpoints},
+    out["import"] = runner.child({"task": "dqn_import", "src": src, "store": store, "n": a.checkpoints},
                                  label=f"dqn-replay/import {a.checkpoints} checkpoints", timeout=24 * 3600)
     if "error" in out["import"]:
         return out
@@ -254,7 +257,8 @@ def report(part: dict) -> str:
         rows.append([name, _f(r.get("b32_per_s")), _f(r.get("peak_rss"), "mib"),
                      _f(r.get("other_cpu_cores"), "rate") if r.get("other_cpu_cores") is not None else "-"])
     lines += ["", table(["system", "b32/s", "peak RSS MiB", "other CPU"], rows),
-              f"b32 ratio {_f(s.get('b32_ratio'), 'x')}; rows verified {s.get('verified', 0):,}, wrong {s.get('wrong')}"]
+              f"b32 ratio {_f(s.get('b32_ratio'), 'x')}; rows verified {s.get('verified', 0):,}, "
+              f"wrong {s.get('wrong')}"]
     n = imp.get("transitions") or 0
     if n and imp.get("seconds"):
         per = imp["store_bytes_per_transition"]
