@@ -241,7 +241,8 @@ class Store:
 
     # -- sampling ---------------------------------------------------------------------------------
     def sampler(self, batch_size: int, draw: DrawStrategy | None = None, *, device=None, prefetch: int | None = None,
-                seed: int | None = None, name: str | None = None, pin_memory: bool | None = None) -> Sampler:
+                seed: int | None = None, name: str | None = None, pin_memory: bool | None = None,
+                decode: str = "auto") -> Sampler:
         """An iterator of batches drawn by ``draw`` in reused buffers (see ``Sampler``): valid until the next
         batch on CPU.
 
@@ -254,9 +255,10 @@ class Store:
         thread (default: 2 for an accelerator device, 0 on CPU, where the thread would compete with
         training). ``seed=None`` continues the committed RNG state of sampler ``name`` (default
         ``"default"``, sequences ``"sequence"``; one open sampler per name; a prioritized draw uses the
-        priority set of that name, committed with the store). ``pin_memory`` defaults to True for CUDA."""
+        priority set of that name, committed with the store). ``pin_memory`` defaults to True for CUDA.
+        ``decode``: where frames are decoded, ``"auto"`` / ``"cpu"`` / ``"device"`` (``Sampler``)."""
         return Sampler(self._view, batch_size, draw, device=device, prefetch=prefetch, seed=seed, name=name,
-                       pin_memory=pin_memory)
+                       pin_memory=pin_memory, decode=decode)
 
     def sample(self, batch_size: int, draw: DrawStrategy | None = None, *,
                seed: int | np.random.Generator | None = None) -> Batch:

@@ -14,7 +14,10 @@ frame):
   (``_native/decode.py``'s ``decode_frame_groups``), so frames go straight into batches;
 - ``decodes_partial_runs``: a chunk's frames can be read from a file in part (``reading/runs.py`` keeps what
   the runs' headers say, ``_native/runs.py`` decodes);
-- ``device_decoder``: a GPU decode of the same bytes (None: none yet; issue 38 "Compressed until the consumer").
+- ``device_decoder``: the batched decoders (``"zstd"``, ``"lz4"``) a device decodes this codec's chunks with (None:
+  none); ``device_pieces`` then cuts a chunk into what they take (``DevicePieces``: each piece one zstd frame, one
+  raw LZ4 block or bytes stored as they are, and for runs of frames the references to rebuild), having checked
+  on the CPU every header it reads; ``mmreplay/device/`` runs the pieces (issue 38 "Compressed until the consumer").
 
 A codec that zarr does not know gets a zarr v3 codec made for it (``codecs/zarr_adapter.py``), so plain zarr
 reads its arrays wherever the codec is registered.
@@ -22,9 +25,34 @@ reads its arrays wherever the codec is registered.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, NamedTuple
 
 import numpy as np
+
+# what one piece of a chunk is, for a device decoder (``DevicePieces.kinds``)
+PIECE_ZSTD, PIECE_LZ4, PIECE_COPY = 0, 1, 2
+PIECE_NAMES = {PIECE_ZSTD: "zstd", PIECE_LZ4: "lz4", PIECE_COPY: "copy"}
+
+
+class DevicePieces(NamedTuple):
+    """A chunk cut for a batched device decoder (``FrameCodec.device_pieces``): piece ``i`` is
+    ``body[src[i, 0]:src[i, 1]]``, of kind ``kinds[i]`` (``PIECE_ZSTD``: a zstd frame; ``PIECE_LZ4``: a raw LZ4
+    block; ``PIECE_COPY``: bytes stored as they are), and decodes to bytes ``[dst[i, 0], dst[i, 1])`` of the
+    decoded chunk. ``rows``: the chunk rows the pieces produce (ascending; a piece never spans a row that is
+    not listed); ``refs[j]``: the chunk row that row ``rows[j]`` was coded against (its bytes are its residual
+    from that row's, modulo 256), -1 for a row decoded as it is. Every row a listed row refers to is listed."""
+    kinds: np.ndarray  # int8 (m,)
+    src: np.ndarray  # int64 (m, 2)
+    dst: np.ndarray  # int64 (m, 2)
+    rows: np.ndarray  # int64 (r,)
+    refs: np.ndarray  # int64 (r,)
+
+
+def whole_chunk_pieces(kind: int, body_nbytes: int, nbytes: int, chunk_rows: int) -> DevicePieces:
+    """One piece for the whole chunk (a zstd frame, say), every row decoded as it is."""
+    return DevicePieces(np.array([kind], dtype=np.int8), np.array([[0, body_nbytes]], dtype=np.int64),
+                        np.array([[0, nbytes]], dtype=np.int64), np.arange(chunk_rows, dtype=np.int64),
+                        np.full(chunk_rows, -1, dtype=np.int64))
 
 
 class FrameCodec:
@@ -37,7 +65,7 @@ class FrameCodec:
     kernel_kind: ClassVar[int | None] = None
     decodes_frames_of_runs: ClassVar[bool] = False
     decodes_partial_runs: ClassVar[bool] = False
-    device_decoder: ClassVar[Any] = None
+    device_decoder: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, spec: Mapping[str, Any], dtype: Any = np.uint8):
         self.spec = self.validate(spec)
@@ -67,6 +95,17 @@ class FrameCodec:
     def decode_chunk(self, data, out: np.ndarray) -> np.ndarray:
         """Decode ``data`` into ``out`` (C-contiguous, the chunk's shape and dtype) and return it."""
         raise NotImplementedError
+
+    def device_supported(self) -> bool:
+        """Whether this configuration's chunks decode on a device (``device_pieces``); a codec may say no for
+        some configurations (blosc: only its LZ4 and zstd compressors, one-byte items)."""
+        return self.device_decoder is not None
+
+    def device_pieces(self, body, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
+        """``body`` (a chunk of ``chunk_rows`` rows of ``row_nbytes`` bytes, its checksum removed) cut for a batched
+        device decoder, producing at least the chunk rows ``rows`` (ascending); ``ValueError`` naming what is
+        malformed, checked before anything is decoded."""
+        raise NotImplementedError(f"codec {self.name!r} has no device decoder")
 
     # the names the storage layer calls (``storage/format/shardfile.py``): the chunk codec of a shard file
     def encode(self, chunk: np.ndarray) -> bytes:

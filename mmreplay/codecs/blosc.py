@@ -16,12 +16,13 @@ import numpy as np
 from numcodecs import blosc
 
 from mmreplay._native.codec_kinds import CODEC_BLOSC
-from mmreplay.codecs.base import FrameCodec
+from mmreplay.codecs.base import PIECE_COPY, PIECE_LZ4, PIECE_ZSTD, DevicePieces, FrameCodec
 from mmreplay.codecs.registry import register
 
 blosc.use_threads = False  # many small chunks in parallel beat Blosc's own threads (zarr does the same)
 
 BLOSC_CNAMES = ("lz4", "lz4hc", "zstd", "zlib", "blosclz")
+DEVICE_CNAMES = ("lz4", "lz4hc", "zstd")  # blocks a batched device decoder takes (raw LZ4 blocks, zstd frames)
 BLOSC_FORMAT_CODE = {"blosclz": 0, "lz4": 1, "lz4hc": 1, "zlib": 3, "zstd": 4}  # header flags >> 5
 BLOSC_HEADER = struct.Struct("<BBBBIII")  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
 BLOSC_MAX_VERSION = 2  # c-blosc 1.x writes format 2 (1: older releases)
@@ -35,6 +36,7 @@ class BloscFrameCodec(FrameCodec):
 
     name = "blosc"
     kernel_kind = CODEC_BLOSC
+    device_decoder = ("lz4", "zstd")  # its blocks, for the compressors ``device_supported`` names
 
     def __init__(self, spec: Mapping[str, Any], dtype: Any = np.uint8):
         super().__init__(spec, dtype)
@@ -60,6 +62,46 @@ class BloscFrameCodec(FrameCodec):
         check_blosc_header(data, out.nbytes, self.itemsize, self.format_code)
         blosc.decompress(data, out)
         return out
+
+    def device_supported(self) -> bool:
+        """Blocks of LZ4 (lz4, lz4hc) or zstd over one-byte items (frames: never shuffled) decode on a device."""
+        return self.itemsize == 1 and self.cname in DEVICE_CNAMES
+
+    def device_pieces(self, body, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
+        """One piece per blosc block (c-blosc 1.x, format 2: one stream a block for one-byte items): a raw LZ4
+        block or a zstd frame after its 4-byte compressed size, or the block as it is when that size equals the
+        block's; the header and every block bound checked against the chunk first."""
+        nbytes = chunk_rows * row_nbytes
+        check_blosc_header(body, nbytes, self.itemsize, self.format_code)
+        if not self.device_supported():
+            raise ValueError(f"blosc codec {self.spec!r}: no device decoder for compressor {self.cname!r} with "
+                             f"{self.itemsize}-byte items (expected one of {DEVICE_CNAMES} over bytes)")
+        data = body if isinstance(body, bytes) else memoryview(body).cast("B")
+        _, _, flags, _, _, blocksize, cbytes = BLOSC_HEADER.unpack_from(data)
+        every = np.arange(chunk_rows, dtype=np.int64)
+        alone = np.full(chunk_rows, -1, dtype=np.int64)
+        if flags & BLOSC_MEMCPYED:
+            return DevicePieces(np.array([PIECE_COPY], dtype=np.int8),
+                                np.array([[BLOSC_HEADER.size, BLOSC_HEADER.size + nbytes]], dtype=np.int64),
+                                np.array([[0, nbytes]], dtype=np.int64), every, alone)
+        if flags & (BLOSC_SHUFFLE | BLOSC_BITSHUFFLE):
+            raise ValueError(f"blosc header: flags {flags:#04x} say the items are shuffled; one-byte frames never are")
+        n_blocks = -(-nbytes // blocksize)
+        starts = struct.unpack_from(f"<{n_blocks}i", data, BLOSC_HEADER.size)  # bounds checked by the header check
+        kind = PIECE_LZ4 if self.format_code == BLOSC_FORMAT_CODE["lz4"] else PIECE_ZSTD
+        kinds = np.empty(n_blocks, dtype=np.int8)
+        src = np.empty((n_blocks, 2), dtype=np.int64)
+        dst = np.empty((n_blocks, 2), dtype=np.int64)
+        for b, at in enumerate(starts):
+            block = min(blocksize, nbytes - b * blocksize)
+            size = struct.unpack_from("<i", data, at)[0] if at + 4 <= cbytes else -1
+            if not 0 < size <= cbytes - at - 4:
+                raise ValueError(f"blosc block {b}: compressed size {size} does not fit the {cbytes}-byte payload "
+                                 f"from byte {at + 4}")
+            kinds[b] = PIECE_COPY if size == block else kind
+            src[b] = (at + 4, at + 4 + size)
+            dst[b] = (b * blocksize, b * blocksize + block)
+        return DevicePieces(kinds, src, dst, every, alone)
 
     def zarr_codec(self):
         from zarr.codecs import BloscCodec

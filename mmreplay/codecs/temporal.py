@@ -84,7 +84,7 @@ from mmreplay._native import lz4
 from mmreplay._native.codec_kinds import CODEC_TEMPORAL
 # one header for encoder and decoder
 from mmreplay._native.temporal_header import HEADER, LZ4_MAX_BYTES, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
-from mmreplay.codecs.base import FrameCodec
+from mmreplay.codecs.base import PIECE_LZ4, PIECE_ZSTD, DevicePieces, FrameCodec
 from mmreplay.codecs.registry import register
 
 if TYPE_CHECKING:  # zarr is imported lazily: the storage layer's readers never need it
@@ -366,6 +366,54 @@ def decode_frames_run(data, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def device_run_pieces(data, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
+    """A coded run cut for a batched device decoder (``FrameCodec.device_pieces``), its header parsed and checked
+    as ``decode_run`` checks it. Layout 1: the run's one zstd frame, every row listed. Layouts 2 and 3: the zstd
+    frames or LZ4 blocks of ``rows`` and of every row their references lead to, no others."""
+    data = memoryview(data).cast("B")
+    nbytes = chunk_rows * row_nbytes
+    if len(data) >= 4 and bytes(data[:4]) == MAGIC2:
+        n, frame_nbytes, refs, ends = parse_header2(data, nbytes)
+        if n != chunk_rows:
+            raise ValueError(f"temporal chunk announces {n} frames, its column's chunks hold {chunk_rows}")
+        needed = np.zeros(n, dtype=bool)
+        for row in np.asarray(rows, dtype=np.int64).tolist():
+            while not needed[row]:  # the references lead to a frame coded alone (parse_header2: no cycles)
+                needed[row] = True
+                row -= int(refs[row])
+        listed = np.flatnonzero(needed)
+        base = header2_nbytes(n)
+        kinds = np.empty(listed.size, dtype=np.int8)
+        src = np.empty((listed.size, 2), dtype=np.int64)
+        for j, i in enumerate(listed.tolist()):
+            lo, hi = (int(ends[i - 1]) if i else 0), int(ends[i])
+            part = data[base + lo:base + hi]
+            if len(part) >= 4 and int.from_bytes(part[:4], "little") != ZSTD_MAGIC:
+                if int.from_bytes(part[:4], "little") != frame_nbytes or len(part) == 4:
+                    raise ValueError(f"temporal chunk: frame {i} is neither a zstd frame nor an LZ4 block of "
+                                     f"{frame_nbytes} bytes")
+                kinds[j], src[j] = PIECE_LZ4, (base + lo + 4, base + hi)
+            else:
+                if zstd_content_size(part) != frame_nbytes:
+                    raise ValueError(f"temporal chunk: frame {i}'s zstd frame announces {zstd_content_size(part)} "
+                                     f"bytes, expected {frame_nbytes}")
+                kinds[j], src[j] = PIECE_ZSTD, (base + lo, base + hi)
+        dst = np.stack([listed * frame_nbytes, (listed + 1) * frame_nbytes], axis=1).astype(np.int64)
+        targets = np.where(refs[listed] != 0, listed - refs[listed], -1).astype(np.int64)
+        return DevicePieces(kinds, src, dst, listed.astype(np.int64), targets)
+    n, frame_nbytes, refs = parse_header(data, nbytes)
+    if n != chunk_rows:
+        raise ValueError(f"temporal chunk announces {n} frames, its column's chunks hold {chunk_rows}")
+    payload_at = header_nbytes(n)
+    announced = zstd_content_size(data[payload_at:])
+    if announced != nbytes:
+        raise ValueError(f"temporal chunk: zstd frame announces {announced} bytes, expected {nbytes}")
+    every = np.arange(n, dtype=np.int64)
+    targets = np.where(refs != 0, every - refs.astype(np.int64), -1).astype(np.int64)
+    return DevicePieces(np.array([PIECE_ZSTD], dtype=np.int8), np.array([[payload_at, len(data)]], dtype=np.int64),
+                        np.array([[0, nbytes]], dtype=np.int64), every, targets)
+
+
 def encode(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int = DEFAULT_SEARCH, layout: int = 1,
            lz4_depth: int = DEFAULT_LZ4_DEPTH) -> bytes:
     """``encode_run`` (layout 1) or ``encode_frames_run`` (layout 2; layout 3 with ``lz4_depth``)."""
@@ -419,6 +467,7 @@ class TemporalFrameCodec(FrameCodec):
 
     name = "temporal"
     kernel_kind = CODEC_TEMPORAL
+    device_decoder = ("zstd", "lz4")
     decodes_frames_of_runs = True
     decodes_partial_runs = True
 
@@ -445,6 +494,10 @@ class TemporalFrameCodec(FrameCodec):
     def decode_chunk(self, data, out: np.ndarray) -> np.ndarray:
         """Checks its own header and zstd's announced sizes (``decode_run``)."""
         return decode_run(data, out)
+
+    def device_pieces(self, body, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
+        """``device_run_pieces``: whichever layout the chunk names."""
+        return device_run_pieces(body, chunk_rows, row_nbytes, rows)
 
     def zarr_codec(self):
         register_with_zarr()

@@ -14,7 +14,7 @@ import numpy as np
 from numcodecs import zstd
 
 from mmreplay._native.codec_kinds import CODEC_ZSTD
-from mmreplay.codecs.base import FrameCodec
+from mmreplay.codecs.base import PIECE_ZSTD, DevicePieces, FrameCodec, whole_chunk_pieces
 from mmreplay.codecs.registry import register
 
 ZSTD_MAGIC = 0xFD2FB528
@@ -26,6 +26,7 @@ class ZstdFrameCodec(FrameCodec):
 
     name = "zstd"
     kernel_kind = CODEC_ZSTD
+    device_decoder = ("zstd",)
 
     def __init__(self, spec: Mapping[str, Any], dtype: Any = np.uint8):
         super().__init__(spec, dtype)
@@ -48,6 +49,11 @@ class ZstdFrameCodec(FrameCodec):
             raise ValueError(f"payload holds {len(decoded)} bytes")
         out.reshape(-1).view(np.uint8)[:] = np.frombuffer(decoded, dtype=np.uint8)
         return out
+
+    def device_pieces(self, body, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
+        """The chunk is one zstd frame (its header checked to declare the chunk's size)."""
+        check_zstd_header(body, chunk_rows * row_nbytes)
+        return whole_chunk_pieces(PIECE_ZSTD, len(body), chunk_rows * row_nbytes, chunk_rows)
 
     def zarr_codec(self):
         from zarr.codecs import ZstdCodec

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from mmreplay.device.assemble import gather_rows
 from mmreplay.distributed.wire import LZ4_HEADER, LZ4_MAX_RATIO
 
 WIRES = ("stacks", "frames")
@@ -288,12 +289,10 @@ def rebuild_into(table: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
 
 def rebuild_torch(table, index):
     """The same gather over torch tensors, on whatever device ``table`` lives (a GPU decoder fills ``table``
-    there; only ``index``, ``(n, k)`` int32 per batch, has to follow it)."""
-    import torch
-
+    there; only ``index``, ``(n, k)`` int32 per batch, has to follow it). The device decode path assembles its
+    batches with the same gather (``mmreplay/device/assemble.py``)."""
     n, k = index.shape
-    flat = torch.index_select(table, 0, torch.as_tensor(index, device=table.device).reshape(-1).long())
-    return flat.reshape(n, k, *table.shape[1:]) if k > 1 else flat.reshape(n, *table.shape[1:])
+    return gather_rows(table, index if k > 1 else index.reshape(n))
 
 
 def slice_rows(batch: dict, lo: int, hi: int) -> dict:

@@ -17,6 +17,7 @@ here, once, before anything is made for the sampler.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmreplay.columns.spec import Schema
+from mmreplay.device.pipeline import DevicePath
 from mmreplay.sampling.batch import Batch
 from mmreplay.sampling.priorities import Priorities, check_exponent, check_name
 from mmreplay.sampling.strategy import DrawStrategy, Picked, Prioritized, check_strategy
@@ -69,6 +71,7 @@ class _Slot:
         self.buffers = buffers
         self.state_after: dict | None = None
         self.copied: Any = None  # CUDA event recorded after the device copy
+        self.frames: dict | None = None  # the device path's decoded frames on CUDA (``DevicePath.finish``)
 
 
 class Sampler:
@@ -84,12 +87,16 @@ class Sampler:
       ``Sequences(seq_len, ...)`` or your own strategy). Prioritized draws set ``batch.weights``; report
       new priorities with ``update_priorities(batch.indices, td.abs())`` (sequences:
       ``update_priorities(batch, td_errors)``): the one way to update them. They are committed with the store.
+    - ``decode`` says where frames are decoded (``mmreplay/device/``): ``"auto"`` (the default) on the device
+      when it is CUDA, nvCOMP is installed (``mmreplay[gpu]``) and every frame codec has a device decoder, else
+      on the CPU; ``"cpu"`` always on the CPU; ``"device"`` on the device or an error saying why not (on a CPU
+      device, a CPU decoder stands in for nvCOMP). ``sample_into`` / ``draw_into`` always decode on the CPU.
     - Close it (or use ``with``) to stop its prefetch thread; closing the store closes it too.
     """
 
     def __init__(self, source: SamplerSource, batch_size: int, draw: DrawStrategy | None = None, *, device=None,
                  prefetch: int | None = None, seed: int | None = None, name: str | None = None,
-                 pin_memory: bool | None = None):
+                 pin_memory: bool | None = None, decode: str = "auto"):
         """A sampler of ``batch_size`` rows drawn by ``draw`` (default ``Uniform()``) from ``source``;
         ``name`` defaults to the strategy's (``"default"``, sequences ``"sequence"``)."""
         import torch  # here, not at module level: a store opened without sampling never loads torch
@@ -126,6 +133,8 @@ class Sampler:
         n_slots = prefetch + 2 if prefetch else 1
         self._slots = [_Slot(self.draw.new_buffers(self.schema, self.batch_size, pin)) for _ in range(n_slots)]
         self._cuda = cuda
+        self._device_path = DevicePath.select(decode, self.device, self.schema)
+        self._device_draw = None if self._device_path is None else self._device_path.wrap(self.draw)
         self._free: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
         self._held: _Slot | None = None
@@ -198,6 +207,10 @@ class Sampler:
         self._held = slot
         self._state = slot.state_after
         batch = slot.buffers.batch()
+        if slot.frames is not None:  # decoded on the device: the frames are there already
+            pick = (lambda part: {k: v[part] for k, v in slot.frames.items()}) if self.schema.dict_obs else \
+                (lambda part: slot.frames["obs"][part])
+            batch = dataclasses.replace(batch, obs=pick("obs"), next_obs=pick("next"))
         if self.device is not None and self.device.type != "cpu":
             batch = batch.to(self.device, non_blocking=self._cuda)
             if self._cuda:
@@ -216,7 +229,12 @@ class Sampler:
         if slot.copied is not None:
             slot.copied.synchronize()  # the previous device copy from these host buffers is done
             slot.copied = None
-        self._draw_into(slot.buffers)
+        if self._device_draw is None:
+            self._draw_into(slot.buffers)
+        else:  # frames staged under the store's lock, decoded on the device outside it
+            self._source.read(self._device_draw, slot.buffers.batch_size, self.rng, slot.buffers)
+            frames = self._device_path.finish(self._device_draw.pending, slot.buffers)
+            slot.frames = frames if self._cuda else None  # on the CPU they were written into the buffers
         slot.state_after = self.rng.bit_generator.state if keep_state else None
 
     def sample_into(self, buffers) -> Batch:

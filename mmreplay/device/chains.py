@@ -1,0 +1,28 @@
+"""Rebuild: the temporal codec's delta chains, with torch ops on the device that holds the decoded residuals.
+
+Invariant: after ``rebuild_chains(table, refs, depth)`` every row ``r`` with ``refs[r] >= 0`` holds its
+residual plus row ``refs[r]``'s rebuilt bytes, modulo 256 (what the encoder subtracted: ``codecs/temporal.py``);
+rows are rebuilt one chain depth at a time, so a row's reference is always complete before it is added. A
+row decoded as it is (``refs[r] < 0``) is not touched. ``depth`` comes from ``staging.chain_depths``.
+
+Cost: one ``index_select`` + add + ``index_copy_`` per depth (a run of 16 frames with its key in the middle has
+chains of at most 8), whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rebuild_chains(table, refs: np.ndarray, depth: np.ndarray) -> None:
+    """Add each row's reference into it, in place (``table``: ``(rows, row_nbytes)`` uint8 on any device)."""
+    import torch
+
+    if not refs.size or int(depth.max(initial=0)) == 0:
+        return
+    for d in range(1, int(depth.max()) + 1):
+        rows = np.flatnonzero(depth == d)
+        at = torch.as_tensor(rows, device=table.device)
+        ref = torch.as_tensor(refs[rows], device=table.device)
+        # uint8 addition wraps modulo 256, as the encoder's subtraction did
+        table.index_copy_(0, at, table.index_select(0, at) + table.index_select(0, ref))

@@ -1,0 +1,224 @@
+"""The device decode path of a sampler: gather -> one copy -> batched decode -> rebuild chains -> assemble.
+
+A batch is drawn as on the CPU path (the same strategy, RNG stream, columns and race check), except that its
+frames are not decoded there: ``DeviceDraw`` runs the strategy's ``assemble`` against a view whose frame reader
+only records which frame ids go where (``RecordingFrames``), then stages those frames' compressed bytes
+(``device/staging.py``), all under the store's lock, so the reader's overwrite check covers them. Outside the
+lock, ``DevicePath.finish`` copies the staging buffer to the device once, decodes it with one batched call per
+algorithm (``device/decoders.py``), copies the pieces stored as they are, rebuilds the delta chains
+(``device/chains.py``) and gathers the stacks, next observations and sequences into the batch tensors
+(``device/assemble.py``): on the CPU into the batch's own host buffers, on CUDA into fresh device tensors.
+
+Invariant: the frames of a batch made this way equal, bit for bit, those the CPU path reads for the same draw
+(``tests/test_device_decode.py`` checks every codec and layout), and every stored byte passed its crc32c on the
+CPU before it was staged.
+
+``decode`` (a sampler option): ``"cpu"`` the CPU path; ``"device"`` this path (CUDA: nvCOMP, else an error
+saying what to install; CPU: the CPU stand-in decoder, for tests); ``"auto"`` (the default) this path when the
+sampler's device is CUDA, nvCOMP imports and every observation's codec has a device decoder, else the CPU path.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmreplay import codecs
+from mmreplay.codecs.base import PIECE_COPY, PIECE_NAMES
+from mmreplay.device.assemble import gather_rows, padding_positions
+from mmreplay.device.chains import rebuild_chains
+from mmreplay.device.decoders import make_decoder, nvcomp_available
+from mmreplay.device.staging import Staged, stage
+
+DECODE = ("auto", "cpu", "device")
+
+
+def check_decode(decode) -> str:
+    if decode not in DECODE:
+        raise ValueError(f"decode must be one of {DECODE} (where frames are decoded), got {decode!r}")
+    return decode
+
+
+def unsupported_codecs(schema) -> list[str]:
+    """The observation keys whose frame codec has no device decoder, as ``key (codec spec)``."""
+    bad = []
+    for spec in schema.observations:
+        codec = codecs.for_config(spec.codec, spec.np_dtype)
+        if not codec.device_supported():
+            bad.append(f"{spec.name} ({dict(spec.codec)})")
+    return bad
+
+
+class RecordingFrames:
+    """A frame reader that decodes nothing: it records each ``gather_stacks`` / ``gather`` (key, frame ids,
+    target buffer) for the device path, and answers everything else from the real reader."""
+
+    def __init__(self, frames):
+        self._frames = frames
+        self.requests: list[tuple[str, object, np.ndarray]] = []
+
+    @property
+    def head(self) -> int:
+        return self._frames.head
+
+    def gather_stacks(self, name, obs_ids, next_ids, obs_words, next_words, *, shifted: bool = True) -> None:
+        self.requests.append((name, "obs", np.array(obs_ids, dtype=np.int64)))
+        self.requests.append((name, "next", np.array(next_ids, dtype=np.int64)))
+
+    def gather(self, name, frame_ids, out) -> None:
+        self.requests.append((name, out, np.array(frame_ids, dtype=np.int64)))
+
+    def __getattr__(self, attr):
+        return getattr(self._frames, attr)
+
+
+@dataclass
+class Pending:
+    """What a draw staged for the device: the staged bytes and, per output, (key, "obs"/"next", frame ids)."""
+    staged: Staged
+    requests: list
+    mask: np.ndarray | None  # sequences: real steps (padding steps are zeros)
+
+
+class DeviceDraw:
+    """A draw strategy wrapped for the device path: picks exactly as ``draw`` does; its ``assemble`` records and
+    stages the frames instead of decoding them (``pending`` holds them until ``DevicePath.finish``)."""
+
+    def __init__(self, draw, pin: bool):
+        self.draw = draw
+        self.pin = pin
+        self.pending: Pending | None = None
+
+    @property
+    def default_name(self) -> str:
+        return self.draw.default_name
+
+    @property
+    def redraws(self) -> bool:
+        return getattr(self.draw, "redraws", True)
+
+    def bind(self, name):
+        return DeviceDraw(self.draw.bind(name), self.pin)
+
+    def validate(self, schema) -> None:
+        self.draw.validate(schema)
+
+    def new_buffers(self, schema, batch_size: int, pin_memory: bool = False):
+        return self.draw.new_buffers(schema, batch_size, pin_memory)
+
+    def pick(self, view, size, rng):
+        return self.draw.pick(view, size, rng)
+
+    def assemble(self, view, picked, buffers):
+        recorder = RecordingFrames(view.frames)
+        recording = copy.copy(view)
+        recording.frames = recorder
+        read = self.draw.assemble(recording, picked, buffers)
+        requests = []
+        wanted: dict[str, list] = {}
+        for name, target, ids in recorder.requests:
+            if not isinstance(target, str):
+                target = "obs" if target is buffers.obs[name][1] else "next"
+            requests.append((name, target, ids))
+            wanted.setdefault(name, []).append(ids.reshape(-1))
+        staged = stage(view.frames, {name: np.concatenate(parts) for name, parts in wanted.items()}, pin=self.pin)
+        mask = getattr(buffers, "mask", None)
+        self.pending = Pending(staged, requests, None if mask is None else np.array(mask[1]))
+        return read
+
+
+class DevicePath:
+    """A sampler's device decode path on ``device`` (a ``torch.device``: CUDA, or the CPU with the stand-in
+    decoder) for a store of ``schema``."""
+
+    def __init__(self, device, schema, decoder=None):
+        import torch
+
+        self.device = device if device is not None else torch.device("cpu")
+        self.schema = schema
+        self.decoder = decoder if decoder is not None else make_decoder(self.device)
+        self.cuda = self.device.type == "cuda"
+        self.zero_pad = schema.stack_padding == "zeros" and schema.frame_stack > 1
+
+    @classmethod
+    def select(cls, decode: str, device, schema):
+        """The path ``decode`` asks for on ``device`` (None: the CPU path), or an error saying why it cannot be."""
+        decode = check_decode(decode)
+        if decode == "cpu":
+            return None
+        cuda = device is not None and device.type == "cuda"
+        bad = unsupported_codecs(schema)
+        if decode == "auto":
+            return cls(device, schema) if cuda and not bad and nvcomp_available() else None
+        if bad:
+            raise ValueError(f"decode='device': no device decoder for the frame codec of {', '.join(bad)}; "
+                             "device decoders exist for zstd, blosc (lz4, lz4hc, zstd over bytes) and the temporal "
+                             "codec (decode='cpu' reads any)")
+        return cls(device, schema)
+
+    def wrap(self, draw) -> DeviceDraw:
+        return DeviceDraw(draw, pin=self.cuda)
+
+    def finish(self, pending: Pending, buffers) -> dict:
+        """Decode and assemble a staged batch: ``{key: {"obs": tensor, "next": tensor}}`` on the device (on the
+        CPU, the batch's own buffers, filled)."""
+        import torch
+
+        staged = pending.staged
+        if self.cuda:
+            data = staged.pinned.to(self.device, non_blocking=True)
+        else:
+            data = torch.from_numpy(staged.host)
+        out = torch.empty(staged.decoded_nbytes, dtype=torch.uint8, device=self.device)
+        for kind in np.unique(staged.kinds).tolist():
+            sel = staged.kinds == kind
+            if kind == PIECE_COPY:
+                _copy_pieces(data, staged.src[sel], staged.dst[sel], out)
+            else:
+                self.decoder.decode(data, PIECE_NAMES[kind], staged.src[sel], staged.dst[sel], out)
+        tables = {}
+        for name, plan in staged.keys.items():
+            raw = out[plan.table_at:plan.table_at + (plan.n_rows + 1) * plan.row_nbytes].view(plan.n_rows + 1,
+                                                                                               plan.row_nbytes)
+            raw[plan.n_rows].zero_()
+            rebuild_chains(raw[:plan.n_rows], plan.refs, plan.depth)
+            tables[name] = raw.view(_torch_dtype(plan.dtype)).reshape(plan.n_rows + 1, *plan.shape)
+        result: dict = {}
+        for name, target, ids in pending.requests:
+            plan = staged.keys[name]
+            rows = plan.row_of[np.searchsorted(plan.ids, ids)]
+            zero = padding_positions(ids) if self.zero_pad else np.zeros(ids.shape, dtype=bool)
+            if target == "obs" and pending.mask is not None:  # sequences: steps past a window's end are zeros
+                step_mask = pending.mask.reshape(pending.mask.shape + (1,) * (ids.ndim - pending.mask.ndim))
+                zero |= ~np.broadcast_to(step_mask, ids.shape)
+            rows = np.where(zero, plan.n_rows, rows)
+            host = (buffers.obs if target == "obs" else buffers.next_obs)[name][0]
+            lead = host.shape[:host.dim() - len(plan.shape)]
+            rows = rows.reshape(lead)
+            if self.cuda:
+                result.setdefault(name, {})[target] = gather_rows(tables[name], rows)
+            else:
+                result.setdefault(name, {})[target] = gather_rows(tables[name], rows, out=host)
+        return result
+
+
+def _copy_pieces(data, src: np.ndarray, dst: np.ndarray, out) -> None:
+    """Pieces stored as they are: ``out[dst[i]] = data[src[i]]`` for all ``i``, one gather."""
+    import torch
+
+    lengths = src[:, 1] - src[:, 0]
+    if not lengths.sum():
+        return
+    starts = np.repeat(src[:, 0] - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+    src_index = starts + np.arange(lengths.sum())
+    dst_index = np.repeat(dst[:, 0] - np.r_[0, np.cumsum(lengths)[:-1]], lengths) + np.arange(lengths.sum())
+    out[torch.as_tensor(dst_index, device=out.device)] = \
+        data[torch.as_tensor(src_index, device=data.device)].to(out.device)
+
+
+def _torch_dtype(dtype: np.dtype):
+    import torch
+
+    return getattr(torch, np.dtype(dtype).name)
