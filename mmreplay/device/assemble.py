@@ -19,8 +19,14 @@ def gather_rows(table, index, out=None):
     into ``out`` (a tensor of that shape and dtype) when given."""
     import torch
 
-    flat = torch.as_tensor(index, device=table.device).reshape(-1).long()
     shape = (*tuple(index.shape), *table.shape[1:])
+    if table.device.type == "cpu" and isinstance(index, np.ndarray):  # numpy's take copies rows ~10x faster here
+        rows = table.numpy()
+        if out is None:
+            return torch.from_numpy(np.take(rows, index.reshape(-1), axis=0).reshape(shape))
+        np.take(rows, index.reshape(-1), axis=0, out=out.numpy().reshape(index.size, *rows.shape[1:]))
+        return out
+    flat = torch.as_tensor(index, device=table.device).reshape(-1).long()
     if out is None:
         return torch.index_select(table, 0, flat).reshape(shape)
     torch.index_select(table, 0, flat, out=out.view(flat.numel(), *table.shape[1:]))

@@ -205,17 +205,25 @@ class DevicePath:
 
 
 def _copy_pieces(data, src: np.ndarray, dst: np.ndarray, out) -> None:
-    """Pieces stored as they are: ``out[dst[i]] = data[src[i]]`` for all ``i``, one gather."""
+    """Pieces stored as they are: ``out[dst[i]] = data[src[i]]`` for all ``i``. On the CPU one slice copy a
+    piece; on a device one gather per distinct piece length (frames: one), its indices made there (the CPU
+    sends only the pieces' starts)."""
     import torch
 
-    lengths = src[:, 1] - src[:, 0]
-    if not lengths.sum():
+    if not src.shape[0]:
         return
-    starts = np.repeat(src[:, 0] - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
-    src_index = starts + np.arange(lengths.sum())
-    dst_index = np.repeat(dst[:, 0] - np.r_[0, np.cumsum(lengths)[:-1]], lengths) + np.arange(lengths.sum())
-    out[torch.as_tensor(dst_index, device=out.device)] = \
-        data[torch.as_tensor(src_index, device=data.device)].to(out.device)
+    if out.device.type == "cpu" and data.device.type == "cpu":
+        host_in, host_out = data.numpy(), out.numpy()
+        for (s0, s1), (d0, _) in zip(src.tolist(), dst.tolist()):
+            host_out[d0:d0 + s1 - s0] = host_in[s0:s1]
+        return
+    lengths = src[:, 1] - src[:, 0]
+    for length in np.unique(lengths).tolist():
+        sel = lengths == length
+        span = torch.arange(length, device=out.device)
+        at = torch.as_tensor(src[sel, 0], device=data.device)[:, None] + span
+        to = torch.as_tensor(dst[sel, 0], device=out.device)[:, None] + span
+        out[to.reshape(-1)] = data[at.reshape(-1)]
 
 
 def _torch_dtype(dtype: np.dtype):

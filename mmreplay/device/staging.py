@@ -32,6 +32,7 @@ from mmreplay.reading.resident import EMPTY_CHUNK
 
 CRC_BYTES = 4
 EMPTY_OFFSET = 2**64 - 1
+ROW_ZERO = np.zeros(1, dtype=np.int64)  # the row a one-frame chunk is asked for
 
 
 @dataclass
@@ -143,7 +144,7 @@ def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False) -> Staged
         refs_parts, n_rows = [], 0
         for g in range(starts.size):
             chunk = int(chunks_sorted[bounds[g]])
-            want = np.unique(inner_sorted[bounds[g]:bounds[g + 1]])
+            want = ROW_ZERO if c == 1 else np.unique(inner_sorted[bounds[g]:bounds[g + 1]])
             shard = chunk * c // per
             body = None
             if shard in ram:
@@ -166,17 +167,21 @@ def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False) -> Staged
                     parts.append(body)
                     body_nbytes = len(body)
             n_chunks += 1
-            # table rows of this chunk: its produced rows, in order
-            local = np.full(c, -1, dtype=np.int64)
-            local[pieces.rows] = n_rows + np.arange(pieces.rows.size)
-            piece_rows = pieces.dst[:, 0] // row_nbytes
-            dst = (local[piece_rows] * row_nbytes + pieces.dst[:, 0] - piece_rows * row_nbytes)[:, None] + \
-                (pieces.dst - pieces.dst[:, :1])
             kinds.append(pieces.kinds)
             srcs.append(pieces.src + at)
-            dsts.append(dst + table_at)
-            refs_parts.append(np.where(pieces.refs >= 0, local[np.maximum(pieces.refs, 0)], -1))
-            row_of[order[bounds[g]:bounds[g + 1]]] = local[inner_sorted[bounds[g]:bounds[g + 1]]]
+            if c == 1:  # one frame a chunk: table row n_rows, decoded as it is
+                dsts.append(pieces.dst + (table_at + n_rows * row_nbytes))
+                refs_parts.append(pieces.refs)
+                row_of[order[bounds[g]:bounds[g + 1]]] = n_rows
+            else:  # table rows of this chunk: its produced rows, in order
+                local = np.full(c, -1, dtype=np.int64)
+                local[pieces.rows] = n_rows + np.arange(pieces.rows.size)
+                piece_rows = pieces.dst[:, 0] // row_nbytes
+                dst = (local[piece_rows] * row_nbytes + pieces.dst[:, 0] - piece_rows * row_nbytes)[:, None] + \
+                    (pieces.dst - pieces.dst[:, :1])
+                dsts.append(dst + table_at)
+                refs_parts.append(np.where(pieces.refs >= 0, local[np.maximum(pieces.refs, 0)], -1))
+                row_of[order[bounds[g]:bounds[g + 1]]] = local[inner_sorted[bounds[g]:bounds[g + 1]]]
             n_rows += pieces.rows.size
             at += body_nbytes
         refs = np.concatenate(refs_parts) if refs_parts else np.zeros(0, dtype=np.int64)
