@@ -22,6 +22,14 @@ What it checks, on a store filled with the packaged real Atari fixture (stack 4,
    ``next()`` (information, not a target: timed targets live in scripts/bench*.py). ``--rates-only`` runs just
    these, so that two versions of the package can be compared in one session (``PYTHONPATH``).
 
+6. The device decode path (issue 38, ``mmreplay/device/``): for Atari frames with each frame codec (``lz4hc``,
+   ``zstd``, ``delta-zstd``) and colour frames with the temporal codec's layout 3 (``delta-zstd`` on 84x84x3),
+   uniform b32 / b256, n-step-3 b256 and sequences, every field of every batch of ``decode="device"`` equals the
+   CPU path's for the same seed (rows compared on the host), then batches/s and the process's CPU ms a batch
+   (``time.process_time`` over the batches) of ``decode="device"`` against ``decode="cpu"`` on the same device.
+   ``--decode-only`` runs just this part (a few minutes on a GPU); ``--on cpu`` runs it on this machine's CPU
+   with the CPU decoder standing in for nvCOMP (the logic and its CPU cost, not a speed target).
+
 Prints a JSON summary and exits 1 when any row is wrong or a check fails.
 """
 
@@ -172,13 +180,148 @@ def learner_rate(store: Store, batch_size: int, seconds: float = 3.0) -> dict:
     return {"steps_per_s": n / el, "next_us": 1e6 * in_next / n}
 
 
+# -- 6. the device decode path -------------------------------------------------------------------------------
+def colour_frames(n: int = 64, shape=(84, 84, 3)) -> np.ndarray:
+    """DMC-like colour frames: a noisy scene whose light drifts, a sprite that moves (coded as differences)."""
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 256, shape, dtype=np.uint8)
+    out = np.empty((n, *shape), dtype=np.uint8)
+    for i in range(n):
+        frame = base + np.uint8(i % 256)
+        y, x = (3 * i) % (shape[0] - 8), (5 * i) % (shape[1] - 8)
+        frame[y:y + 8, x:x + 8] = 255
+        out[i] = frame
+    return out
+
+
+def fill_colour(store: Store, frames: np.ndarray, n: int, episode: int = 100) -> None:
+    f = 0
+    for t in range(n):
+        if t % episode == 0:
+            f += 1
+        store.add(frames[f % len(frames)], t % 6, float(t % 3 - 1), frames[(f + 1) % len(frames)],
+                  t % episode == episode - 1, False)
+        f += 1
+
+
+def batch_fields(batch) -> dict:
+    out = {}
+    for name, value in vars(batch).items():
+        if isinstance(value, dict):
+            out.update({f"{name}.{k}": v.cpu().numpy().copy() for k, v in value.items()})
+        elif isinstance(value, torch.Tensor):
+            out[name] = value.cpu().numpy().copy()
+    return out
+
+
+def compare_paths(store: Store, draw, batch_size: int, batches: int, on: str, label: str) -> dict:
+    """Rows of ``decode="device"`` on ``on`` that differ from the CPU path's for the same seed."""
+    wrong, rows = [], 0
+    with store.sampler(batch_size, draw, seed=4, decode="cpu", name=f"cmp-cpu-{label.replace('/', '-')}") as cpu, \
+            store.sampler(batch_size, draw, seed=4, decode="device", device=on, name=f"cmp-dev-{label.replace('/', '-')}") as dev:
+        assert dev._device_path is not None  # noqa: SLF001 (the path under test must be the one taken)
+        for i in range(batches):
+            want, got = batch_fields(next(cpu)), batch_fields(next(dev))
+            if want.keys() != got.keys():
+                wrong.append(f"{label} batch {i}: fields {sorted(got)} != {sorted(want)}")
+                continue
+            bad = np.zeros(batch_size, dtype=bool)
+            for key in want:
+                if want[key].shape != got[key].shape or want[key].dtype != got[key].dtype:
+                    wrong.append(f"{label} batch {i}: {key} {got[key].dtype}{got[key].shape} != "
+                                 f"{want[key].dtype}{want[key].shape}")
+                    bad[:] = True
+                    continue
+                differs = want[key] != got[key]
+                bad |= differs.reshape(batch_size, -1).any(axis=1)
+            wrong += [f"{label} batch {i}: row {r}" for r in np.flatnonzero(bad)[:3]]
+            rows += batch_size
+    return {"rows": rows, "wrong": wrong}
+
+
+def path_rate(store: Store, draw_factory, batch_size: int, on: str, decode: str, seconds: float) -> dict:
+    """Batches/s and the process's CPU ms a batch (all threads: prefetch included) of one path."""
+    device = on if on == "cuda" else None
+    with store.sampler(batch_size, draw_factory(), seed=0, decode=decode, device=device,
+                       name=f"rate-{decode}-{batch_size}-{time.perf_counter_ns()}") as s:
+        for _ in range(5):
+            b = next(s)
+        if on == "cuda":
+            torch.cuda.synchronize()
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
+        while time.perf_counter() - t0 < seconds:
+            b = next(s)
+            n += 1
+        if on == "cuda":
+            torch.cuda.synchronize()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        del b
+    return {"batches_per_s": round(n / wall, 2), "cpu_ms_per_batch": round(1e3 * cpu / n, 3), "batches": n}
+
+
+def check_device_decode(fx: dict, root: str, n: int, batches: int, on: str, seconds: float, out: dict) -> None:
+    stores = {}
+    for codec in ("lz4hc", "zstd", "delta-zstd"):
+        path = os.path.join(root, f"atari-{codec}")
+        with Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6), capacity=n,
+                          frame_stack=4, reward_values=(-1, 0, 1), frame_codec=codec, durable=False) as store:
+            fill(store, fx, n)
+        stores[f"atari-{codec}"] = path
+    path = os.path.join(root, "colour-delta-zstd")
+    with Store.create(path, spaces.Box(0, 255, (84, 84, 3), np.uint8), spaces.Discrete(6), capacity=n // 4,
+                      frame_stack=3, reward_values=(-1, 0, 1), frame_codec="delta-zstd", durable=False) as store:
+        fill_colour(store, colour_frames(), n // 4)
+    stores["colour-delta-zstd"] = path
+    result: dict = {"on": on}
+    wrong_total = rows_total = 0
+    for label, path in stores.items():
+        entry: dict = {}
+        with Store.open(path, "r") as store:
+            cases = {"uniform-b32": (lambda: None, 32), "uniform-b256": (lambda: None, 256),
+                     "nstep3-b256": (lambda: NStep(3, 0.99), 256), "sequences-16x32": (lambda: Sequences(32), 16)}
+            for case, (make, b) in cases.items():
+                got = compare_paths(store, make(), b, batches, on, f"{label}/{case}")
+                entry[f"{case}_rows"], entry[f"{case}_wrong"] = got["rows"], got["wrong"]
+                wrong_total += len(got["wrong"])
+                rows_total += got["rows"]
+            for case in ("uniform-b32", "uniform-b256", "nstep3-b256"):
+                make, b = cases[case]
+                entry[f"{case}_device"] = path_rate(store, make, b, on, "device", seconds)
+                entry[f"{case}_cpu_path"] = path_rate(store, make, b, on, "cpu", seconds)
+        result[label] = entry
+    result["rows_checked"], result["rows_wrong"] = rows_total, wrong_total
+    out["device_decode"] = result
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=20_000)
     p.add_argument("--batches", type=int, default=300)
     p.add_argument("--json", default=None)
     p.add_argument("--rates-only", action="store_true")
+    p.add_argument("--decode-only", action="store_true", help="only the device decode path's check (6.)")
+    p.add_argument("--on", choices=("cuda", "cpu"), default="cuda",
+                   help="where --decode-only decodes (cpu: the CPU stand-in for nvCOMP)")
+    p.add_argument("--decode-batches", type=int, default=20, help="batches compared per case in 6.")
+    p.add_argument("--seconds", type=float, default=3.0, help="seconds per timed rate in 6.")
     a = p.parse_args()
+    if a.decode_only:
+        if a.on == "cuda" and not torch.cuda.is_available():
+            print("no CUDA device: run with --on cpu for the CPU stand-in")
+            return 2
+        root = tempfile.mkdtemp(prefix="mmreplay-decode-")
+        out = {"device": torch.cuda.get_device_name(0) if a.on == "cuda" else "cpu", "torch": torch.__version__}
+        try:
+            check_device_decode(atari_fixture(), root, a.n, a.decode_batches, a.on, a.seconds, out)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        out["ok"] = out["device_decode"]["rows_wrong"] == 0 and out["device_decode"]["rows_checked"] > 0
+        text = json.dumps(out, indent=1, default=str)
+        print(text)
+        if a.json:
+            with open(a.json, "w") as f:
+                f.write(text)
+        return 0 if out["ok"] else 1
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check here (the CPU fallback is covered by the unit tests)")
         return 2
@@ -204,10 +347,12 @@ def main() -> int:
                 out[f"b{b}_per_s_cuda"] = rate(store, "cuda", b)
                 out[f"b{b}_per_s_cpu"] = rate(store, None, b)
                 out[f"b{b}_learner"] = learner_rate(store, b)
+        check_device_decode(fx, root, a.n, a.decode_batches, "cuda", a.seconds, out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ok = (out["host_buffers_pinned"] and out["unpinned_when_asked"] and out["seeded_stream_same_on_cuda"]
-          and out["sequence_on_cuda"] and not out["uniform_wrong"] and not out["per_wrong"] and out["per_updated"])
+          and out["sequence_on_cuda"] and not out["uniform_wrong"] and not out["per_wrong"] and out["per_updated"]
+          and out["device_decode"]["rows_wrong"] == 0 and out["device_decode"]["rows_checked"] > 0)
     out["ok"] = bool(ok)
     text = json.dumps(out, indent=1, default=str)
     print(text)
