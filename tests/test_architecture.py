@@ -179,7 +179,7 @@ def test_every_data_path_class_has_a_docstring():
 
 MAX_CLASS_LINES, MAX_CLASS_METHODS, MAX_MODULE_LINES = 300, 25, 600
 # Being split right now (issue #39): an entry goes when its split lands. Not a place for new entries.
-BEING_SPLIT = {"mmreplay/index/frame_ring.py:FrameRing"}
+BEING_SPLIT: set[str] = set()
 
 
 def oversized(paths, root: pathlib.Path, max_class_lines: int, max_methods: int, max_module_lines: int) -> dict:

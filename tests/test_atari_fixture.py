@@ -74,10 +74,10 @@ def test_shards_sealed_in_the_background_read_back_identical(store_path, fixture
 def test_shards_split_between_child_and_adding_process_read_back_identical(store_path, fixture, child_share,
                                                                             monkeypatch):
     """The encoder child encodes the first part of each sealed shard, the adding process the rest."""
-    import mmreplay.index.frame_ring as frame_ring
+    import mmreplay.index.encoder_pipe as encoder_pipe
 
-    monkeypatch.setattr(frame_ring, "INITIAL_CHILD_SHARE", child_share)
-    monkeypatch.setattr(frame_ring, "SHARE_STEP", 0.0)  # hold the split where the test put it
+    monkeypatch.setattr(encoder_pipe, "INITIAL_CHILD_SHARE", child_share)
+    monkeypatch.setattr(encoder_pipe, "SHARE_STEP", 0.0)  # hold the split where the test put it
     space = spaces.Box(0, 255, (84, 84), np.uint8)
     ref = ReferenceReplay(4, 2000)
     with mmreplay.Store.create(store_path, space, spaces.Discrete(6), capacity=2000, frame_stack=4,

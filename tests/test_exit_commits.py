@@ -61,7 +61,7 @@ CHILD = textwrap.dedent("""
             os.environ.pop("MMREPLAY_ENCODER", None)
         s = mmreplay.Store.create(path, truth.obs_space(shape), truth.ACTION_SPACE, capacity=capacity,
                                   frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1), commit_every=100)
-        assert (s._state.frames._encoder is not None) == (encoder == "process"), path
+        assert (s._state.frames.sealed.pipe is not None) == (encoder == "process"), path
         g, sampler = 0, None
         if prioritized:
             for g in range({updated}):
@@ -245,9 +245,9 @@ def test_a_shard_whose_encoder_process_died_is_encoded_here(store_path, monkeypa
     s = mmreplay.Store.create(store_path, truth.obs_space(IMAGE), truth.ACTION_SPACE, capacity=1000,
                               frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1))
     frames = s._state.frames
-    child = frames._encoder._proc
+    child = frames.sealed.pipe.encoder._proc
     os.kill(child.pid, signal.SIGSTOP)  # it takes the job but never answers
-    g = add_until(s, IMAGE, 0, lambda: bool(frames._sealed))  # a shard sealed: its job in the pipe
+    g = add_until(s, IMAGE, 0, lambda: bool(frames.sealed.entries))  # a shard sealed: its job in the pipe
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     g = add_until(s, IMAGE, g, lambda: s._writer.block.n == 5)
@@ -261,7 +261,7 @@ def test_a_ctrl_c_at_the_terminal_does_not_reach_the_encoder_process(store_path,
     monkeypatch.delenv("MMREPLAY_ENCODER", raising=False)
     with mmreplay.Store.create(store_path, truth.obs_space(IMAGE), truth.ACTION_SPACE, capacity=1000,
                                frame_stack=truth.FRAME_STACK, reward_values=(-1, 0, 1)) as s:
-        child = s._state.frames._encoder._proc
+        child = s._state.frames.sealed.pipe.encoder._proc
         assert os.getpgid(child.pid) != os.getpgid(0) and os.getsid(child.pid) == child.pid
 
 

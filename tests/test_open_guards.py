@@ -50,7 +50,7 @@ def _edit_schema(path, **changes):
 @pytest.mark.parametrize("mode", ["a", "r"])
 def test_an_edited_observation_shape_is_refused_before_staging_is_allocated(atari_store, monkeypatch, changes,
                                                                              message, mode):
-    import mmreplay.index.frame_ring as frame_ring
+    import mmreplay.index.frame_column as frame_column
 
     path, frames = atari_store
     original = open(os.path.join(path, "zarr.json")).read()
@@ -60,7 +60,7 @@ def test_an_edited_observation_shape_is_refused_before_staging_is_allocated(atar
         raise AssertionError("a frame column (and its staging block) was made from the edited schema")
 
     with monkeypatch.context() as m:
-        m.setattr(frame_ring.FrameColumn, "__init__", allocating)
+        m.setattr(frame_column.FrameColumn, "__init__", allocating)
         with pytest.raises(FormatError, match=message):
             mmreplay.Store.open(path, mode)
     with open(os.path.join(path, "zarr.json"), "w") as f:  # the store itself is untouched

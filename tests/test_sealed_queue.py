@@ -8,7 +8,7 @@ from gymnasium import spaces
 
 import mmreplay
 from mmreplay.storage.format import encoder as encoder_module
-from mmreplay.index import frame_ring
+from mmreplay.index import encoder_pipe
 
 SHAPE = (32, 32)  # 1 KiB rows: image-sized, so the encoder child encodes them
 
@@ -79,15 +79,15 @@ def test_adds_do_not_wait_for_the_encoder_and_queued_shards_read_back(store_path
     with mmreplay.Store.create(store_path, spaces.Box(0, 255, SHAPE, np.uint8), spaces.Discrete(4), capacity=5000,
                                reward_values=(-1, 0, 1)) as s:
         frames = s._state.frames
-        assert frames._encoder is not None and frames.shard_rows == 512
+        assert frames.sealed.pipe is not None and frames.shard_rows == 512
         add_steps(s, 0, n)
         # four full shards sealed, none waited for: the child holds the oldest, the rest are queued
         assert held.early_waits == 0
-        assert len(frames._sealed) == 4 and held.jobs == frame_ring.CHILD_JOBS
+        assert len(frames.sealed.entries) == 4 and held.jobs == encoder_pipe.CHILD_JOBS
         check_rows(s, n)  # every queued shard (and the staging one) reads back from RAM
         held.release()
         s.flush()  # the commit waits for every sealed shard
-        assert not frames._sealed
+        assert not frames.sealed.entries
     with mmreplay.Store.open(store_path, mode="r") as s:
         check_rows(s, n)
         assert s.verify() == []
@@ -102,7 +102,7 @@ def test_a_commit_while_shards_are_queued_covers_them_on_disk(store_path, with_e
                               reward_values=(-1, 0, 1))
     try:
         add_steps(s, 0, n)
-        assert len(s._state.frames._sealed) == 3
+        assert len(s._state.frames.sealed.entries) == 3
         held.release()
         s.flush()
         with mmreplay.Store.open(store_path, mode="r") as r:
@@ -117,12 +117,12 @@ def test_a_commit_while_shards_are_queued_covers_them_on_disk(store_path, with_e
 
 def test_short_shared_memory_keeps_one_shard_sealed(store_path, with_encoder, monkeypatch):
     """Shared memory that would fall under half free: no more staging buffers, adds wait as before."""
-    monkeypatch.setattr(frame_ring, "_shared_memory_to_spare", lambda nbytes, path="/dev/shm": False)
+    monkeypatch.setattr(encoder_pipe, "_shared_memory_to_spare", lambda nbytes, path="/dev/shm": False)
     n = 2300
     with mmreplay.Store.create(store_path, spaces.Box(0, 255, SHAPE, np.uint8), spaces.Discrete(4), capacity=5000,
                                reward_values=(-1, 0, 1)) as s:
         add_steps(s, 0, n)
-        assert s._state.frames.max_sealed == 1 and len(s._state.frames._sealed) <= 1
+        assert s._state.frames.sealed.max_sealed == 1 and len(s._state.frames.sealed.entries) <= 1
         check_rows(s, n)
     with mmreplay.Store.open(store_path, mode="r") as s:
         check_rows(s, n)
@@ -142,7 +142,7 @@ def test_laps_of_the_ring_with_shards_queued(store_path, with_encoder, monkeypat
         n = int(frames.rows * 2.5)
         add_steps(s, 0, n // 2)
         if held:  # released answers may all be in by now: how many are queued then depends on timing
-            assert len(frames._sealed) > 1  # shards did queue
+            assert len(frames.sealed.entries) > 1  # shards did queue
         add_steps(s, n // 2, n)
         oldest, head = s.inspect.valid_range()
         check_rows(s, head - oldest)

@@ -25,7 +25,7 @@ s = mmreplay.Store.create(sys.argv[1], spaces.Box(0, 255, (84, 84), np.uint8), s
 for t in range(700):  # past a shard: the child encoded one, more segments exist
     s.add(np.full((84, 84), t % 256, np.uint8), t % 6, 0.0, np.full((84, 84), (t + 1) % 256, np.uint8), False, False)
 s.flush()
-print(s._state.frames._encoder._proc.pid, flush=True)
+print(s._state.frames.sealed.pipe.encoder._proc.pid, flush=True)
 sys.stdin.read()  # until killed
 """
 
