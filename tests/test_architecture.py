@@ -224,7 +224,7 @@ def test_no_data_path_class_or_module_is_a_hub():
 def test_the_frame_reader_is_a_router_over_sources():
     """``FrameReader`` routes (at most 250 lines, 25 methods), and a disk-path change touches one source: of the
     reader and its sources (``reading/sources/``), only ``sources/files.py`` imports the disk path
-    (``reading/disk.py``, ``reading/runs.py``)."""
+    (``reading/disk.py``, ``reading/runs.py``). Every module of reading/ opens with its invariant."""
     reading = sorted((PACKAGE / "reading").rglob("*.py"))
     found = oversized(reading, ROOT, 250, 25, MAX_MODULE_LINES)
     assert "mmreplay/reading/frames.py:FrameReader" not in found, found
@@ -233,6 +233,9 @@ def test_the_frame_reader_is_a_router_over_sources():
     assert len(readers) >= 5 and "mmreplay.reading.sources.files" in readers, readers
     disk_path = {"mmreplay.reading.disk", "mmreplay.reading.runs"}
     assert {m for m in readers if graph[m] & disk_path} == {"mmreplay.reading.sources.files"}, graph
+    silent = [p.relative_to(ROOT).as_posix() for p in reading if p.read_text().strip()
+              and "Invariant" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert not silent, f"reading/ modules that do not open with their invariant: {silent}"
 
 
 def test_clock_ids_come_from_the_time_module():

@@ -148,7 +148,7 @@ class FrameReader(FrameEvents):
         ``shifted`` (as a transition's two stacks are) ``next_ids[:, :-1] == obs_ids[:, 1:]`` and only the
         last column of ``next_ids`` is read; otherwise (n-step: the next stack is a later transition's)
         all of it. Each frame is looked up once, and both outputs are filled straight from the cache slab."""
-        planner = self.planner
+        planner = self.planner  # ``planner.due()`` inline: the sampler's hot path
         if planner.remeasured is not None or self.ring.head - self.ring.oldest > planner.planned_rows:
             planner.replan(self.columns)
         col = self.columns[name]

@@ -64,6 +64,7 @@ class TierPlanner:
         return self.remeasured is not None or self.ring.head - self.ring.oldest > self.planned_rows
 
     def replan(self, columns: dict[str, ColumnReader]) -> None:
+        """Plan ``columns`` again (``due()``): from the measured compression once there is one, else for more rows."""
         if self.remeasured is not None:
             ring_bytes, self.remeasured = self.remeasured, None
             self.measured = True
