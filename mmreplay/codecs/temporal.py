@@ -65,7 +65,7 @@ names its own by its magic).
 
 Where its pieces live: this module is the format, the Python encoder and decoder and ``TemporalFrameCodec``
 (the codec's registration: kernel kind, runs decoded frame by frame, partial runs). The compiled decode is
-``_native/decode.py``: whole layout-1 runs (``_decode_temporal``), and one reconstruction kernel for layouts 2
+``_native/run_decode.py``: whole layout-1 runs (``decode_temporal_run``), and one reconstruction kernel for layouts 2
 and 3 (``decode_chains``: chosen frames, each with the frames its references lead to), which whole runs
 (``_decode_frames2``: references and frame ends read from the run's header) and partial reads from files
 (``_native/runs.py``: read from the directory ``reading/runs.py`` keeps, each frame's crc32c checked first)
