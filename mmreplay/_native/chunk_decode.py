@@ -17,17 +17,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mmreplay._native import codec_kinds, intrinsics, kernel_cache, linked, run_decode
+from mmreplay._native import codec_kinds, delta_lz4, intrinsics, kernel_cache, linked, run_decode
 from mmreplay._native import temporal_header as temporal
 from mmreplay._native.intrinsics import prefetch
 # the kinds the kernels switch on; which codec has which is said by the codec's module (``mmreplay/codecs/``)
-from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_TEMPORAL
+from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_DELTA_LZ4, CODEC_TEMPORAL
+from mmreplay._native.delta_lz4 import decode_delta_lz4_run
 from mmreplay._native.linked import (BAD_CHECKSUM, BAD_CODEC, BAD_SIZE, OK, blosc_decompress, blosc_validate, crc32c,
                                      memcpy, zstd_create_dctx, zstd_free_dctx, zstd_into, zstd_is_error)
 from mmreplay._native.run_decode import RUN2_MAX, TEMPORAL_HEADER, TEMPORAL_MAX_RUN, decode_temporal_run
 
 # the kernels inline these (see kernel_cache)
-kernel_cache.follow(__file__, intrinsics, temporal, codec_kinds, linked, run_decode)
+kernel_cache.follow(__file__, intrinsics, temporal, codec_kinds, linked, run_decode, delta_lz4)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -49,6 +50,8 @@ def _decode_one(src, size, dst, dst_nbytes, codec, scratch, header, dctx, work, 
         return BAD_CHECKSUM
     if codec == CODEC_TEMPORAL:
         return decode_temporal_run(src, body, dst, dst_nbytes, header, dctx, work, ends)
+    if codec == CODEC_DELTA_LZ4:
+        return decode_delta_lz4_run(src, body, dst, dst_nbytes, 0)
     if codec == CODEC_BLOSC:
         # validate first: blosc_decompress_ctx trusts the compressed size in the chunk's header
         if blosc_validate(src, body, scratch.ctypes.data) != 0 or scratch[0] != dst_nbytes:

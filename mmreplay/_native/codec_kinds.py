@@ -5,5 +5,5 @@ lives in that codec's module (``mmreplay/codecs/``: its ``kernel_kind``), never 
 nothing, so a codec module reads its kind without loading numba (the shard encoder's child imports codecs).
 """
 
-CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL = 0, 1, 2
-CODECS = (CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL)
+CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL, CODEC_DELTA_LZ4 = 0, 1, 2, 3
+CODECS = (CODEC_BLOSC, CODEC_ZSTD, CODEC_TEMPORAL, CODEC_DELTA_LZ4)

@@ -19,13 +19,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mmreplay._native import intrinsics, kernel_cache, linked
+from mmreplay._native import delta_lz4, intrinsics, kernel_cache, linked
 from mmreplay._native import temporal_header as temporal
+from mmreplay._native.delta_lz4 import MAGIC as DELTA_LZ4_MAGIC
+from mmreplay._native.delta_lz4 import decode_delta_lz4_run
 from mmreplay._native.intrinsics import address
 from mmreplay._native.linked import (BAD_CHECKSUM, BAD_CODEC, BAD_SIZE, OK, crc32c, lz4_decompress_safe, memcpy,
                                      zstd_create_dctx, zstd_free_dctx, zstd_into, zstd_is_error)
 
-kernel_cache.follow(__file__, intrinsics, temporal, linked)  # the kernels inline these (see kernel_cache)
+kernel_cache.follow(__file__, intrinsics, temporal, linked, delta_lz4)  # the kernels inline these (see kernel_cache)
 
 # the temporal codec's header (_native/temporal_header.py): magic, run length, frame bytes, one reference a frame
 TEMPORAL_MAGIC = int.from_bytes(temporal.MAGIC, "little")
@@ -227,7 +229,13 @@ def _decode_run_frames(src, size, js, dsts, frame_nbytes, run_nbytes, scratch, d
     memcpy(crc.ctypes.data, src, 4)
     if crc[0] & np.uint64(0xFFFFFFFF) == TEMPORAL_MAGIC2:
         return _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx, header, ends, loc)
-    status = decode_temporal_run(src, body, scratch, run_nbytes, header, dctx, work, ends)
+    if crc[0] & np.uint64(0xFFFFFFFF) == DELTA_LZ4_MAGIC:  # a delta-lz4 run: decoded up to its last frame asked for
+        upto = np.int64(0)
+        for r in range(js.size):
+            upto = max(upto, js[r] + 1)
+        status = decode_delta_lz4_run(src, body, scratch, run_nbytes, upto)
+    else:
+        status = decode_temporal_run(src, body, scratch, run_nbytes, header, dctx, work, ends)
     if status != OK:
         return status
     for r in range(js.size):

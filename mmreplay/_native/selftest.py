@@ -17,9 +17,10 @@ import threading
 
 import numpy as np
 
+from mmreplay._native import delta_lz4_header
 from mmreplay._native import temporal_header as temporal
 from mmreplay._native.chunk_decode import decode_chunks
-from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_TEMPORAL, CODEC_ZSTD
+from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_DELTA_LZ4, CODEC_TEMPORAL, CODEC_ZSTD
 from mmreplay._native.linked import BAD_CHECKSUM, OK, STATUS_TEXT
 
 
@@ -52,12 +53,16 @@ def _known_chunks() -> list[tuple[int, str, bytes, bytes]]:
     parts = [lz4.compress(frames[0].tobytes()), zstd.compress((frames[1] - frames[0]).tobytes(), 3)]
     run3 = b"".join((temporal.HEADER.pack(temporal.MAGIC2, 2, frames.shape[1]), bytes([0, 1]),
                      np.cumsum([len(p) for p in parts]).astype("<u4").tobytes(), *parts))
+    # delta-lz4: the run's residuals one LZ4 block, without numcodecs' 4-byte size
+    run_lz4 = b"".join((delta_lz4_header.HEADER.pack(delta_lz4_header.MAGIC, 2, frames.shape[1]), bytes([0, 1]),
+                        lz4.compress(np.stack([frames[0], frames[1] - frames[0]]).tobytes())[4:]))
     return [(CODEC_BLOSC, "numcodecs.blosc: blosc_decompress_ctx / blosc_cbuffer_validate (lz4)",
              sealed(blosc.encode(raw)), bytes(blosc.decode(blosc.encode(raw)))),
             (CODEC_ZSTD, "numcodecs.zstd: ZSTD_decompress / ZSTD_isError",
              sealed(Zstd(level=1).encode(raw)), bytes(Zstd(level=1).decode(Zstd(level=1).encode(raw)))),
             (CODEC_TEMPORAL, "numcodecs.zstd: ZSTD_decompress (temporal run)", sealed(run), raw),
-            (CODEC_TEMPORAL, "numcodecs.lz4: LZ4_decompress_safe (temporal run, layout 3)", sealed(run3), raw)]
+            (CODEC_TEMPORAL, "numcodecs.lz4: LZ4_decompress_safe (temporal run, layout 3)", sealed(run3), raw),
+            (CODEC_DELTA_LZ4, "numcodecs.lz4: LZ4_decompress_safe_partial (delta-lz4 run)", sealed(run_lz4), raw)]
 
 
 def self_test() -> None:
