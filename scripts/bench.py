@@ -22,6 +22,9 @@ Workloads
 ``larger-than-ram`` (``--larger-than-ram [--workload atari1m|atari10m|dmc]``) 1M Atari in 2 GB vs SB3 100k in
               RAM; 10M Atari in 2 GB vs SB3; 1M DMC RGB in 4 GB vs a DrQ-v2-style loader, each beside the
               disk's own random-read limit (``modes/larger_than_ram.py``, ``modes/ltr_big.py``).
+``dreamer``   (``--dreamer [--dreamer-n 1000000]``) DreamerV3's replay: Sequences(64) batch 16 of 64x64 RGB DMC
+              frames, a store in an 8 GB cgroup vs a DreamerV3-style replay holding 500k steps in RAM
+              (``modes/dreamer.py``).
 
 Method
 ------

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from .base import Mode
 from .cgroup import CgroupMode
+from .dreamer import DreamerMode
 from .dqn_replay import DqnReplayMode
 from .larger_than_ram import LargerThanRamMode
 from .per import PerMode
 from .workloads import WorkloadsMode
 
-MODES: list[Mode] = [WorkloadsMode(), PerMode(), CgroupMode(), LargerThanRamMode(), DqnReplayMode()]
+MODES: list[Mode] = [WorkloadsMode(), PerMode(), CgroupMode(), LargerThanRamMode(), DqnReplayMode(), DreamerMode()]
