@@ -286,7 +286,9 @@ class SequenceBatch:
     """``B`` windows of ``T = burn_in + seq_len`` steps. ``obs`` is ``(B, T, ...)`` (frame stacks within
     each step); ``action``, ``reward``, ``terminated``, ``truncated``, ``mask``, ``indices`` are
     ``(B, T)``; ``next_obs`` ``(B, ...)`` is the next observation of each window's last real step.
-    Padding (``mask`` False) is zero; ``indices`` there is ``-1``. ``start`` = ``indices[:, burn_in]``."""
+    ``is_first`` ``(B, T)`` is True at an episode's first step (DreamerV3's ``is_first``: where a world
+    model starts its recurrent state afresh). Padding (``mask`` False) is zero; ``indices`` there is ``-1``.
+    ``start`` = ``indices[:, burn_in]``."""
     obs: Any
     action: torch.Tensor
     reward: torch.Tensor
@@ -298,6 +300,7 @@ class SequenceBatch:
     burn_in: int = 0
     extras: dict = field(default_factory=dict)
     weights: torch.Tensor | None = None
+    is_first: torch.Tensor | None = None
 
     @property
     def start(self) -> torch.Tensor:
@@ -356,6 +359,7 @@ class SequenceBuffers:
         self.terminated = alloc((batch_size, T), torch.bool)
         self.truncated = alloc((batch_size, T), torch.bool)
         self.mask = alloc((batch_size, T), torch.bool)
+        self.is_first = alloc((batch_size, T), torch.bool)
         self.indices = alloc((batch_size, T), torch.int64)
         self.weights = alloc((batch_size,), torch.float32) if weights else None
         self.dict_obs = schema.dict_obs
@@ -369,7 +373,7 @@ class SequenceBuffers:
         return SequenceBatch(obs, self.columns["action"][0], self.columns["reward"][0], next_obs,
                              self.terminated[0], self.truncated[0], self.mask[0], self.indices[0], self.spec.burn_in,
                              {n: self.columns[n][0] for n in self.extra_names},
-                             self.weights[0] if self.weights is not None else None)
+                             self.weights[0] if self.weights is not None else None, self.is_first[0])
 
 
 def assemble_sequences(ring, frames: FrameReader, schema, ids: np.ndarray, buf: SequenceBuffers,
@@ -401,6 +405,7 @@ def assemble_sequences(ring, frames: FrameReader, schema, ids: np.ndarray, buf: 
         ring.read_into(name, slots, out.reshape(B * T, *out.shape[2:]), buf.decode_tables.get(name))
     ring.read_into("terminated", slots, buf.terminated[1].reshape(-1), FLAG_TABLE)
     ring.read_into("truncated", slots, buf.truncated[1].reshape(-1), FLAG_TABLE)
+    np.equal(ring.arrays["prev_delta"][slots], 0, out=buf.is_first[1].reshape(-1))  # no earlier step: a first
     if not mask.all():
         pad = ~mask
         for _, out in buf.obs.values():
@@ -409,6 +414,7 @@ def assemble_sequences(ring, frames: FrameReader, schema, ids: np.ndarray, buf: 
             out[pad] = 0
         buf.terminated[1][pad] = False
         buf.truncated[1][pad] = False
+        buf.is_first[1][pad] = False
     buf.mask[1][...] = mask
     buf.indices[1][...] = ids
     if weights is not None:
