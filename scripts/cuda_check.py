@@ -217,8 +217,9 @@ def batch_fields(batch) -> dict:
 def compare_paths(store: Store, draw, batch_size: int, batches: int, on: str, label: str) -> dict:
     """Rows of ``decode="device"`` on ``on`` that differ from the CPU path's for the same seed."""
     wrong, rows = [], 0
-    with store.sampler(batch_size, draw, seed=4, decode="cpu", name=f"cmp-cpu-{label.replace('/', '-')}") as cpu, \
-            store.sampler(batch_size, draw, seed=4, decode="device", device=on, name=f"cmp-dev-{label.replace('/', '-')}") as dev:
+    name = label.replace("/", "-")
+    with store.sampler(batch_size, draw, seed=4, decode="cpu", name=f"cmp-cpu-{name}") as cpu, \
+            store.sampler(batch_size, draw, seed=4, decode="device", device=on, name=f"cmp-dev-{name}") as dev:
         assert dev._device_path is not None  # noqa: SLF001 (the path under test must be the one taken)
         for i in range(batches):
             want, got = batch_fields(next(cpu)), batch_fields(next(dev))

@@ -288,16 +288,17 @@ def test_staging_refuses_a_header_the_codec_rejects_even_with_a_valid_checksum(t
     path = str(tmp_path / "bad.mmr")
     with make_store(path, grey_frames(), "zstd", adds=CAPACITY):
         pass
-    checked = staging.chunk_body
+    checked = staging.checked_copy
 
-    def edited(col, chunk):
-        body = bytearray(checked(col, chunk))
-        assert body[:4] == struct.pack("<I", 0xFD2FB528)
-        single = (body[4] >> 5) & 1
-        body[5 + (0 if single else 1)] ^= 0x01  # the declared content size, off by one
-        return bytes(body)
+    def edited(addrs, sizes, out, at):
+        status = checked(addrs, sizes, out, at)
+        for start in at.tolist():  # every chunk passed its crc32c; now its header is edited
+            assert out[start:start + 4].tobytes() == struct.pack("<I", 0xFD2FB528)
+            single = (out[start + 4] >> 5) & 1
+            out[start + 5 + (0 if single else 1)] ^= 0x01  # the declared content size, off by one
+        return status
 
-    monkeypatch.setattr(staging, "chunk_body", edited)
+    monkeypatch.setattr(staging, "checked_copy", edited)
     with mmreplay.Store.open(path, "r", cache_bytes=1 << 16, preload=False) as store:
         reader = store._state.reader
         oldest = store._state.frames.oldest
@@ -309,7 +310,8 @@ def test_staging_refuses_a_header_the_codec_rejects_even_with_a_valid_checksum(t
 def test_codec_pieces_describe_their_bytes():
     rng = np.random.default_rng(0)
     frames = np.cumsum(rng.integers(0, 3, (8, 30, 30)), axis=0).astype(np.uint8)
-    spec_rows = [("zstd", {"name": "zstd", "level": 3}, 1), ("blosc", {"name": "blosc", "cname": "lz4hc", "clevel": 5}, 1),
+    spec_rows = [("zstd", {"name": "zstd", "level": 3}, 1),
+                 ("blosc", {"name": "blosc", "cname": "lz4hc", "clevel": 5}, 1),
                  ("temporal-1", {"name": "temporal", "layout": 1}, 8),
                  ("temporal-3", {"name": "temporal", "layout": 3, "lz4_depth": 1}, 8)]
     for label, spec, rows in spec_rows:
@@ -334,6 +336,36 @@ def test_codec_pieces_describe_their_bytes():
         rebuild_chains(table, refs, chain_depths(refs))
         for r in pieces.rows.tolist():
             assert np.array_equal(table[r].numpy(), chunk[r].reshape(-1)), (label, r)
+
+
+@pytest.mark.parametrize("spec", [{"name": "zstd", "level": 3}, {"name": "blosc", "cname": "lz4hc", "clevel": 3},
+                                  {"name": "blosc", "cname": "lz4", "clevel": 9},
+                                  {"name": "blosc", "cname": "zstd", "clevel": 3}],
+                         ids=lambda s: str(s.get("cname", s["name"])))
+def test_the_batched_cut_equals_the_loop_and_takes_no_chunk_one_by_one(spec, monkeypatch):
+    """One-frame codecs cut a batch's chunks in a few array operations: the same pieces as ``device_pieces`` chunk
+    by chunk, without calling it (frames that compress, and noise that blosc stores as it is)."""
+    from mmreplay.codecs.base import FrameCodec
+
+    rng = np.random.default_rng(3)
+    frames = [np.cumsum(rng.integers(0, 3, (30, 30)), axis=0).astype(np.uint8) for _ in range(6)]
+    frames += [rng.integers(0, 256, (30, 30), dtype=np.uint8) for _ in range(3)]
+    codec = codecs.for_config(spec)
+    bodies = [codec.encode_chunk(f) for f in frames]
+    buf = np.frombuffer(b"".join(bodies), dtype=np.uint8)
+    length = np.array([len(b) for b in bodies], dtype=np.int64)
+    at = np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
+    wants = [np.zeros(1, dtype=np.int64)] * len(bodies)
+    slow, slow_counts = FrameCodec.device_pieces_many(codec, buf, at, length, 1, 900, wants)
+
+    def refuse(*args):
+        raise AssertionError("a chunk was cut one by one")
+
+    monkeypatch.setattr(type(codec), "device_pieces", refuse)
+    fast, fast_counts = codec.device_pieces_many(buf, at, length, 1, 900, wants)
+    assert np.array_equal(slow_counts, fast_counts)
+    for a, b in zip(slow, fast):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
 def test_layout_3_pieces_are_only_the_chain_from_the_key():

@@ -48,6 +48,26 @@ class DevicePieces(NamedTuple):
     refs: np.ndarray  # int64 (r,)
 
 
+def concat_pieces(parts: list[DevicePieces]) -> DevicePieces:
+    if not parts:
+        return DevicePieces(np.zeros(0, np.int8), np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64),
+                            np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return DevicePieces(*(np.concatenate(field) for field in zip(*parts)))
+
+
+def read_le(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """The little-endian unsigned integers of ``width`` bytes at offsets ``at`` of ``buf`` (uint8), as int64;
+    offsets past the end read as zero bytes (the callers check lengths first)."""
+    out = np.zeros(at.size, dtype=np.int64)
+    if not buf.size:
+        return out
+    for k in range(width):
+        where = at + k
+        inside = where < buf.size
+        out |= np.where(inside, buf[np.minimum(where, max(buf.size - 1, 0))].astype(np.int64), 0) << (8 * k)
+    return out
+
+
 def whole_chunk_pieces(kind: int, body_nbytes: int, nbytes: int, chunk_rows: int) -> DevicePieces:
     """One piece for the whole chunk (a zstd frame, say), every row decoded as it is."""
     return DevicePieces(np.array([kind], dtype=np.int8), np.array([[0, body_nbytes]], dtype=np.int64),
@@ -106,6 +126,23 @@ class FrameCodec:
         device decoder, producing at least the chunk rows ``rows`` (ascending); ``ValueError`` naming what is
         malformed, checked before anything is decoded."""
         raise NotImplementedError(f"codec {self.name!r} has no device decoder")
+
+    def device_pieces_many(self, buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_rows: int,
+                           row_nbytes: int, rows: list) -> tuple[DevicePieces, np.ndarray]:
+        """``device_pieces`` of many chunks (chunk ``i`` is ``buf[at[i]:at[i] + length[i]]``, ``rows[i]`` its rows
+        asked for): the pieces of all, concatenated (``src`` relative to ``buf``; ``dst`` and ``rows`` relative to
+        each chunk), and each chunk's number of pieces and of rows (``(n, 2)``). A codec may do this in fewer
+        steps (one-frame codecs: a few numpy operations a batch); the result must equal this loop's. A
+        ``ValueError`` names the chunk's index in its first argument (``args[1]``)."""
+        parts, counts = [], np.empty((at.size, 2), dtype=np.int64)
+        for i, (lo, n) in enumerate(zip(at.tolist(), length.tolist())):
+            try:
+                p = self.device_pieces(memoryview(buf[lo:lo + n]), chunk_rows, row_nbytes, rows[i])
+            except ValueError as exc:
+                raise ValueError(str(exc), i) from None
+            parts.append(p._replace(src=p.src + lo))
+            counts[i] = (p.kinds.size, p.rows.size)
+        return concat_pieces(parts), counts
 
     # the names the storage layer calls (``storage/format/shardfile.py``): the chunk codec of a shard file
     def encode(self, chunk: np.ndarray) -> bytes:

@@ -16,7 +16,7 @@ import numpy as np
 from numcodecs import blosc
 
 from mmreplay._native.codec_kinds import CODEC_BLOSC
-from mmreplay.codecs.base import PIECE_COPY, PIECE_LZ4, PIECE_ZSTD, DevicePieces, FrameCodec
+from mmreplay.codecs.base import PIECE_COPY, PIECE_LZ4, PIECE_ZSTD, DevicePieces, FrameCodec, read_le
 from mmreplay.codecs.registry import register
 
 blosc.use_threads = False  # many small chunks in parallel beat Blosc's own threads (zarr does the same)
@@ -102,6 +102,39 @@ class BloscFrameCodec(FrameCodec):
             src[b] = (at + 4, at + 4 + size)
             dst[b] = (b * blocksize, b * blocksize + block)
         return DevicePieces(kinds, src, dst, every, alone)
+
+    def device_pieces_many(self, buf, at, length, chunk_rows, row_nbytes, rows):
+        """Chunks of one blosc block (84x84 frames) in a few numpy operations, every check of
+        ``check_blosc_header`` and ``device_pieces`` made on all at once; anything else (several blocks, a
+        check that fails: the loop names it) goes through ``device_pieces`` one by one."""
+        nbytes = chunk_rows * row_nbytes
+        if not at.size or not self.device_supported():
+            return super().device_pieces_many(buf, at, length, chunk_rows, row_nbytes, rows)
+        h = BLOSC_HEADER.size
+        version, flags, typesize = read_le(buf, at, 1), read_le(buf, at + 2, 1), read_le(buf, at + 3, 1)
+        announced, blocksize, cbytes = read_le(buf, at + 4, 4), read_le(buf, at + 8, 4), read_le(buf, at + 12, 4)
+        memcpyed = (flags & BLOSC_MEMCPYED) != 0
+        start = read_le(buf, at + h, 4)
+        csize = read_le(buf, at + start, 4)  # the block's compressed size; meaningful where ``start`` is checked
+        good = (length >= h + 4) & (version >= 1) & (version <= BLOSC_MAX_VERSION) & ((flags & BLOSC_RESERVED) == 0) \
+            & ((flags & (BLOSC_SHUFFLE | BLOSC_BITSHUFFLE)) == 0) & ((flags >> 5) == self.format_code) \
+            & (typesize == 1) & (announced == nbytes) & (cbytes == length) & (blocksize > 0) & (blocksize <= nbytes)
+        good &= np.where(memcpyed, cbytes == nbytes + h,
+                         (blocksize >= nbytes) & (start >= h + 4) & (start + 4 <= cbytes) & (csize > 0)
+                         & (csize <= cbytes - start - 4))
+        if not good.all():
+            return super().device_pieces_many(buf, at, length, chunk_rows, row_nbytes, rows)
+        n = at.size
+        stored_as_is = memcpyed | (csize == nbytes)
+        kind = PIECE_LZ4 if self.format_code == BLOSC_FORMAT_CODE["lz4"] else PIECE_ZSTD
+        kinds = np.where(stored_as_is, PIECE_COPY, kind).astype(np.int8)
+        lo = np.where(memcpyed, at + h, at + start + 4)
+        hi = np.where(memcpyed, at + h + nbytes, at + start + 4 + csize)
+        pieces = DevicePieces(kinds, np.stack([lo, hi], axis=1),
+                              np.tile(np.array([[0, nbytes]], dtype=np.int64), (n, 1)),
+                              np.tile(np.arange(chunk_rows, dtype=np.int64), n),
+                              np.full(n * chunk_rows, -1, dtype=np.int64))
+        return pieces, np.stack([np.ones(n, dtype=np.int64), np.full(n, chunk_rows, dtype=np.int64)], axis=1)
 
     def zarr_codec(self):
         from zarr.codecs import BloscCodec

@@ -14,7 +14,7 @@ import numpy as np
 from numcodecs import zstd
 
 from mmreplay._native.codec_kinds import CODEC_ZSTD
-from mmreplay.codecs.base import PIECE_ZSTD, DevicePieces, FrameCodec, whole_chunk_pieces
+from mmreplay.codecs.base import PIECE_ZSTD, DevicePieces, FrameCodec, read_le, whole_chunk_pieces
 from mmreplay.codecs.registry import register
 
 ZSTD_MAGIC = 0xFD2FB528
@@ -54,6 +54,31 @@ class ZstdFrameCodec(FrameCodec):
         """The chunk is one zstd frame (its header checked to declare the chunk's size)."""
         check_zstd_header(body, chunk_rows * row_nbytes)
         return whole_chunk_pieces(PIECE_ZSTD, len(body), chunk_rows * row_nbytes, chunk_rows)
+
+    def device_pieces_many(self, buf, at, length, chunk_rows, row_nbytes, rows):
+        """One-frame chunks in a few numpy operations: every header checked as ``check_zstd_header`` checks it;
+        where one fails, the loop names it."""
+        nbytes = chunk_rows * row_nbytes
+        if chunk_rows != 1 or not at.size:
+            return super().device_pieces_many(buf, at, length, chunk_rows, row_nbytes, rows)
+        descriptor = read_le(buf, at + 4, 1)
+        single = (descriptor >> 5) & 1
+        fcs_size = np.array([0, 2, 4, 8])[descriptor >> 6]
+        fcs_size = np.where((descriptor >> 6 == 0) & (single == 1), 1, fcs_size)
+        start = 5 + (1 - single)
+        declared = np.zeros(at.size, dtype=np.int64)
+        for width in (1, 2, 4, 8):
+            sel = fcs_size == width
+            if sel.any():
+                declared[sel] = read_le(buf, at[sel] + start[sel], width) + (256 if width == 2 else 0)
+        good = (length >= 6) & (read_le(buf, at, 4) == ZSTD_MAGIC) & ((descriptor & 8) == 0) & ((descriptor & 3) == 0) \
+            & (fcs_size > 0) & (length >= start + fcs_size) & (declared == nbytes)
+        if not good.all():
+            return super().device_pieces_many(buf, at, length, chunk_rows, row_nbytes, rows)
+        n = at.size
+        return DevicePieces(np.full(n, PIECE_ZSTD, dtype=np.int8), np.stack([at, at + length], axis=1),
+                            np.tile(np.array([[0, nbytes]], dtype=np.int64), (n, 1)), np.zeros(n, dtype=np.int64),
+                            np.full(n, -1, dtype=np.int64)), np.ones((n, 2), dtype=np.int64)
 
     def zarr_codec(self):
         from zarr.codecs import ZstdCodec

@@ -58,7 +58,8 @@ class CpuDecoder:
             else:
                 got = lz4.decompress_block(piece, into)
             if got != d1 - d0:
-                raise CorruptDataError(f"piece {i} ({kind}, {s1 - s0} bytes) decodes to {got} bytes, expected {d1 - d0}")
+                raise CorruptDataError(f"piece {i} ({kind}, {s1 - s0} bytes) decodes to {got} bytes, expected "
+                                       f"{d1 - d0}")
         if not on_cpu:
             import torch
 

@@ -7,31 +7,31 @@ naming it, and nothing of that batch is staged. Bytes are taken from, in this or
 
 - the writer's RAM (the staging and sealed shards, ``FrameRing.ram_shards``): rows stored as they are (pieces
   to copy);
-- the compressed tier (``ResidentShards``), read under its ``reading()`` lock so that no buffer moves;
-- the shard file (``ShardedArray.open_shard`` + ``pread``);
+- the compressed tier (``reader.compressed.compressed_chunks``), copied out under its ``holding`` lock so that no
+  buffer moves;
+- the shard files (``reader.files.compressed_chunks``: a batch's chunks read together, whole, the tag's listed
+  crc checked);
 
-a chunk the index marks empty is zeros where ``ShardedArray.check_empty_chunk`` allows it. The reader's state is
-only read here (its tiers are the reader's business); this runs under the store's lock, like the CPU path's
-gather, so that the reader's overwrite check covers what was staged.
+the stored bytes copied and crc32c-checked in one compiled call (``_native/staging_copy.py``); a chunk the index marks
+empty is zeros where ``ShardedArray.check_empty_chunk`` allows it. The reader's sources are only read here (their
+tiers are the reader's business); this runs under the store's lock, like the CPU path's gather, so that the
+reader's overwrite check covers what was staged.
 
-Every key of the batch shares the one buffer: a copy to the device is one transfer (``Staged.to_device``).
+Every key of the batch shares the one buffer: a copy to the device is one transfer.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 from dataclasses import dataclass, field
 
-import google_crc32c
 import numpy as np
 
+from mmreplay._native.staging_copy import checked_copy
 from mmreplay.codecs.base import PIECE_COPY
 from mmreplay.errors import CorruptDataError
 from mmreplay.reading.resident import EMPTY_CHUNK
 
 CRC_BYTES = 4
-EMPTY_OFFSET = 2**64 - 1
 ROW_ZERO = np.zeros(1, dtype=np.int64)  # the row a one-frame chunk is asked for
 
 
@@ -73,130 +73,134 @@ class Staged:
         return int(self.host.size)
 
 
-def chunk_body(col, chunk: int):
-    """The stored bytes of ``col``'s chunk ``chunk`` with its checksum checked and removed, or None when the
-    shard's index marks it empty and that is allowed (zeros). ``col`` is a ``ColumnReader``."""
-    array = col.column.array
-    shard, inner = divmod(int(chunk), col.column.layout.chunks_per_shard)
-    raw = None
-    res = col.resident
-    if res is not None:
-        with res.reading():  # no buffer of the tier is freed or moved while its bytes are copied out
-            addr = int(res.chunk_addr[chunk]) if chunk < res.chunk_addr.size else 0
-            if addr > 0:
-                raw = ctypes.string_at(addr, int(res.chunk_size[chunk]))
-            elif addr == EMPTY_CHUNK:
-                array.check_empty_chunk(shard, inner)
-                return None
-    if raw is None:
-        with array.files_held():
-            fd, index, crcs = array.open_shard(shard)
-            offset = EMPTY_OFFSET if index is None else int(index[0][inner])
-            if offset == EMPTY_OFFSET:
-                fd = -1
-            else:
-                nbytes = int(index[1][inner])
-                raw = os.pread(fd, nbytes, offset)
-                if len(raw) != nbytes:
-                    raise CorruptDataError(f"{array.where(shard, inner)}: read {len(raw)} of {nbytes} bytes "
-                                           "(truncated shard file?)")
-                if crcs is not None and raw[-CRC_BYTES:] != int(crcs[inner]).to_bytes(CRC_BYTES, "little"):
-                    raise CorruptDataError(f"{array.where(shard, inner)}: chunk checksum differs from the one the "
-                                           "shard's identity tag lists (the chunk was replaced)")
-        if fd == -1:
-            array.check_empty_chunk(shard, inner)
-            return None
-    if len(raw) < CRC_BYTES:
-        raise CorruptDataError(f"{array.where(shard, inner)}: chunk is {len(raw)} bytes, shorter than its checksum")
-    body = raw[:-CRC_BYTES]
-    if google_crc32c.value(body) != int.from_bytes(raw[-CRC_BYTES:], "little"):
-        raise CorruptDataError(f"{array.where(shard, inner)}: checksum mismatch (stored data is corrupt)")
-    return body
-
-
 def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False) -> Staged:
     """Gather the compressed bytes of the frames ``wanted`` (observation key -> frame ids, any shape, each
     ``reader.ring.oldest <= id < head``) of ``reader`` (a ``FrameReader``) into one staging buffer, with the
     pieces each decodes to (module docstring). ``pin``: the buffer is pinned host memory (a CUDA copy)."""
-    parts: list = []  # bytes objects / arrays, concatenated at the end
     kinds, srcs, dsts = [], [], []
-    at = 0  # bytes staged so far
-    table_at = 0
+    buffers, at, table_at, n_chunks = [], 0, 0, 0
     keys = {}
-    n_chunks = 0
     for name, ids in wanted.items():
         col = reader.columns[name]
         spec = col.spec
         c, row_nbytes = int(spec.chunk_rows), int(spec.row_nbytes)
         codec = col.column.array.compressor
         ids = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
-        rows = reader.ring.row_of(ids)
-        chunks, inner = np.divmod(rows, c)
-        # ids are sorted, but a ring's rows wrap: group by chunk wherever its ids lie
-        order = np.argsort(chunks, kind="stable")
-        chunks_sorted, inner_sorted = chunks[order], inner[order]
-        starts = np.flatnonzero(np.r_[True, chunks_sorted[1:] != chunks_sorted[:-1]]) if ids.size else \
-            np.zeros(0, dtype=np.int64)
-        bounds = np.r_[starts, ids.size]
-        ram = reader.ring.ram_shards(name)
-        per = reader.ring.shard_rows
-        row_of = np.empty(ids.size, dtype=np.int64)
-        refs_parts, n_rows = [], 0
-        for g in range(starts.size):
-            chunk = int(chunks_sorted[bounds[g]])
-            want = ROW_ZERO if c == 1 else np.unique(inner_sorted[bounds[g]:bounds[g + 1]])
-            shard = chunk * c // per
-            body = None
-            if shard in ram:
-                offset = chunk * c - shard * per
-                held = np.ascontiguousarray(ram[shard][offset:offset + c]).reshape(-1).view(np.uint8)
-                pieces = _copy_all(c, row_nbytes)
-                parts.append(held)
-                body_nbytes = held.size
-            else:
-                body = chunk_body(col, chunk)
-                if body is None:  # empty (allowed): zeros, as the CPU path reads it
-                    parts.append(np.zeros(c * row_nbytes, dtype=np.uint8))
-                    pieces, body_nbytes = _copy_all(c, row_nbytes), c * row_nbytes
-                else:
-                    try:
-                        pieces = codec.device_pieces(body, c, row_nbytes, want)
-                    except ValueError as exc:
-                        shard_no, inner_no = divmod(chunk, col.column.layout.chunks_per_shard)
-                        raise CorruptDataError(f"{col.column.array.where(shard_no, inner_no)}: {exc}") from None
-                    parts.append(body)
-                    body_nbytes = len(body)
-            n_chunks += 1
-            kinds.append(pieces.kinds)
-            srcs.append(pieces.src + at)
-            if c == 1:  # one frame a chunk: table row n_rows, decoded as it is
-                dsts.append(pieces.dst + (table_at + n_rows * row_nbytes))
-                refs_parts.append(pieces.refs)
-                row_of[order[bounds[g]:bounds[g + 1]]] = n_rows
-            else:  # table rows of this chunk: its produced rows, in order
-                local = np.full(c, -1, dtype=np.int64)
-                local[pieces.rows] = n_rows + np.arange(pieces.rows.size)
-                piece_rows = pieces.dst[:, 0] // row_nbytes
-                dst = (local[piece_rows] * row_nbytes + pieces.dst[:, 0] - piece_rows * row_nbytes)[:, None] + \
-                    (pieces.dst - pieces.dst[:, :1])
-                dsts.append(dst + table_at)
-                refs_parts.append(np.where(pieces.refs >= 0, local[np.maximum(pieces.refs, 0)], -1))
-                row_of[order[bounds[g]:bounds[g + 1]]] = local[inner_sorted[bounds[g]:bounds[g + 1]]]
-            n_rows += pieces.rows.size
-            at += body_nbytes
+        chunks, inner = np.divmod(reader.ring.row_of(ids), c)
+        uchunks, of_id = np.unique(chunks, return_inverse=True)  # a ring's rows wrap: group by chunk
+        buf, body_at, body_len = gather_chunks(reader, col, uchunks)
+        stored = np.flatnonzero(body_len >= 0)
+        held = np.flatnonzero(body_len < 0)  # the writer's RAM or zeros: every row, copied as it is
+        if c == 1:
+            wants = [ROW_ZERO] * stored.size
+        else:
+            order = np.argsort(of_id, kind="stable")
+            bounds = np.r_[0, np.cumsum(np.bincount(of_id, minlength=uchunks.size))]
+            wants = [np.unique(inner[order[bounds[g]:bounds[g + 1]]]) for g in stored.tolist()]
+        try:
+            cut, counts = codec.device_pieces_many(buf, body_at[stored], body_len[stored], c, row_nbytes, wants)
+        except ValueError as exc:
+            i = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], int) else 0
+            shard, inner_no = divmod(int(uchunks[stored[i]]), col.column.layout.chunks_per_shard)
+            raise CorruptDataError(f"{col.column.array.where(shard, inner_no)}: {exc.args[0]}") from None
+        # slot of each chunk: the stored ones first, in order, then those held as they are
+        slot = np.empty(uchunks.size, dtype=np.int64)
+        slot[stored] = np.arange(stored.size)
+        slot[held] = stored.size + np.arange(held.size)
+        raw = c * row_nbytes
+        n_held = held.size
+        piece_slot = np.r_[np.repeat(np.arange(stored.size), counts[:, 0]), stored.size + np.arange(n_held)]
+        row_slot = np.r_[np.repeat(np.arange(stored.size), counts[:, 1]), np.repeat(stored.size + np.arange(n_held), c)]
+        rows = np.r_[cut.rows, np.tile(np.arange(c), n_held)]
+        refs_chunk = np.r_[cut.refs, np.full(n_held * c, -1)]
+        kinds.append(np.r_[cut.kinds, np.full(n_held, PIECE_COPY, dtype=np.int8)].astype(np.int8))
+        srcs.append(np.concatenate([cut.src, np.stack([body_at[held], body_at[held] + raw], axis=1)]) + at)
+        dst_chunk = np.concatenate([cut.dst, np.tile(np.array([[0, raw]], dtype=np.int64), (n_held, 1))])
+        row_keys = row_slot * c + rows  # ascending: slots ascend, rows ascend within a chunk
+        piece_row = dst_chunk[:, 0] // row_nbytes
+        table_row = np.searchsorted(row_keys, piece_slot * c + piece_row)
+        dsts.append(table_at + (table_row * row_nbytes + dst_chunk[:, 0] - piece_row * row_nbytes)[:, None]
+                    + (dst_chunk - dst_chunk[:, :1]))
+        refs_parts = [np.where(refs_chunk >= 0, np.searchsorted(row_keys, row_slot * c + np.maximum(refs_chunk, 0)),
+                               -1)]
+        row_of = np.searchsorted(row_keys, slot[of_id] * c + inner)
+        n_rows = rows.size
+        n_chunks += uchunks.size
         refs = np.concatenate(refs_parts) if refs_parts else np.zeros(0, dtype=np.int64)
         keys[name] = KeyPlan(name, tuple(spec.shape), np.dtype(spec.np_dtype), row_nbytes, ids, row_of, n_rows,
                              table_at, refs, chain_depths(refs))
         table_at += (n_rows + 1) * row_nbytes  # the table, then its zero row
+        buffers.append(buf)
+        at += buf.size
     host, pinned = _buffer(at, pin)
     pos = 0
-    for part in parts:
-        n = len(part)
-        host[pos:pos + n] = np.frombuffer(part, dtype=np.uint8) if not isinstance(part, np.ndarray) else part
-        pos += n
+    for buf in buffers:
+        host[pos:pos + buf.size] = buf
+        pos += buf.size
     cat = (lambda xs, shape: np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64))
     return Staged(host, pinned, cat(kinds, (0,)).astype(np.int8), cat(srcs, (0, 2)), cat(dsts, (0, 2)), table_at,
                   keys, n_chunks)
+
+
+def gather_chunks(reader, col, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The bytes of ``col``'s ``chunks`` (unique) in one buffer: ``(buffer, at, length)`` per chunk, ``length``
+    the stored body's (checksum checked and removed), or -1 for a chunk held as it is at ``at`` (``c`` rows of
+    the writer's RAM, or zeros for a chunk the index marks empty where that is allowed). Stored chunks come from
+    the compressed tier (``reader.compressed``) when it holds them, else from their files (``reader.files``,
+    read together); their crc32c is checked as they are copied (``kernels.checked_copy``)."""
+    c, row_nbytes = int(col.spec.chunk_rows), int(col.spec.row_nbytes)
+    raw_nbytes = c * row_nbytes
+    per_shard = col.column.layout.chunks_per_shard
+    array = col.column.array
+    ram = reader.ring.ram_shards(col.spec.name)
+    shard_of = chunks * c // reader.ring.shard_rows
+    in_ram = np.isin(shard_of, list(ram)) if ram else np.zeros(chunks.size, dtype=bool)
+    length = np.full(chunks.size, -1, dtype=np.int64)  # -1: held as it is (RAM rows, or zeros)
+    addrs = np.zeros(chunks.size, dtype=np.int64)
+    sizes = np.zeros(chunks.size, dtype=np.int64)
+    stored = np.flatnonzero(~in_ram)
+    got = None
+    with reader.compressed.holding(col):  # no buffer of the tier moves until the bytes are copied out
+        if stored.size:
+            addrs[stored], sizes[stored] = reader.compressed.compressed_chunks(col, chunks[stored])
+            empty = np.zeros(chunks.size, dtype=bool)
+            empty[stored] = addrs[stored] == EMPTY_CHUNK
+            missing = stored[addrs[stored] == 0]
+            if missing.size:  # not in the tier: read from the files, together
+                got = reader.files.compressed_chunks(col, chunks[missing])
+                whole = got.read_whole() | got.empty
+                if not whole.all():
+                    where = array.where(*divmod(int(chunks[missing[~whole][0]]), per_shard))
+                    raise CorruptDataError(f"{where}: read in part, expected whole")
+                addrs[missing], sizes[missing], empty[missing] = got.addresses(), got.sizes, got.empty
+            for i in np.flatnonzero(empty).tolist():  # allowed only where the CPU path allows it (zeros)
+                array.check_empty_chunk(*divmod(int(chunks[i]), per_shard))
+            body = stored[~empty[stored]]
+            length[body] = sizes[body] - CRC_BYTES
+        spans = np.where(length < 0, raw_nbytes, np.maximum(length, 0))
+        at = np.r_[0, np.cumsum(spans)[:-1]].astype(np.int64)
+        buf = np.empty(int(spans.sum()), dtype=np.uint8)
+        copied = np.flatnonzero(length >= 0)
+        try:
+            if copied.size:
+                status = checked_copy(addrs[copied], sizes[copied], buf, at[copied])
+                if (status != 0).any():
+                    bad = int(copied[np.flatnonzero(status != 0)[0]])
+                    what = "checksum mismatch (stored data is corrupt)" if sizes[bad] >= CRC_BYTES else \
+                        f"chunk is {int(sizes[bad])} bytes, shorter than its checksum"
+                    raise CorruptDataError(f"{array.where(*divmod(int(chunks[bad]), per_shard))}: {what}")
+        finally:
+            if got is not None:
+                got.release()
+    for i in np.flatnonzero(length < 0).tolist():
+        if in_ram[i]:
+            shard = int(shard_of[i])
+            offset = int(chunks[i]) * c - shard * reader.ring.shard_rows
+            buf[at[i]:at[i] + raw_nbytes] = np.ascontiguousarray(ram[shard][offset:offset + c]).reshape(-1).view(
+                np.uint8)
+        else:
+            buf[at[i]:at[i] + raw_nbytes] = 0
+    return buf, at, length
 
 
 def _copy_all(c: int, row_nbytes: int):
