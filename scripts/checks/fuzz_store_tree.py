@@ -318,9 +318,10 @@ def make_outside(work: str) -> str:
 
 # -- the parent -------------------------------------------------------------------------------------------
 class Worker:
-    def __init__(self, template: str, log):
-        env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONPATH": REPO}
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"], stdin=subprocess.PIPE,
+    def __init__(self, template: str, log, script: str = os.path.abspath(__file__), env: dict | None = None):
+        """A worker running ``script --worker``, given ``template`` (its first stdin line); extra ``env``."""
+        env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONPATH": REPO, **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, script, "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log, env=env, text=True)
         self.proc.stdin.write(template + "\n")
         self.proc.stdin.flush()
