@@ -190,6 +190,9 @@ def _check_hdf5_source(src: str, fmt: str) -> None:
         raise FileNotFoundError(f"{src!r}: no such file ({expected})")
     if os.path.isdir(src):
         raise ValueError(f"{src!r} is a directory ({expected})")
+    from mmreplay.datasets.sources import regular_file
+
+    regular_file(src, f"{fmt} dataset")  # before the open: a FIFO would block it
     with open(src, "rb"):  # an unreadable file: PermissionError naming it
         pass
     try:

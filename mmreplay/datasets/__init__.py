@@ -55,21 +55,30 @@ def import_dqn_replay(src, path, **kwargs) -> dict[str, Any]:
     """A new store from a Dopamine replay directory (the DQN Replay Dataset), streamed, resumable
     (``mmreplay.datasets.dqn_replay.import_dqn_replay``: ``checkpoints="0,1,5-9"``, ``resume=True``...)."""
     from mmreplay.datasets.dqn_replay import import_dqn_replay as run
+    from mmreplay.datasets.sources import naming
 
-    return run(src, path, **kwargs)
+    with naming(src, "dqn-replay", path):
+        return run(src, path, **kwargs)
 
 
 def import_dataset(src, path, format: str, **kwargs) -> dict[str, Any]:
     """Make a new store at ``path`` from the dataset ``src`` in ``format``. Keyword arguments go to the
     format's importer and on to ``Store.create`` (``capacity``, ``frame_stack``, ``reward_values``...)."""
     _check_format(format)
+    if format == "dqn-replay":
+        return import_dqn_replay(src, path, **kwargs)
+    from mmreplay.datasets.sources import naming
+
+    with naming(src, format, path):  # an error that names no file is said to be about ``src``
+        return _import(src, path, format, **kwargs)
+
+
+def _import(src, path, format: str, **kwargs) -> dict[str, Any]:
     if format == "minari":
         from mmreplay.datasets.minari import import_minari
         return import_minari(src, path, **kwargs)
     if format == "d4rl":
         from mmreplay.datasets.d4rl import import_d4rl
         return import_d4rl(src, path, **kwargs)
-    if format == "dqn-replay":
-        return import_dqn_replay(src, path, **kwargs)
     from mmreplay.datasets.d3rlpy import import_d3rlpy
     return import_d3rlpy(src, path, **kwargs)

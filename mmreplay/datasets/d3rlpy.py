@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from mmreplay.datasets import bounds, hdf5
+from mmreplay.datasets import bounds, hdf5, sources
 from mmreplay.datasets.d4rl import _h5py
 from mmreplay.datasets.episodes import iter_pieces, list_episodes
 from mmreplay.datasets.outputs import staged
@@ -171,6 +171,7 @@ def import_d3rlpy(src, path, *, observation_space=None, action_space=None, block
     """A new store at ``path`` from a d3rlpy ReplayBuffer HDF5 file (see the module invariants)."""
     h5py = _h5py()
     src = os.fspath(src)
+    sources.regular_file(src, "d3rlpy dataset")  # a FIFO would block the open, /dev/zero never end
     with h5py.File(src, "r") as f:
         missing = [k for k in ("columns", "num_episodes", "version") if k not in f]
         if missing:

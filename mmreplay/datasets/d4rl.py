@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mmreplay.datasets import bounds, hdf5
+from mmreplay.datasets import bounds, hdf5, sources
 from mmreplay.datasets.episodes import iter_pieces, list_episodes
 from mmreplay.datasets.outputs import staged
 from mmreplay.datasets.importing import (
@@ -125,6 +125,7 @@ def import_d4rl(src, path, *, observation_space=None, action_space=None, block_r
     """A new store at ``path`` from the D4RL-style file ``src`` (see the module invariants)."""
     h5py = _h5py()
     src = os.fspath(src)
+    sources.regular_file(src, "D4RL-style dataset")  # a FIFO would block the open, /dev/zero never end
     with h5py.File(src, "r") as f:
         missing = [k for k in KEYS if k not in f and k != "timeouts"]
         if missing:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from mmreplay.datasets import bounds, hdf5
+from mmreplay.datasets import bounds, hdf5, sources
 from mmreplay.datasets.episodes import as_space_value, iter_pieces, list_episodes
 from mmreplay.datasets.outputs import staged
 from mmreplay.datasets.importing import (
@@ -406,11 +406,16 @@ def open_minari(src):
 
     src = os.fspath(src)
     if os.path.isdir(src):
+        # Minari opens and loads whatever the directory holds: a FIFO would block it, /dev/zero fill memory
+        sources.check_tree(src, "Minari dataset", small_files=("metadata.json",))
         data = os.path.join(src, "data") if os.path.isdir(os.path.join(src, "data")) else src
         if not os.path.exists(os.path.join(data, "metadata.json")):
             raise ValueError(f"{src!r} is not a Minari dataset (no metadata.json in {data!r})")
         return MinariDataset(data)
     if ID_RE.match(src):
+        local = os.path.join(_minari_root(), src)
+        if os.path.isdir(local):
+            sources.check_tree(local, "Minari dataset", small_files=("metadata.json",))
         return minari.load_dataset(src)
     raise FileNotFoundError(f"Minari dataset {src!r}: no such directory, and not a dataset id of the form "
                             "'[namespace/]name-v<N>'")

@@ -122,8 +122,9 @@ def _read_header(fp, what: str, kinds: str, row_ndim, max_rows: int, max_row_byt
         major, _minor = fmt.read_magic(fp)
         read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
         shape, fortran, dtype = read(fp)
-    except (ValueError, OSError, EOFError, SyntaxError) as exc:  # OSError: not gzip (BadGzipFile)
-        raise NpyFormatError(f"{what}: not a gzip'd .npy array ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged header or stream: BadGzipFile, zlib.error, numpy's
+        # ValueError/SyntaxError, tokenize.TokenError (a flipped quote in the header dict)...
+        raise NpyFormatError(f"{what}: not a gzip'd .npy array ({type(exc).__name__}: {exc})") from None
     described = f"{what}: an array of shape {shape} and dtype {dtype}"
     if dtype.kind not in kinds or dtype.fields is not None or dtype.hasobject:
         raise NpyFormatError(f"{described}; expected dtype kind(s) {kinds!r} (Dopamine's checkpoint dtype)")
