@@ -103,3 +103,15 @@ def test_subset_loader_rows_are_the_runs(written):
         cols = run.columns(g)
         assert np.array_equal(action.numpy(), cols["action"]) and np.array_equal(reward.numpy(), cols["reward"])
         assert np.array_equal(terminal.numpy(), cols["terminal"].astype(bool))
+
+
+def test_measure_import_reports_the_cli_import(tmp_path):
+    from measure_dqn_replay import measure_import
+    fixture = os.path.join(REPO, "tests", "data", "dqn_replay")
+    rep = measure_import(fixture, str(tmp_path / "store"), "0-1")
+    with Store.open(str(tmp_path / "store"), mode="r") as store:
+        assert rep["transitions"] == store.num_added > 0
+    assert rep["peak_pss_tree_mb"] > 50 and rep["peak_rss_tree_mb"] >= rep["peak_pss_tree_mb"]  # a Python with numpy
+    assert rep["cpu_s"] > 0 and rep["store_bytes"] > 0
+    with pytest.raises(RuntimeError, match="import failed"):
+        measure_import(fixture, str(tmp_path / "store"), "0-1")  # the output exists: the CLI refuses
