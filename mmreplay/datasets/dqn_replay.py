@@ -15,8 +15,9 @@ Invariants:
   after the last checkpoint it stays in the app metadata, where the export finds it.
 - A padding row must be all zeros (frame, action, reward, terminal), else the import stops naming the row:
   the buffer was saved with another ``stack_size`` (checked first against ``invalid_range``).
-- Memory: the small columns of one checkpoint (~9 bytes a row) and one block of frames
-  (``BLOCK_BYTES``). Every header is checked before any allocation (``dopamine_files.py``).
+- Memory: the small columns of one checkpoint (~9 bytes a row) and ``READ_AHEAD_BUFFERS`` blocks of frames
+  (``BLOCK_BYTES`` each: one being written, the next being decompressed by the reading thread). Every
+  header is checked before any allocation (``dopamine_files.py``).
 - Resumable and atomic: the import writes through ``importing.EpisodeWriter`` into the sibling directory
   that ``outputs.staged`` renames onto ``OUT`` only when every asked checkpoint is in. The store commits
   only where this module says (``flush(app_meta=...)``, every ``commit_rows`` transitions and at each
