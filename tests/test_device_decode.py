@@ -368,6 +368,36 @@ def test_the_batched_cut_equals_the_loop_and_takes_no_chunk_one_by_one(spec, mon
         assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("layout", [1, 2, 3])
+def test_the_batched_cut_of_runs_equals_the_loop(layout, monkeypatch):
+    """A batch's temporal runs cut in array operations: the loop's pieces (layouts 2 and 3: only the asked rows and
+    their chains), without cutting any run one by one."""
+    from mmreplay.codecs.base import FrameCodec
+
+    rng = np.random.default_rng(4)
+    spec = {"name": "temporal", "layout": layout, "run": 8, **({"lz4_depth": 1} if layout == 3 else {})}
+    codec = codecs.for_config(spec)
+    runs = []
+    for i in range(7):
+        drift = np.cumsum(rng.integers(0, 3, (8, 30, 30)), axis=0).astype(np.uint8)
+        runs.append(drift if i % 3 else rng.integers(0, 256, (8, 30, 30), dtype=np.uint8))
+    bodies = [codec.encode_chunk(run) for run in runs]
+    buf = np.frombuffer(b"".join(bodies), dtype=np.uint8)
+    length = np.array([len(b) for b in bodies], dtype=np.int64)
+    at = np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
+    wants = [np.unique(rng.integers(0, 8, 3)) for _ in bodies]
+    slow, slow_counts = FrameCodec.device_pieces_many(codec, buf, at, length, 8, 900, wants)
+
+    def refuse(*args):
+        raise AssertionError("a run was cut one by one")
+
+    monkeypatch.setattr(type(codec), "device_pieces", refuse)
+    fast, fast_counts = codec.device_pieces_many(buf, at, length, 8, 900, wants)
+    assert np.array_equal(slow_counts, fast_counts)
+    for a, b in zip(slow, fast):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
 def test_layout_3_pieces_are_only_the_chain_from_the_key():
     rng = np.random.default_rng(1)
     frames = np.cumsum(rng.integers(0, 2, (16, 20, 20)), axis=0).astype(np.uint8)

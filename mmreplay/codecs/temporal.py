@@ -84,7 +84,7 @@ from mmreplay._native import lz4
 from mmreplay._native.codec_kinds import CODEC_TEMPORAL
 # one header for encoder and decoder
 from mmreplay._native.temporal_header import HEADER, LZ4_MAX_BYTES, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
-from mmreplay.codecs.base import PIECE_LZ4, PIECE_ZSTD, DevicePieces, FrameCodec
+from mmreplay.codecs.base import PIECE_LZ4, PIECE_ZSTD, DevicePieces, FrameCodec, read_le
 from mmreplay.codecs.registry import register
 
 if TYPE_CHECKING:  # zarr is imported lazily: the storage layer's readers never need it
@@ -414,6 +414,81 @@ def device_run_pieces(data, chunk_rows: int, row_nbytes: int, rows: np.ndarray) 
                         np.array([[0, nbytes]], dtype=np.int64), every, targets)
 
 
+def _zstd_sizes(buf: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """``zstd_content_size`` of the frames at ``at`` (``length`` bytes each) of ``buf``, -1 where none."""
+    descriptor = read_le(buf, at + 4, 1)
+    single = (descriptor >> 5) & 1
+    fcs = np.array(_FCS_BYTES)[descriptor >> 6]
+    fcs = np.where(fcs == 0, single, fcs)
+    start = 5 + (1 - single) + np.array(_DICT_ID_BYTES)[descriptor & 3]
+    size = np.full(at.size, -1, dtype=np.int64)
+    for width in (1, 2, 4, 8):
+        sel = fcs == width
+        if sel.any():
+            size[sel] = read_le(buf, at[sel] + start[sel], width) + (256 if width == 2 else 0)
+    ok = (length >= 6) & (read_le(buf, at, 4) == ZSTD_MAGIC) & (fcs > 0) & (length >= start + fcs)
+    return np.where(ok, size, -1)
+
+
+def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_rows: int, row_nbytes: int,
+                     rows: list) -> tuple[DevicePieces, np.ndarray] | None:
+    """``device_run_pieces`` of many layout-2/3 runs at once (run ``i`` is ``buf[at[i]:at[i] + length[i]]``, rows
+    ``rows[i]`` asked for): every check of ``parse_header2`` and of the frames' first words, on all runs in array
+    operations; the pieces in the loop's order. None (the caller loops, and names what is wrong) when a run is of
+    another layout or any check fails."""
+    n, r = chunk_rows, at.size
+    h = HEADER.size
+    if not r or (read_le(buf, at + 4, 4) != n).any() or (read_le(buf, at + 8, 4) != row_nbytes).any():
+        return None
+    cols = np.arange(n)
+    magic = read_le(buf, at, 4)
+    if (magic == int.from_bytes(MAGIC, "little")).all() and n <= MAX_RUN and (length >= h + n).all():
+        # layout 1: the run's one zstd frame, every row; references point back inside the run
+        back = buf[at[:, None] + h + cols].astype(np.int64)
+        if (back > cols).any() or (_zstd_sizes(buf, at + h + n, length - h - n) != n * row_nbytes).any():
+            return None
+        pieces = DevicePieces(np.full(r, PIECE_ZSTD, dtype=np.int8), np.stack([at + h + n, at + length], axis=1),
+                              np.tile(np.array([[0, n * row_nbytes]], dtype=np.int64), (r, 1)), np.tile(cols, r),
+                              np.where(back > 0, cols - back, -1).reshape(-1))
+        return pieces, np.stack([np.ones(r, dtype=np.int64), np.full(r, n, dtype=np.int64)], axis=1)
+    if n > 127 or (length < h + 5 * n).any() or (magic != int.from_bytes(MAGIC2, "little")).any():
+        return None
+    refs = buf[at[:, None] + h + cols].astype(np.int8).astype(np.int64)  # (r, n)
+    ends = np.stack([read_le(buf, at + h + n + 4 * i, 4) for i in range(n)], axis=1)
+    targets = cols - refs
+    if ((targets < 0) | (targets >= n)).any():
+        return None
+    payload = length - (h + 5 * n)
+    if (np.diff(ends, axis=1) < 0).any() or (ends[:, -1] != payload).any():
+        return None
+    needed = np.zeros((r, n), dtype=bool)
+    for i, want in enumerate(rows):
+        needed[i, want] = True
+    depth_ok = refs == 0
+    for _ in range(n):  # follow the references: every needed row's target is needed; every chain ends alone
+        needed[np.nonzero(needed)[0], targets[needed]] = True
+        depth_ok |= depth_ok[np.arange(r)[:, None], targets]
+    if not depth_ok.all():
+        return None  # a cycle: the loop names it
+    run, row = np.nonzero(needed)  # row-major: runs in order, rows ascending (the loop's order)
+    starts = np.where(row > 0, ends[run, np.maximum(row - 1, 0)], 0)
+    lo = at[run] + h + 5 * n + starts
+    size = ends[run, row] - starts
+    first = read_le(buf, lo, 4)
+    is_lz4 = (size >= 4) & (first != ZSTD_MAGIC)
+    if (is_lz4 & ((first != row_nbytes) | (size == 4))).any():
+        return None
+    if (~is_lz4 & (_zstd_sizes(buf, lo, size) != row_nbytes)).any():
+        return None
+    kinds = np.where(is_lz4, PIECE_LZ4, PIECE_ZSTD).astype(np.int8)
+    src = np.stack([np.where(is_lz4, lo + 4, lo), lo + size], axis=1)
+    dst = np.stack([row * row_nbytes, (row + 1) * row_nbytes], axis=1).astype(np.int64)
+    ref_of = refs[run, row]
+    pieces = DevicePieces(kinds, src, dst, row.astype(np.int64), np.where(ref_of != 0, row - ref_of, -1))
+    per_run = np.bincount(run, minlength=r).astype(np.int64)
+    return pieces, np.stack([per_run, per_run], axis=1)
+
+
 def encode(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int = DEFAULT_SEARCH, layout: int = 1,
            lz4_depth: int = DEFAULT_LZ4_DEPTH) -> bytes:
     """``encode_run`` (layout 1) or ``encode_frames_run`` (layout 2; layout 3 with ``lz4_depth``)."""
@@ -498,6 +573,11 @@ class TemporalFrameCodec(FrameCodec):
     def device_pieces(self, body, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
         """``device_run_pieces``: whichever layout the chunk names."""
         return device_run_pieces(body, chunk_rows, row_nbytes, rows)
+
+    def device_pieces_many(self, buf, at, length, chunk_rows, row_nbytes, rows):
+        """``device_runs_many``: a batch's runs cut in array operations (the loop where they cannot be)."""
+        got = device_runs_many(buf, at, length, chunk_rows, row_nbytes, rows)
+        return got if got is not None else super().device_pieces_many(buf, at, length, chunk_rows, row_nbytes, rows)
 
     def zarr_codec(self):
         register_with_zarr()
