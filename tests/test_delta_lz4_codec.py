@@ -133,9 +133,17 @@ def test_malformed_runs_are_refused_by_the_compiled_paths():
                                                   np.array([0, 2]), np.array([2, 5]),
                                                   dst.ctypes.data + np.array([0, dst[0].nbytes]), dst[0].nbytes, 8,
                                                   fstatus, (dst,))
+        # frames 0..2 to consecutive places (a sequence through the run's start): decoded there, no scratch
+        seq = np.zeros((3, *SHAPE), np.uint8)
+        sstatus = np.zeros(1, np.int8)
+        sbad = native.checked_decode_frame_groups(np.array([chunk.ctypes.data]), np.array([chunk.size]),
+                                                  np.array([0, 3]), np.array([0, 1, 2]),
+                                                  seq.ctypes.data + np.arange(3) * seq[0].nbytes, seq[0].nbytes, 8,
+                                                  sstatus, (seq,))
         if what == "intact":
             assert bad == 0 and np.array_equal(out, frames)
             assert fbad == 0 and np.array_equal(dst, frames[[2, 5]])
+            assert sbad == 0 and np.array_equal(seq, frames[:3])
         elif what in PREFIX_WELL_FORMED:
             # LZ4 decodes a block front to back: a run decoded up to frame 5 checks the block that far. A block
             # damaged only after it (its checksum, resealed here, refuses such a run read from a file) is refused
@@ -143,9 +151,11 @@ def test_malformed_runs_are_refused_by_the_compiled_paths():
             assert bad == 1 and status[0] != native.OK, what
             if what == "truncated block":
                 assert fbad == 0 and np.array_equal(dst, frames[[2, 5]])
+                assert sbad == 0 and np.array_equal(seq, frames[:3])
         else:
             assert bad == 1 and status[0] != native.OK, what
             assert fbad == 1 and fstatus[0] != native.OK, what
+            assert sbad == 1 and sstatus[0] != native.OK, what
 
 
 def test_a_run_whose_checksum_does_not_match_is_refused_before_decoding():

@@ -231,8 +231,14 @@ def _decode_run_frames(src, size, js, dsts, frame_nbytes, run_nbytes, scratch, d
         return _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx, header, ends, loc)
     if crc[0] & np.uint64(0xFFFFFFFF) == DELTA_LZ4_MAGIC:  # a delta-lz4 run: decoded up to its last frame asked for
         upto = np.int64(0)
+        straight = js.size > 0
         for r in range(js.size):
             upto = max(upto, js[r] + 1)
+            straight = straight and js[r] == r and dsts[r] == dsts[0] + r * frame_nbytes
+        if straight and upto * frame_nbytes <= run_nbytes:
+            # frames 0..m-1 to consecutive places (a sequence through the run's start): LZ4 writes them there
+            # (each place was checked to hold its frame, so together they hold the m frames), no scratch copy
+            return decode_delta_lz4_run(src, body, dsts[0], run_nbytes, upto)
         status = decode_delta_lz4_run(src, body, scratch, run_nbytes, upto)
     else:
         status = decode_temporal_run(src, body, scratch, run_nbytes, header, dctx, work, ends)
