@@ -449,6 +449,74 @@ def test_the_cpu_decoder_refuses_a_piece_that_does_not_decode_to_its_size():
         CpuDecoder().decode(torch.from_numpy(data), "lz4", pieces.src[sel], pieces.dst[sel], out)
 
 
+class FakeNvcomp:
+    """``nvidia.nvcomp``'s surface that ``NvcompDecoder`` uses, decoding on the CPU (numcodecs / LZ4), so that the
+    nvCOMP backend's own code (one ``decode`` call per kind, sizes checked, contiguous copies) runs here."""
+
+    class BitstreamKind:
+        RAW = "raw"
+
+    calls: list = []
+
+    @staticmethod
+    def as_array(tensor):
+        return tensor.numpy()
+
+    class Codec:
+        def __init__(self, algorithm, bitstream_kind, device_id, cuda_stream, data_type=None):
+            assert bitstream_kind == "raw" and algorithm in ("Zstd", "LZ4")
+            self.algorithm = algorithm
+
+        def decode(self, arrays):
+            from numcodecs import zstd
+
+            from mmreplay._native import lz4
+
+            FakeNvcomp.calls.append((self.algorithm, len(arrays)))
+            out = []
+            for a in arrays:
+                if self.algorithm == "Zstd":
+                    out.append(np.frombuffer(zstd.decompress(a.tobytes()), dtype=np.uint8).copy())
+                else:
+                    buf = np.empty(1 << 16, dtype=np.uint8)
+                    n = lz4.decompress_block(a.tobytes(), buf)
+                    out.append(buf[:max(n, 0)].copy())
+            return out
+
+
+def test_the_nvcomp_backend_decodes_a_batch_with_one_call_per_kind(tmp_path, monkeypatch):
+    """The nvCOMP decoder's code, nvCOMP's calls answered on the CPU (no GPU here): a batch of layout-3 runs (zstd
+    frames and LZ4 blocks) decodes with one call per kind to the CPU path's frames; a piece of the wrong size is
+    refused."""
+    import sys
+    import types
+
+    from mmreplay.device.decoders import NvcompDecoder
+
+    nvidia = types.ModuleType("nvidia")
+    nvidia.nvcomp = FakeNvcomp
+    monkeypatch.setitem(sys.modules, "nvidia", nvidia)
+    monkeypatch.setitem(sys.modules, "nvidia.nvcomp", FakeNvcomp)
+    FakeNvcomp.calls = []
+    path = str(tmp_path / "s.mmr")
+    with make_store(path, rgb_frames(), RGB["temporal-3-run16"]):
+        pass
+    with mmreplay.Store.open(path, "r") as store:
+        with store.sampler(24, mmreplay.NStep(3, 0.9), seed=5, decode="cpu", name="cpu_path") as cpu, \
+                store.sampler(24, mmreplay.NStep(3, 0.9), seed=5, decode="device", name="nvcomp_path") as dev:
+            dev._device_path.decoder = NvcompDecoder(torch.device("cpu"))
+            for _ in range(3):
+                want, got = fields(next(cpu)), fields(next(dev))
+                assert all(torch.equal(want[k], got[k]) for k in want)
+    assert {kind for kind, _ in FakeNvcomp.calls} == {"Zstd", "LZ4"}
+    assert len(FakeNvcomp.calls) == 6  # one call per kind a batch, 3 batches
+    data = torch.from_numpy(np.frombuffer(codecs.for_config({"name": "zstd"}).encode_chunk(
+        np.zeros(100, dtype=np.uint8)), dtype=np.uint8).copy())
+    with pytest.raises(CorruptDataError, match="decodes to 100 bytes on the device, expected 99"):
+        NvcompDecoder(torch.device("cpu")).decode(data, "zstd", np.array([[0, data.numel()]]), np.array([[0, 99]]),
+                                                  torch.empty(99, dtype=torch.uint8))
+
+
 def test_rebuild_chains_adds_references_depth_by_depth_modulo_256():
     rows = torch.tensor([[200, 1], [100, 2], [100, 3], [7, 7]], dtype=torch.uint8)
     refs = np.array([-1, 0, 1, -1])  # row 1 = row 0 + residual, row 2 = row 1 + residual

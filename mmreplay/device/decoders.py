@@ -77,8 +77,9 @@ class NvcompDecoder:
 
         self._nvcomp = nvcomp
         self.device = device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(index).cuda_stream
+        cuda = device.type == "cuda"
+        index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
+        stream = torch.cuda.current_stream(index).cuda_stream if cuda else 0  # the stream torch's ops run on
         raw = nvcomp.BitstreamKind.RAW
         self._codecs = {"zstd": nvcomp.Codec(algorithm="Zstd", bitstream_kind=raw, device_id=index, cuda_stream=stream),
                         "lz4": nvcomp.Codec(algorithm="LZ4", bitstream_kind=raw, device_id=index, cuda_stream=stream,
@@ -92,13 +93,17 @@ class NvcompDecoder:
         if not src.shape[0]:
             return
         pieces = [self._nvcomp.as_array(staged[s0:s1]) for s0, s1 in src.tolist()]
-        decoded = self._codecs[kind].decode(pieces)
-        for i, (piece, (d0, d1)) in enumerate(zip(decoded, dst.tolist())):
-            got = torch.as_tensor(piece, device=out.device).reshape(-1).view(torch.uint8)
-            if got.numel() != d1 - d0:
+        decoded = [torch.as_tensor(piece, device=out.device).reshape(-1).view(torch.uint8)
+                   for piece in self._codecs[kind].decode(pieces)]
+        want = (dst[:, 1] - dst[:, 0]).tolist()
+        for i, (got, n) in enumerate(zip(decoded, want)):
+            if got.numel() != n:
                 raise CorruptDataError(f"piece {i} ({kind}, {int(src[i, 1] - src[i, 0])} bytes) decodes to "
-                                       f"{got.numel()} bytes on the device, expected {d1 - d0}")
-            out[d0:d1].copy_(got)
+                                       f"{got.numel()} bytes on the device, expected {n}")
+        # pieces whose destinations follow one another (a batch's table rows mostly do) land with one copy
+        breaks = np.flatnonzero(dst[1:, 0] != dst[:-1, 1]) + 1
+        for a, b in zip(np.r_[0, breaks].tolist(), np.r_[breaks, len(decoded)].tolist()):
+            out[int(dst[a, 0]):int(dst[b - 1, 1])].copy_(torch.cat(decoded[a:b]) if b - a > 1 else decoded[a])
 
 
 def make_decoder(device):
