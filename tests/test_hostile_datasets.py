@@ -4,7 +4,8 @@ error naming the dataset. Each case is one that ``scripts/checks/fuzz_dataset_tr
 before ``datasets/sources.py``: a FIFO as a D4RL/d3rlpy file hung h5py's open (and the CLI's own check), a
 FIFO as Minari's ``metadata.json`` hung Minari, a link to ``/dev/zero`` there filled memory (MemoryError at
 2 GiB), a truncated HDF5 file or a bit flipped in its metadata raised h5py's ``OSError``/``RuntimeError``/
-``KeyError`` naming no file, a damaged gzip stream or ``.npy`` header escaped as ``zlib.error`` or
+``KeyError`` naming no file, so did Minari (``KeyError``, ``AssertionError``) for a ``metadata.json`` missing
+a key (a flipped bit in its name), a damaged gzip stream or ``.npy`` header escaped as ``zlib.error`` or
 ``tokenize.TokenError``, and Dopamine checkpoint errors named no file. Cases that hung run with a thread
 that opens the FIFO for writing after a few seconds, or in a child with a timeout, so the suite never hangs.
 Also: a short run of the fuzzer."""
@@ -145,6 +146,23 @@ def test_a_minari_metadata_linked_to_dev_zero_is_refused_in_bounded_memory(expor
                           env={**os.environ, "MINARI_DATASETS_PATH": str(tmp_path / "root")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused:" in proc.stdout and meta in proc.stdout and "character device" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("key, flipped, said", [
+    ("total_episodes", "total_episodeq", "'total_episodes'"),  # Minari raised KeyError('total_episodes')
+    ("action_space", "action_spacg", ""),  # Minari's ``assert isinstance(env_spec_str, str)``: AssertionError
+])
+def test_a_minari_metadata_with_a_flipped_key_is_named(exported, tmp_path, key, flipped, said):
+    src = _copy_minari(exported, tmp_path)
+    meta = os.path.join(src, "data", "metadata.json")
+    with open(meta) as f:
+        text = f.read()
+    assert f'"{key}"' in text
+    with open(meta, "w") as f:
+        f.write(text.replace(f'"{key}"', f'"{flipped}"'))
+    with pytest.raises(ValueError, match=re.escape(f"minari dataset {src!r} cannot be read: {said}")) as info:
+        import_dataset(src, str(tmp_path / "out.mmr"), "minari")
+    assert isinstance(info.value.__cause__, (KeyError, AssertionError))
 
 
 def test_a_big_minari_metadata_file_is_refused(exported, tmp_path, monkeypatch):

@@ -11,8 +11,9 @@ Invariants:
 - An import's error names its dataset (``naming``): an ``OSError``/``ValueError`` whose message names
   neither the source, nor the destination, nor a file (h5py's "Unable to synchronously open file (truncated file ...)", "a reward
   is not finite") is raised again as the same kind of error, prefixed "<format> dataset '<src>' cannot be
-  read: ...", the original chained; so is the ``RuntimeError``/``KeyError`` h5py raises for damaged
-  metadata ("incorrect metadata checksum"), as a ``ValueError``. mmreplay's own errors and errors naming a
+  read: ...", the original chained; so is a ``RuntimeError``/``KeyError``/``AssertionError``... raised
+  while h5py or Minari ran (``READER_ERRORS``: damaged HDF5 metadata, a Minari ``metadata.json`` missing a
+  key or holding a value of the wrong type), as a ``ValueError``. mmreplay's own errors and errors naming a
   file pass unchanged.
 - The check runs just before the open; a tree changed between the two (a race) is not covered.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 from collections.abc import Iterator
 
@@ -82,12 +84,22 @@ def check_tree(root: str | os.PathLike, what: str, small_files: tuple[str, ...] 
                                      f"{MAX_METADATA_BYTES:,} a metadata file may have")
 
 
-def _raised_by_h5py(exc: BaseException) -> bool:
-    """Was ``exc`` raised inside h5py (its ``RuntimeError``/``KeyError`` for a damaged file)?"""
-    tb, last = exc.__traceback__, None
+#: errors a dataset reader (h5py, Minari) raises for a damaged file: h5py's RuntimeError ("incorrect metadata
+#: checksum") and KeyError ("bad object header version number"); Minari's KeyError for a missing metadata key,
+#: AssertionError for a value of the wrong type, MemoryError for a count flipped to 10^15 episodes
+READER_ERRORS = (RuntimeError, LookupError, TypeError, AttributeError, AssertionError, ArithmeticError,
+                 MemoryError)
+_READERS = ("h5py", "minari")
+
+
+def _raised_by_reader(exc: BaseException) -> bool:
+    """Was ``exc`` raised while h5py or Minari ran (a frame of its traceback is theirs)?"""
+    tb = exc.__traceback__
     while tb is not None:
-        last, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
-    return last is not None and "h5py" in last
+        if any(p in _READERS for p in re.split(r"[\\/]", tb.tb_frame.f_code.co_filename)):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _names_a_file(exc: BaseException, paths: list[str]) -> bool:
@@ -104,14 +116,14 @@ def naming(src: str | os.PathLike, fmt: str, dest: str | os.PathLike | None = No
     paths = [src] + ([os.fspath(dest), os.path.abspath(os.fspath(dest))] if dest is not None else [])
     try:
         yield
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        if isinstance(exc, (RuntimeError, KeyError)) and not _raised_by_h5py(exc):
+    except (OSError, ValueError, *READER_ERRORS) as exc:
+        if isinstance(exc, READER_ERRORS) and not _raised_by_reader(exc):
             raise
         if isinstance(exc, MMReplayError) or _names_a_file(exc, paths):
             raise
         text = f"{fmt} dataset {src!r} cannot be read: {exc}"
-        if isinstance(exc, (RuntimeError, KeyError)) or (type(exc) is OSError and exc.errno is None):
-            new: Exception = ValueError(text)  # h5py's: the file's content, not the system
+        if isinstance(exc, READER_ERRORS) or (type(exc) is OSError and exc.errno is None):
+            new: Exception = ValueError(text)  # the reader's: the file's content, not the system
         elif isinstance(exc, OSError) and exc.errno is not None:
             new = type(exc)(exc.errno, f"{exc.strerror} ({text})")
         else:
