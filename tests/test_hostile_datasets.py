@@ -12,6 +12,7 @@ Also: a short run of the fuzzer."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -53,27 +54,35 @@ def exported(tmp_path_factory):
     return out
 
 
-def _unblock_fifo(path: str, seconds: float = 5.0) -> threading.Thread:
-    """Open FIFO ``path`` for writing (and close it) once a reader waits, or after ``seconds``: a reader
-    blocked in ``open`` then returns (end of file) instead of hanging the run. Returns the thread."""
+@contextlib.contextmanager
+def _unblocked(path: str, after: float = 5.0):
+    """While the block runs, from ``after`` seconds on, open FIFO ``path`` for writing (and close it) each
+    time a reader waits on it: a reader blocked in ``open`` (on the old code: h5py, Minari, several opens
+    in turn) then reads an end of file instead of hanging the run."""
+    stop = threading.Event()
+
     def run():
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:
-            pass
+        stop.wait(after)
+        while not stop.is_set():
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO while no reader waits
+            except OSError:
+                pass
+            stop.wait(0.05)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
-def _refused_fast(fn, seconds: float = 4.0):
-    """``fn()`` must raise within ``seconds`` (a blocked open would be released only after 5 s)."""
+def _refused_fast(path: str, fn, seconds: float = 4.0):
+    """``fn()`` must raise within ``seconds`` (a blocked open of FIFO ``path`` is released only after 5 s)."""
     t0 = time.monotonic()
-    with pytest.raises((ValueError, OSError)) as info:
+    with _unblocked(path), pytest.raises((ValueError, OSError)) as info:
         fn()
     assert time.monotonic() - t0 < seconds, f"took {time.monotonic() - t0:.1f} s: blocked on the FIFO"
     return info.value
@@ -83,8 +92,7 @@ def _refused_fast(fn, seconds: float = 4.0):
 def test_a_fifo_as_the_hdf5_file_is_refused_not_opened(tmp_path, fmt):
     src = str(tmp_path / "ds.h5")
     os.mkfifo(src)
-    _unblock_fifo(src)
-    exc = _refused_fast(lambda: import_dataset(src, str(tmp_path / "out.mmr"), fmt))
+    exc = _refused_fast(src, lambda: import_dataset(src, str(tmp_path / "out.mmr"), fmt))
     assert src in str(exc) and "FIFO" in str(exc)
     assert not os.path.exists(tmp_path / "out.mmr")
 
@@ -120,8 +128,7 @@ def test_a_fifo_in_a_minari_dataset_is_refused_not_opened(exported, tmp_path):
     meta = os.path.join(src, "data", "metadata.json")
     os.unlink(meta)
     os.mkfifo(meta)
-    _unblock_fifo(meta)
-    exc = _refused_fast(lambda: import_dataset(src, str(tmp_path / "out.mmr"), "minari"))
+    exc = _refused_fast(meta, lambda: import_dataset(src, str(tmp_path / "out.mmr"), "minari"))
     assert meta in str(exc) and "FIFO" in str(exc)
 
 
