@@ -45,7 +45,8 @@ def make_shards(root, n, prefix, **kw):
     kw.setdefault("commit_every", 10_000)
     kw.setdefault("commit_seconds", 3600.0)
     return ReplayShards.create(str(root), n, OBS, spaces.Discrete(3), capacity=None, reward_values=(-1, 0, 1),
-                               extras=EXTRAS, durable=False, prefix=prefix, actor_options={"num_cpus": 0}, **kw)
+                               extras=EXTRAS, durable=False, prefix=prefix, actor_options={"num_cpus": 0},
+                               start_timeout=RESTART_SECONDS, **kw)
 
 
 def uid_obs(uid: np.ndarray) -> np.ndarray:

@@ -126,6 +126,8 @@ def run_child(tmp_path, ending="return", threads="main thread", kinds=tuple(STOR
     code = CHILD.format(here=HERE, updated=UPDATED, ending=ENDINGS[ending][0],
                         stores=[(paths[name], STORES[name]) for name in kinds],
                         run=THREADS[threads])
+    # a child that outlives 560 s prints every thread's stack and exits, so a hang fails with where it hung
+    code = "import faulthandler; faulthandler.dump_traceback_later(560, exit=True)\n" + code
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          start_new_session=True)
     assert out.returncode == ENDINGS[ending][1], out.stderr[-3000:]

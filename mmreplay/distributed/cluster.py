@@ -33,12 +33,15 @@ class ReplayShards:
     def create(cls, root: str, num_shards: int, observation_space, action_space, *, prefix: str = DEFAULT_PREFIX,
                namespace: str | None = None, commit_every: int = 5000, commit_seconds: float = 5.0,
                durable: bool = True, cache_bytes: int = 256 << 20, max_restarts: int = -1, detached: bool = False,
-               actor_options: dict | list[dict] | None = None, **store_kwargs) -> "ReplayShards":
+               actor_options: dict | list[dict] | None = None, start_timeout: float = 300.0,
+               **store_kwargs) -> "ReplayShards":
         """Start ``num_shards`` shard actors, shard ``i`` writing ``{root}/shard-{i}`` (created with
         ``Store.create(observation_space, action_space, **store_kwargs)``, or reopened when it exists).
         ``actor_options`` (one dict, or one per shard) go to Ray: ``num_cpus``, ``resources``,
         ``scheduling_strategy`` place shards on nodes. ``detached=True`` lets the shards outlive the driver
-        that started them (a learner can then restart and ``connect``)."""
+        that started them (a learner can then restart and ``connect``). ``create`` returns once every shard
+        answers, waiting up to ``start_timeout`` seconds (a shard process imports torch and opens its store:
+        on a busy node that takes minutes)."""
         ray = ray_module()
         from mmreplay.distributed.shard import ReplayShard
 
@@ -67,7 +70,7 @@ class ReplayShards:
             handles.append(handle)
             names.append(name)
         shards = cls(handles, names, namespace)
-        shards.info(timeout=120)  # fail here, with the shard's own error, if a store cannot be made
+        shards.info(timeout=start_timeout)  # fail here, with the shard's own error, if a store cannot be made
         return shards
 
     @classmethod
