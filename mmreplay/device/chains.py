@@ -5,8 +5,8 @@ residual plus row ``refs[r]``'s rebuilt bytes, modulo 256 (what the encoder subt
 rows are rebuilt one chain depth at a time, so a row's reference is always complete before it is added. A
 row decoded as it is (``refs[r] < 0``) is not touched. ``depth`` comes from ``staging.chain_depths``.
 
-Cost: one ``index_select`` + add + ``index_copy_`` per depth on a device (numpy's row gathers on the CPU) (a run of 16 frames with its key in the middle has
-chains of at most 8), whatever the batch size.
+Cost: one ``index_select`` + add + ``index_copy_`` per depth on a device (numpy's row gathers on the CPU); a run
+of 16 frames with its key in the middle has chains of at most 8, whatever the batch size.
 """
 
 from __future__ import annotations
