@@ -185,6 +185,26 @@ def test_zero_padded_stacks_equal_the_cpu_path(tmp_path, codec):
             assert_same_batches(store, draw)
 
 
+def test_single_frames_and_prioritized_draws_equal_the_cpu_path(tmp_path):
+    """``frame_stack=1`` (batches without a stack axis) and prioritized draws (weights), on both paths."""
+    frames = rgb_frames()
+    with mmreplay.Store.create(str(tmp_path / "k1.mmr"), spaces.Box(0, 255, frames.shape[1:], np.uint8),
+                               spaces.Discrete(6), capacity=CAPACITY, frame_stack=1, reward_values=(-1, 0, 1),
+                               frame_codec=RGB["temporal-3-run16"], durable=False) as store:
+        fill(store, frames)
+    with mmreplay.Store.open(str(tmp_path / "k1.mmr"), "r") as store:
+        for draw in sorted(DRAWS):
+            assert_same_batches(store, draw)
+        prioritized = {"per": lambda: mmreplay.Prioritized(),
+                       "per-nstep": lambda: mmreplay.NStep(2, 0.5, over=mmreplay.Prioritized())}
+        for name, make in prioritized.items():
+            DRAWS[name] = make
+            try:
+                assert_same_batches(store, name)
+            finally:
+                del DRAWS[name]
+
+
 def test_dict_observations_share_one_staging_buffer(tmp_path):
     """Two keys (grey and colour, different codecs' chunk sizes) staged in one buffer, each its own table."""
     grey, rgb = grey_frames(), rgb_frames()

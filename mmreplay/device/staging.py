@@ -5,7 +5,7 @@ file, the crc its identity tag lists) here on the CPU, and its headers passed th
 (``FrameCodec.device_pieces``) before anything is decoded; a chunk that fails either is a ``CorruptDataError``
 naming it, and nothing of that batch is staged. Bytes are taken from, in this order:
 
-- the writer's RAM (the staging and sealed shards, ``FrameRing.ram_shards``): rows stored as they are (pieces
+- the writer's RAM (the staging and sealed shards, ``reader.writer_ram.shards``): rows stored as they are (pieces
   to copy);
 - the compressed tier (``reader.compressed.compressed_chunks``), copied out under its ``holding`` lock so that no
   buffer moves;
@@ -152,7 +152,7 @@ def gather_chunks(reader, col, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarr
     raw_nbytes = c * row_nbytes
     per_shard = col.column.layout.chunks_per_shard
     array = col.column.array
-    ram = reader.ring.ram_shards(col.spec.name)
+    ram = reader.writer_ram.shards(col)  # {file shard: its rows}, read from RAM, never from their files
     shard_of = chunks * c // reader.ring.shard_rows
     in_ram = np.isin(shard_of, list(ram)) if ram else np.zeros(chunks.size, dtype=bool)
     length = np.full(chunks.size, -1, dtype=np.int64)  # -1: held as it is (RAM rows, or zeros)
