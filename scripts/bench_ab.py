@@ -1,19 +1,28 @@
 #!/usr/bin/env python
 """Two versions of mmreplay sampled the same way, interleaved: does a change regress the sampling rates?
 
-    python scripts/bench_ab.py --old 0e26cf5 [--new HEAD|worktree] [--rounds 3] [--json out.json]
+    python scripts/bench_ab.py --old 0e26cf5 [--new HEAD|worktree] [--rounds 3] [--workloads dmc ...]
+                               [--n dmc=20000] [--json out.json]
 
 Each version is ``git archive``d into the workdir (the working tree is used for ``--new worktree``, the
 default). Every version builds its own stores once per workload, with its own code (bench.py's fill task):
 100k and 1M real Atari transitions (stack 4, the library's default codec and budget) and 1M CartPole
-transitions (8 envs). Then each round runs, for every workload, one fresh child per version (the order
+transitions (8 envs), and 100k transitions of real DMC colour frames (84x84x3, stack 3, DrQ-v2's shape; the
+pool of ``ltr_data.DmcSource``, episodes of 500 steps) coded with ``frame_codec="delta-zstd"`` on both sides
+(what ``"auto"`` picks for colour frames now; c33ed75 has it too, both mapping it to ``DELTA_ZSTD_LARGE``
+for frames this large), so that the comparison is of the read path, not of a codec choice; the store (~4 KB
+a frame) is held in RAM by the default 1 GiB budget. Then each round runs, for every workload, one fresh child per version (the order
 alternates between rounds), which opens its store, waits for the background pass that fills the
 compressed tier, and times, in windows after a warm-up:
 
 - uniform batch 32 and 256 (Atari 1M: the budget the library picks by default);
-- prioritized (alpha 0.6, beta 0.4) batch 32 with a priority update after each batch;
-- n-step 3 (gamma 0.99) batch 32 (Atari) or 256 (low-dim);
-- sequences of 80 steps, batch 32.
+- prioritized (alpha 0.6, beta 0.4) batch 32 with a priority update after each batch (not DMC);
+- n-step 3 (gamma 0.99) batch 32 (Atari) or 256 (low-dim, DMC: DrQ-v2's batch);
+- sequences of 80 steps, batch 32 (not DMC).
+
+Before a mode is timed its first batch (seed 1, before any priority update) is digested (indices, obs,
+next_obs, reward): the two versions' digests must be equal (same seeded stream, same rows; the report says
+where not), and on DMC that batch's frame stacks and n-step returns are checked against the frame pool.
 
 The old sampling API (keyword flags, ``sequence_sampler``) and the new one (draw strategies) are both
 understood. Reported: each rate's median over the rounds' windows per version, and new/old. This box is
@@ -36,11 +45,16 @@ WORKLOADS = {  # name: (bench.py workload, transitions, n_envs)
     "atari100k": ("atari", 100_000, 1),
     "atari1m": ("atari", 1_000_000, 1),
     "lowdim1m": ("lowdim", 1_000_000, 8),
+    "dmc": ("dmc", 100_000, 1),
 }
+DMC_CODEC = "delta-zstd"  # both versions: colour frames >= LARGE_FRAME_BYTES -> DELTA_ZSTD_LARGE
 
 
 def modes(workload: str) -> list[tuple[str, dict]]:
     """(label, draw) pairs timed for ``workload``; ``draw`` is version-neutral and made in the child."""
+    if workload == "dmc":
+        return [("uniform b32", {"kind": "uniform", "B": 32}), ("uniform b256", {"kind": "uniform", "B": 256}),
+                ("n-step 3 b256", {"kind": "nstep", "B": 256})]
     big = 256 if workload == "lowdim1m" else 32
     out = [("uniform b32", {"kind": "uniform", "B": 32}), ("uniform b256", {"kind": "uniform", "B": 256})]
     if workload != "atari1m":
@@ -77,6 +91,40 @@ def wait_for_tier(store, limit_s: float = 120.0) -> float:
     return time.perf_counter() - t0
 
 
+def digest(batch) -> str:
+    """sha1 of a batch's indices, obs, next_obs and reward (the fields both APIs' batches have)."""
+    import hashlib
+
+    import numpy as np
+    h = hashlib.sha1()
+    for name in ("indices", "obs", "next_obs", "reward"):
+        x = getattr(batch, name)
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(x.numpy() if hasattr(x, "numpy") else x).tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_dmc(batch, d: dict, src) -> None:
+    """``batch`` (a DMC draw ``d``) against the frame pool: obs/next_obs stacks, and the n-step return and
+    discount; raises naming the first row that differs."""
+    import numpy as np
+    i = batch.indices.numpy().astype(np.int64)
+    if d["kind"] == "nstep":
+        obs, nxt, ret, disc = src.nstep(i, 3, 0.99)
+        got = {"reward": batch.reward.numpy(), "discount": batch.discount.numpy()}
+        for name, want in (("reward", ret), ("discount", disc)):
+            bad = np.flatnonzero(~np.isclose(got[name], want, rtol=1e-4, atol=1e-5))
+            if bad.size:
+                raise AssertionError(f"dmc {d}: {name} of index {i[bad[0]]} is {got[name][bad[0]]}, expected "
+                                     f"{want[bad[0]]}")
+    else:
+        obs, nxt = src.stacks(i, 0), src.stacks(i, 1)
+    for name, want in (("obs", obs), ("next_obs", nxt)):
+        bad = np.flatnonzero((getattr(batch, name).numpy() != want).reshape(len(i), -1).any(axis=1))
+        if bad.size:
+            raise AssertionError(f"dmc {d}: {name} of index {i[bad[0]]} differs from the frame pool's stack")
+
+
 def child_fill(spec: dict) -> dict:
     """Create and fill a store with this version's code: single ``add`` calls for Atari (as an env loop
     gives them), ``extend`` of 8 rows for low-dim."""
@@ -90,7 +138,15 @@ def child_fill(spec: dict) -> dict:
     from benchmarks.sources import ATARI_ACTIONS, AtariSource, atari_chunks
     assert mm.__file__.startswith(spec["src"]), (mm.__file__, spec["src"])
     n, path = spec["n"], spec["path"]
-    if spec["workload"] == "lowdim":
+    if spec["workload"] == "dmc":  # one stream, an episode an ``extend`` (the pool's frames, ~4 KB coded)
+        from benchmarks.ltr_data import DMC_EPISODE, DMC_STACK, DmcSource, dmc_spaces
+        src = DmcSource()
+        store = mm.Store.create(path, *dmc_spaces(), capacity=n, frame_stack=DMC_STACK, frame_codec=DMC_CODEC)
+        for a in range(0, n, DMC_EPISODE):
+            d = src.chunk(a, min(n, a + DMC_EPISODE))
+            store.extend(d["obs"], d["action"], d["reward"], d["next_obs"], d["terminated"], d["truncated"],
+                         streams=np.zeros(len(d["reward"]), np.int64))
+    elif spec["workload"] == "lowdim":
         data = np.load(spec["data"])
         store = mm.Store.create(path, spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2),
                                 capacity=n)
@@ -107,7 +163,9 @@ def child_fill(spec: dict) -> dict:
             for t in range(steps):
                 store.add(o[t], a[t], r[t], no[t], te[t], tr[t])
     store.close()
-    return {"disk_bytes": dir_bytes(path)}
+    with open(os.path.join(path, "zarr.json")) as f:  # the frame codec the store was created with
+        codec = json.load(f)["attributes"]["mmreplay"]["schema"]["observations"][0]["codec"]
+    return {"disk_bytes": dir_bytes(path), "codec": codec}
 
 
 def child(spec: dict) -> dict:
@@ -121,10 +179,18 @@ def child(spec: dict) -> dict:
     tune_malloc()
     assert mm.__file__.startswith(spec["src"]), (mm.__file__, spec["src"])
     out = {"mmreplay": mm.__file__}
+    src = None
+    if spec["workload"] == "dmc":
+        from benchmarks.ltr_data import DmcSource
+        src = DmcSource()
     with mm.Store.open(spec["path"], mode="r") as store:
         out["fill_s"] = wait_for_tier(store)
         for i, (label, d) in enumerate(modes(spec["workload"])):
             smp = make_sampler(store, mm, d, name=f"ab{i}")
+            first = smp.sample()
+            out[label + " digest"] = digest(first)
+            if src is not None:
+                check_dmc(first, d, src)
             if d["kind"] == "per":
                 def step(smp=smp):
                     b = smp.sample()
@@ -166,10 +232,12 @@ def run_child(args: list[str], spec: dict, env_src: str, timeout: float) -> dict
     return res
 
 
-def build(version: str, src: str, workload: str, workdir: str) -> str:
-    """The store of ``workload`` built by ``version``'s own code (kept between runs of this script)."""
-    wl, n, envs = WORKLOADS[workload]
-    path = os.path.join(workdir, f"store_{version}_{workload}")
+def build(version: str, src: str, workload: str, workdir: str, n: int | None = None) -> str:
+    """The store of ``workload`` (``n`` transitions, default its size) built by ``version``'s own code, kept
+    between runs of this script under a name of the source's revision and ``n``."""
+    wl, default_n, envs = WORKLOADS[workload]
+    n = n or default_n
+    path = os.path.join(workdir, f"store_{version}_{os.path.basename(src)}_{workload}_{n}")
     if os.path.exists(os.path.join(path, ".ab_built")):
         return path
     spec = {"task": "fill", "src": src, "n": n, "workload": wl, "path": path}
@@ -179,8 +247,9 @@ def build(version: str, src: str, workload: str, workdir: str) -> str:
         spec["data"] = make_lowdim_data(workdir, n, envs)
     t0 = time.perf_counter()
     res = run_child([os.path.abspath(__file__), "--child"], spec, src, timeout=3600)
-    print(f"[ab] built {workload} with {version} in {time.perf_counter() - t0:.0f} s "
-          f"({res['disk_bytes'] / n:.0f} B/transition)", flush=True)
+    print(f"[ab] built {workload} ({n:,}) with {version} in {time.perf_counter() - t0:.0f} s "
+          f"({res['disk_bytes'] / n:.0f} B/transition" + (f", codec {res['codec']}" if res.get("codec") else "")
+          + ")", flush=True)
     open(os.path.join(path, ".ab_built"), "w").close()
     return path
 
@@ -194,6 +263,8 @@ def main() -> int:
     p.add_argument("--window-s", type=float, default=1.0)
     p.add_argument("--warmup-s", type=float, default=2.0)
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--n", nargs="+", default=[], metavar="WORKLOAD=N",
+                   help="transitions of a workload's stores instead of its default (dmc=20000 for a quick try)")
     p.add_argument("--workdir", default="/tmp/mmreplay_ab")
     p.add_argument("--json", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -206,9 +277,15 @@ def main() -> int:
         return 0
     if not a.old:
         p.error("--old REV is required")
+    sizes = {}
+    for item in a.n:
+        w, _, k = item.partition("=")
+        if w not in WORKLOADS or not k.isdigit() or int(k) < 1000:
+            p.error(f"--n {item!r}: expected WORKLOAD=N with WORKLOAD one of {sorted(WORKLOADS)} and N >= 1000")
+        sizes[w] = int(k)
     os.makedirs(a.workdir, exist_ok=True)
     versions = {"old": source(a.old, a.workdir), "new": source(a.new, a.workdir)}
-    stores = {(v, w): build(v, versions[v], w, a.workdir) for w in a.workloads for v in versions}
+    stores = {(v, w): build(v, versions[v], w, a.workdir, sizes.get(w)) for w in a.workloads for v in versions}
     for (v, w), path in stores.items():  # numba compiles each version's kernels once: not in a timed round
         run_child([os.path.abspath(__file__), "--child"], {"src": versions[v], "path": path, "workload": w,
                   "windows": 1, "window_s": 0.05, "warmup_s": 0.05}, versions[v], timeout=1800)
@@ -225,15 +302,21 @@ def main() -> int:
                     f"{k} {x:,.0f}" for k, x in res.items() if isinstance(x, float)), flush=True)
     import numpy as np
     lines = [f"# bench_ab: old={a.old} new={a.new}, {a.rounds} rounds, load avg {os.getloadavg()[0]:.1f}",
-             "", "| workload | rate (batches/s) | old | new | new/old |", "|---|---|---:|---:|---:|"]
+             "", "| workload | rate (batches/s) | old | new | new/old | rounds new/old (min-max) | same rows |",
+             "|---|---|---:|---:|---:|---|---|"]
     summary = {}
     for w in a.workloads:
         for label, _ in modes(w):
             med = {v: float(np.median([x for res in runs[(v, w)] for x in res[label + " windows"]]))
                    for v in versions}
-            summary[f"{w} {label}"] = dict(med, ratio=med["new"] / med["old"])
+            # the spread: each round's new/old of its medians (the two children of a round ran back to back)
+            per_round = [n[label] / o[label] for o, n in zip(runs[("old", w)], runs[("new", w)])]
+            same = {res[label + " digest"] for v in versions for res in runs[(v, w)]}
+            summary[f"{w} {label}"] = dict(med, ratio=med["new"] / med["old"], rounds=per_round,
+                                           same_rows=len(same) == 1)
             lines.append(f"| {w} | {label} | {med['old']:,.0f} | {med['new']:,.0f} | "
-                         f"{med['new'] / med['old']:.2f}x |")
+                         f"{med['new'] / med['old']:.2f}x | {min(per_round):.2f}-{max(per_round):.2f} | "
+                         f"{'yes' if len(same) == 1 else 'NO'} |")
     print("\n".join(lines))
     if a.json:
         with open(a.json, "w") as f:
