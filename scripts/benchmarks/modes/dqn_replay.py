@@ -247,7 +247,7 @@ def report(part: dict) -> str:
                    [[f"{imp.get('transitions', 0):,}", imp.get("seconds"), _f(imp.get("transitions_per_s")),
                      imp.get("cpu_us_per_transition"), imp.get("peak_rss_tree_mb"), imp.get("peak_pss_tree_mb"),
                      imp.get("store_bytes_per_transition"),
-                     f"{imp.get('loadavg_start')}-{imp.get('loadavg_end')}"]])]
+                     f"{imp.get('loadavg_start') or 0:.1f}-{imp.get('loadavg_end') or 0:.1f}"]])]
     if "error" in imp:
         return lines[0] + f"\nimport error: {imp['error'].strip().splitlines()[-1]}"
     rows = []
