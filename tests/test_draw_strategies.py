@@ -109,7 +109,8 @@ def test_the_interface_is_small(store500):
     public = [m for m in dir(Store) if not m.startswith("_")]
     assert len(public) <= 19, public  # one left for Store.rollback (issue #22, a parallel change)
     params = inspect.signature(Store.sampler).parameters
-    assert len(params) <= 8 and list(params)[:3] == ["self", "batch_size", "draw"], list(params)
+    # 9: ``decode`` (where frames are decoded, issue #38) joined device/prefetch/seed/name/pin_memory
+    assert len(params) <= 9 and list(params)[:3] == ["self", "batch_size", "draw"], list(params)
     smp = store500.sampler(4, seed=0)
     held = list(vars(smp).values())
     assert not any(isinstance(v, Store) or isinstance(getattr(v, "__self__", None), Store) for v in held)
