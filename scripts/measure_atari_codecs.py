@@ -92,9 +92,9 @@ def wrong_rows(batch, truth: Truth) -> int:
 # children
 # ----------------------------------------------------------------------------------------------
 def child_fill(path: str, n: int, codec: str, block: int) -> dict:
+    import atari_frames
     from gymnasium import spaces
 
-    import atari_frames
     import mmreplay
 
     t0 = time.perf_counter()
@@ -119,8 +119,9 @@ def child_sample(path: str, windows: int, window_s: float, warmup_s: float, veri
     if cgroup_procs:  # join before anything is imported, so the store's default budget sees the limit
         with open(cgroup_procs, "w") as f:
             f.write(str(os.getpid()))
-    import mmreplay
     from benchmarks.measure import CpuMeter, peak_rss_bytes, rate_windows
+
+    import mmreplay
 
     meter = CpuMeter()
     t0 = time.perf_counter()
