@@ -22,7 +22,8 @@ compressed tier, and times, in windows after a warm-up:
 
 Before a mode is timed its first batch (seed 1, before any priority update) is digested (indices, obs,
 next_obs, reward): the two versions' digests must be equal (same seeded stream, same rows; the report says
-where not), and on DMC that batch's frame stacks and n-step returns are checked against the frame pool.
+where not), and on DMC that batch's frame stacks and n-step returns are checked against the frame pool. Each mode's CPU
+time a batch (every thread of the child) is reported beside its rate: on a loaded box it moves less.
 
 The old sampling API (keyword flags, ``sequence_sampler``) and the new one (draw strategies) are both
 understood. Reported: each rate's median over the rounds' windows per version, and new/old. This box is
@@ -197,7 +198,14 @@ def child(spec: dict) -> dict:
                     smp.update_priorities(b.indices, torch.rand(len(b.indices)) + 0.01)
             else:
                 step = smp.sample
-            rates = rate_windows(step, spec["windows"], spec["window_s"], spec["warmup_s"])
+            calls = [0]
+
+            def counted(step=step, calls=calls):
+                step()
+                calls[0] += 1
+            cpu0 = time.process_time()  # every thread of this child: less swayed by the box's load than rates
+            rates = rate_windows(counted, spec["windows"], spec["window_s"], spec["warmup_s"])
+            out[label + " cpu_ms"] = (time.process_time() - cpu0) * 1e3 / calls[0]
             out[label] = float(np.median(rates))
             out[label + " windows"] = rates
             smp.close()
@@ -299,11 +307,12 @@ def main() -> int:
                 res = run_child([os.path.abspath(__file__), "--child"], spec, versions[v], timeout=1800)
                 runs.setdefault((v, w), []).append(res)
                 print(f"[ab] round {r + 1} {w} {v}: " + ", ".join(
-                    f"{k} {x:,.0f}" for k, x in res.items() if isinstance(x, float)), flush=True)
+                    f"{k} {x:,.0f}" for k, x in res.items() if isinstance(x, float) and not k.endswith("cpu_ms"))
+                    + "; CPU ms " + ", ".join(f"{res[lb + ' cpu_ms']:.2f}" for lb, _ in modes(w)), flush=True)
     import numpy as np
     lines = [f"# bench_ab: old={a.old} new={a.new}, {a.rounds} rounds, load avg {os.getloadavg()[0]:.1f}",
-             "", "| workload | rate (batches/s) | old | new | new/old | rounds new/old (min-max) | same rows |",
-             "|---|---|---:|---:|---:|---|---|"]
+             "", ("| workload | rate (batches/s) | old | new | new/old | rounds new/old: median (min-max) "
+                  "| CPU ms a batch old / new (new/old) | same rows |"), "|---|---|---:|---:|---:|---|---|---|"]
     summary = {}
     for w in a.workloads:
         for label, _ in modes(w):
@@ -311,12 +320,14 @@ def main() -> int:
                    for v in versions}
             # the spread: each round's new/old of its medians (the two children of a round ran back to back)
             per_round = [n[label] / o[label] for o, n in zip(runs[("old", w)], runs[("new", w)])]
+            cpu = {v: float(np.median([res[label + " cpu_ms"] for res in runs[(v, w)]])) for v in versions}
             same = {res[label + " digest"] for v in versions for res in runs[(v, w)]}
-            summary[f"{w} {label}"] = dict(med, ratio=med["new"] / med["old"], rounds=per_round,
+            summary[f"{w} {label}"] = dict(med, ratio=med["new"] / med["old"], rounds=per_round, cpu_ms=cpu,
                                            same_rows=len(same) == 1)
             lines.append(f"| {w} | {label} | {med['old']:,.0f} | {med['new']:,.0f} | "
-                         f"{med['new'] / med['old']:.2f}x | {min(per_round):.2f}-{max(per_round):.2f} | "
-                         f"{'yes' if len(same) == 1 else 'NO'} |")
+                         f"{med['new'] / med['old']:.2f}x | {np.median(per_round):.2f} "
+                         f"({min(per_round):.2f}-{max(per_round):.2f}) | {cpu['old']:.2f} / {cpu['new']:.2f} "
+                         f"({cpu['new'] / cpu['old']:.2f}x) | {'yes' if len(same) == 1 else 'NO'} |")
     print("\n".join(lines))
     if a.json:
         with open(a.json, "w") as f:
