@@ -130,6 +130,15 @@ class FrameReader(FrameEvents):
         if self.planner.due():
             self.planner.replan(self.columns)
         col = self.columns[name]
+        if col.direct and col.spec.chunk_rows > 1 and out.flags.c_contiguous and frame_ids.size:
+            # runs of frames (a sequence's consecutive steps): each run decoded once, up to the last frame asked
+            # for, every frame straight into its place in ``out``
+            words = self.stack_words(out.reshape(frame_ids.size, -1), col.row_nbytes)
+            req = RunRequests.of_frames(frame_ids.reshape(-1), words, col.row_nbytes,
+                                        0 if self.ring.unbounded else self.ring.rows, col.spec.chunk_rows)
+            with self.compressed.holding(col):
+                self._decode_run_requests(col, req)
+            return
         with self.compressed.holding(col):
             index = self.cached.slab_index(col, frame_ids.reshape(-1))
         flat = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
@@ -189,8 +198,11 @@ class FrameReader(FrameEvents):
         several places need (a shifted pair of stacks, overlapping samples) is decoded once and copied. Runs
         held in the compressed tier are decoded from there while the files (``FileSource``) read the others;
         runs still in the writer's RAM (or marked empty) come through the decoded cache."""
-        req = RunRequests.of_stacks(obs_ids, next_ids, obs_words, next_words, shifted, col.row_nbytes, ring_rows,
-                                    col.spec.chunk_rows)
+        self._decode_run_requests(col, RunRequests.of_stacks(obs_ids, next_ids, obs_words, next_words, shifted,
+                                                             col.row_nbytes, ring_rows, col.spec.chunk_rows))
+
+    def _decode_run_requests(self, col: ColumnReader, req: RunRequests) -> None:
+        """Frames ``req`` asks for, each run once: from the compressed tier, the files, or the decoded cache."""
         src, sizes = self.compressed.locate_runs(col, req.chunks)
         col.cache.stats.misses += req.ids.size
         tier = np.flatnonzero(src > 0)

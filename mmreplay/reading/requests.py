@@ -44,6 +44,15 @@ class RunRequests(NamedTuple):
         chunks, starts, js, dsts, order = native.checked_group_frame_requests(ids, dsts, ring_rows, run_rows)
         return cls(ids, chunks, starts, js, dsts, order, nbytes, run_rows, (obs_words, next_words))
 
+    @classmethod
+    def of_frames(cls, ids, words, nbytes: int, ring_rows: int, run_rows: int) -> "RunRequests":
+        """The requests of frames ``ids`` (a vector) into consecutive rows of ``words`` (``gather``'s output in
+        the words of ``FrameReader.stack_words``): each place named once."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        dsts = address_of(words) + np.arange(ids.size, dtype=np.int64) * nbytes
+        chunks, starts, js, dsts, order = native.checked_group_frame_requests(ids, dsts, ring_rows, run_rows)
+        return cls(ids, chunks, starts, js, dsts, order, nbytes, run_rows, (words,))
+
     def requests_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The requests of ``groups`` (positions ``take`` in ``js`` / ``dsts``) and their group starts."""
         lo, hi = self.starts[groups], self.starts[groups + 1]
