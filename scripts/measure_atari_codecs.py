@@ -91,6 +91,25 @@ def wrong_rows(batch, truth: Truth) -> int:
 # ----------------------------------------------------------------------------------------------
 # children
 # ----------------------------------------------------------------------------------------------
+def codec_config(codec: str):
+    """``name`` (a named frame codec) or ``name:key=value,...``: the named codec's dict with those integer
+    fields replaced (``delta-lz4:run=8``)."""
+    from mmreplay.columns.spec import FRAME_CODECS
+
+    name, _, fields = codec.partition(":")
+    if name not in FRAME_CODECS:
+        raise ValueError(f"codec {codec!r}: {name!r} is not a named frame codec ({sorted(FRAME_CODECS)})")
+    if not fields:
+        return name
+    out = dict(FRAME_CODECS[name])
+    for item in fields.split(";"):
+        key, eq, value = item.partition("=")
+        if not eq or key not in out or not value.isdigit():
+            raise ValueError(f"codec {codec!r}: expected key=integer with a key of {sorted(out)}, got {item!r}")
+        out[key] = int(value)
+    return out
+
+
 def child_fill(path: str, n: int, codec: str, block: int) -> dict:
     import atari_frames
     from gymnasium import spaces
@@ -99,7 +118,7 @@ def child_fill(path: str, n: int, codec: str, block: int) -> dict:
 
     t0 = time.perf_counter()
     store = mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(18), capacity=n,
-                                  frame_stack=STACK, frame_codec=codec, reward_values=(-1, 0, 1))
+                                  frame_stack=STACK, frame_codec=codec_config(codec), reward_values=(-1, 0, 1))
     for part in atari_frames.iter_atari_transitions(n, chunk=block, verbose=False):
         m = len(part["action"])
         store.extend(part["obs"], part["action"], part["reward"], part["next_obs"], part["terminated"],
@@ -192,7 +211,8 @@ def print_table(rows, title, base="delta-zstd") -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000, help="transitions a store (default 1M)")
-    parser.add_argument("--codecs", default="delta-zstd,delta-lz4,lz4hc")
+    parser.add_argument("--codecs", default="delta-zstd,delta-lz4,lz4hc",
+                        help="comma-separated: a named frame codec, or name:key=value;... (delta-lz4:run=8)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--window-s", type=float, default=1.0)
