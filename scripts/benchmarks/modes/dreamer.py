@@ -29,7 +29,7 @@ from ..dreamer_data import EPISODE, FRAME_BYTES, DreamerSource, build, store_pat
 from ..ltr_data import built
 from ..measure import child_setup, drop_caches, log, peak_rss_bytes, rate_windows
 from .base import Mode
-from .ltr_checks import per_second
+from .ltr_checks import per_second, warm_up
 
 BATCH, LENGTH = 16, 64
 
@@ -88,7 +88,9 @@ def task_store(spec: dict) -> dict:
         res["cold_per_s"] = float(np.mean(res["cold_per_second"]))
     t_end = time.perf_counter() + spec["warm_max_s"]
     while s.inspect.cache_stats()["obs"].get("compressed", {}).get("loading") and time.perf_counter() < t_end:
-        next(smp)
+        next(smp)  # warm: once the compressed tier's background pass has ended ...
+    # and until the decoded cache's hit rate is stable (a store whose frames fit the budget decoded fills it)
+    res["warm_hit_rate"] = warm_up(s, smp, spec["window_s"], spec["warm_max_s"])
     res["warm_after_s"] = time.perf_counter() - t0
     rates = rate_windows(smp.__next__, spec["windows"], spec["window_s"], spec["warmup_s"])
     res["per_s"], res["windows"] = float(np.median(rates)), rates
