@@ -108,8 +108,11 @@ ENDINGS = {  # the last line of main, and the child's exit status
     "return": ("pass", 0),
     "sys.exit": ("sys.exit(0)", 0),
     "exception": ("raise RuntimeError('the training loop failed')", 1),
-    # a Ctrl-C at the terminal: SIGINT to the whole foreground process group (the child leads its own)
-    "KeyboardInterrupt": ("os.killpg(0, signal.SIGINT); signal.pause()", -signal.SIGINT),
+    # a Ctrl-C at the terminal: SIGINT to the whole foreground process group (the child leads its own). Not
+    # signal.pause(): the kernel may hand the signal to another thread after the main thread entered pause(),
+    # which then sleeps for ever (seen under load 20); a short sleep lets the main thread run the handler
+    "KeyboardInterrupt": ("os.killpg(0, signal.SIGINT)\n    while True: __import__('time').sleep(0.05)",
+                          -signal.SIGINT),
 }
 
 
