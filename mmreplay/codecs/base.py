@@ -11,7 +11,7 @@ frame):
 - ``kernel_kind``: the compiled decoder's kind for these chunks (``_native/codec_kinds.py``), or None: its
   chunks are then decoded one by one through ``decode_chunk`` (correct, slower) and no compressed tier is kept;
 - ``decodes_frames_of_runs``: the compiled decoder takes single frames out of a chunk of several rows
-  (``_native/decode.py``'s ``decode_frame_groups``), so frames go straight into batches;
+  (``_native/run_decode.py``'s ``decode_frame_groups``), so frames go straight into batches;
 - ``decodes_partial_runs``: a chunk's frames can be read from a file in part (``reading/runs.py`` keeps what
   the runs' headers say, ``_native/runs.py`` decodes);
 - ``device_decoder``: the batched decoders (``"zstd"``, ``"lz4"``) a device decodes this codec's chunks with (None:

@@ -19,7 +19,8 @@ from mmreplay.reading.cache import ChunkCache
 from mmreplay.reading.disk import DiskStats
 from mmreplay.reading.resident import ResidentShards
 from mmreplay.reading.runs import RunDirectory
-from mmreplay.index.frame_ring import FrameColumn, FrameRing
+from mmreplay.index.frame_column import FrameColumn
+from mmreplay.index.frame_ring import FrameRing
 
 # The compressed tier's share of the budget when it holds the whole store is at most this; the decoded
 # cache keeps the rest.
