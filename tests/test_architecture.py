@@ -162,7 +162,7 @@ def test_no_import_cycles_in_the_bench_harness():
 
 # -- docstrings: every class of the data path says what it is ------------------------------------------
 
-DATA_PATH = ("reading", "storage", "sampling", "index", "columns", "_native")
+DATA_PATH = ("reading", "storage", "sampling", "index", "columns", "_native", "codecs", "device")
 
 
 def test_every_data_path_class_has_a_docstring():

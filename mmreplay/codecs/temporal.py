@@ -64,7 +64,9 @@ of its configuration, and the decoder reads either layout whatever the configura
 names its own by its magic).
 
 Where its pieces live: this module is the format, the Python encoder and decoder and ``TemporalFrameCodec``
-(the codec's registration: kernel kind, runs decoded frame by frame, partial runs). The compiled decode is
+(the codec's registration: kernel kind, runs decoded frame by frame, partial runs). The headers' parsing and
+checks are ``temporal_format.py``; a run cut into pieces for a batched device decoder is ``temporal_device.py``.
+The compiled decode is
 ``_native/run_decode.py``: whole layout-1 runs (``decode_temporal_run``), and one reconstruction kernel for layouts 2
 and 3 (``decode_chains``: chosen frames, each with the frames its references lead to), which whole runs
 (``_decode_frames2``: references and frame ends read from the run's header) and partial reads from files
@@ -84,8 +86,12 @@ from mmreplay._native import lz4
 from mmreplay._native.codec_kinds import CODEC_TEMPORAL
 # one header for encoder and decoder
 from mmreplay._native.temporal_header import HEADER, LZ4_MAX_BYTES, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
-from mmreplay.codecs.base import PIECE_LZ4, PIECE_ZSTD, DevicePieces, FrameCodec, read_le
+from mmreplay.codecs.base import DevicePieces, FrameCodec
 from mmreplay.codecs.registry import register
+from mmreplay.codecs.temporal_device import device_run_pieces, device_runs_many
+# the headers' parsing lives in temporal_format (shared with temporal_device); named here as the format's API
+from mmreplay.codecs.temporal_format import (DICT_ID_BYTES, FCS_BYTES, chain_depths, header2_nbytes,  # noqa: F401
+                                             header_nbytes, parse_header, parse_header2, zstd_content_size)
 
 if TYPE_CHECKING:  # zarr is imported lazily: the storage layer's readers never need it
     from zarr.core.array_spec import ArraySpec
@@ -100,10 +106,6 @@ DEFAULT_RUN = 8  # frames per chunk: a stack of 4 and its next frame mostly fall
 DEFAULT_SEARCH = 8  # covers vector envs of up to 8 interleaved streams
 DEFAULT_LZ4_DEPTH = 0  # layout 3: the frames coded alone (chain depth 0) in LZ4, every residual in zstd
 LZ4HC_LEVEL = 9  # LZ4's high-compression default: level 12 saved ~1% more here at several times the time
-
-
-def header_nbytes(n_frames: int) -> int:
-    return HEADER.size + n_frames
 
 
 SAMPLED_BYTES = 1024  # bytes of each frame that the reference search compares (a stride through it)
@@ -151,25 +153,6 @@ def encode_run(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int = DEFA
     return coded if len(coded) < len(alone) else alone
 
 
-def parse_header(data, expected_nbytes: int) -> tuple[int, int, np.ndarray]:
-    """(n_frames, frame_nbytes, references) of a coded run that must decode to ``expected_nbytes``."""
-    if len(data) < HEADER.size:
-        raise ValueError(f"temporal chunk is {len(data)} bytes, shorter than its {HEADER.size}-byte header")
-    magic, n, frame_nbytes = HEADER.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise ValueError(f"temporal chunk starts with {magic!r}, expected {MAGIC!r}")
-    if not 1 <= n <= MAX_RUN or n * frame_nbytes != expected_nbytes:
-        raise ValueError(f"temporal chunk announces {n} frames of {frame_nbytes} bytes, expected "
-                         f"{expected_nbytes} bytes in all")
-    if len(data) < header_nbytes(n):
-        raise ValueError(f"temporal chunk is {len(data)} bytes, shorter than its header of {n} references")
-    refs = np.frombuffer(data, dtype=np.uint8, count=n, offset=HEADER.size)
-    if (refs > np.arange(n)).any():
-        bad = int(np.argmax(refs > np.arange(n)))
-        raise ValueError(f"temporal chunk: frame {bad} refers {int(refs[bad])} frames back, before the run starts")
-    return n, frame_nbytes, refs
-
-
 def decode_run(data, out: np.ndarray) -> np.ndarray:
     """Decode a coded run (either layout) into ``out`` (C-contiguous, the chunk's shape and dtype)."""
     data = memoryview(data).cast("B")
@@ -189,25 +172,6 @@ def decode_run(data, out: np.ndarray) -> np.ndarray:
     return out
 
 
-_FCS_BYTES = (0, 2, 4, 8)
-_DICT_ID_BYTES = (0, 1, 2, 4)
-
-
-def zstd_content_size(frame) -> int | None:
-    """The decompressed size a zstd frame's header announces (RFC 8878, 3.1.1), or None if it announces
-    none or is not a zstd frame. (numcodecs decompresses a smaller frame into a larger buffer silently.)"""
-    if len(frame) < 6 or int.from_bytes(frame[:4], "little") != ZSTD_MAGIC:
-        return None
-    descriptor = frame[4]
-    single_segment = (descriptor >> 5) & 1
-    fcs_bytes = _FCS_BYTES[descriptor >> 6] or (1 if single_segment else 0)
-    start = 5 + (0 if single_segment else 1) + _DICT_ID_BYTES[descriptor & 3]
-    if fcs_bytes == 0 or len(frame) < start + fcs_bytes:
-        return None
-    size = int.from_bytes(frame[start:start + fcs_bytes], "little")
-    return size + 256 if fcs_bytes == 2 else size
-
-
 def reconstruct(frames: np.ndarray, refs: np.ndarray) -> None:
     """Residuals to frames, in place, in run order (a reference always points to a frame already rebuilt)."""
     for i in np.flatnonzero(refs):
@@ -217,8 +181,6 @@ def reconstruct(frames: np.ndarray, refs: np.ndarray) -> None:
 # ------------------------------------------------------------------------------------------------
 # layout 2: one zstd frame per frame, references toward the run's middle
 # ------------------------------------------------------------------------------------------------
-def header2_nbytes(n_frames: int) -> int:
-    return HEADER.size + 5 * n_frames
 
 
 def key_position(n_frames: int) -> int:
@@ -286,48 +248,6 @@ def encode_frames_run(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int
     return b"".join([HEADER.pack(MAGIC2, n, frames.shape[1]), refs.tobytes(), ends.tobytes(), *parts])
 
 
-def parse_header2(data, expected_nbytes: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """(n_frames, frame_nbytes, references, ends) of a layout-2 run that must decode to ``expected_nbytes``,
-    every reference checked to point inside the run without cycles and the ends to tile the payload."""
-    if len(data) < HEADER.size:
-        raise ValueError(f"temporal chunk is {len(data)} bytes, shorter than its {HEADER.size}-byte header")
-    magic, n, frame_nbytes = HEADER.unpack_from(data, 0)
-    if magic != MAGIC2:
-        raise ValueError(f"temporal chunk starts with {magic!r}, expected {MAGIC2!r}")
-    if not 1 <= n <= 127 or n * frame_nbytes != expected_nbytes:
-        raise ValueError(f"temporal chunk announces {n} frames of {frame_nbytes} bytes, expected "
-                         f"{expected_nbytes} bytes in all")
-    if len(data) < header2_nbytes(n):
-        raise ValueError(f"temporal chunk is {len(data)} bytes, shorter than its header of {n} frames")
-    refs = np.frombuffer(data, dtype=np.int8, count=n, offset=HEADER.size).astype(np.int64)
-    ends = np.frombuffer(data, dtype="<u4", count=n, offset=HEADER.size + n).astype(np.int64)
-    targets = np.arange(n) - refs
-    if ((targets < 0) | (targets >= n)).any():
-        bad = int(np.argmax((targets < 0) | (targets >= n)))
-        raise ValueError(f"temporal chunk: frame {bad} refers to frame {int(targets[bad])}, outside the run of {n}")
-    if chain_depths(refs) is None:
-        raise ValueError("temporal chunk: its references form a cycle")
-    if (np.diff(ends) < 0).any() or ends[-1] != len(data) - header2_nbytes(n):
-        raise ValueError(f"temporal chunk: frame ends {ends.tolist()} do not tile its {len(data) - header2_nbytes(n)}"
-                         "-byte payload")
-    return n, frame_nbytes, refs, ends
-
-
-def chain_depths(refs: np.ndarray) -> np.ndarray | None:
-    """Steps from each frame to the frame coded alone its references lead to, or None if one never does."""
-    n = refs.size
-    depths = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        j, d = i, 0
-        while refs[j] != 0:
-            j -= int(refs[j])
-            d += 1
-            if d >= n:
-                return None
-        depths[i] = d
-    return depths
-
-
 def decode_frame(part, out: np.ndarray, i: int) -> None:
     """One frame's coded bytes (a zstd frame, or an LZ4 block after its 4-byte size: layout 3) into ``out``
     (``frame_nbytes`` uint8), or ``ValueError`` naming frame ``i`` and what is wrong."""
@@ -364,129 +284,6 @@ def decode_frames_run(data, out: np.ndarray) -> np.ndarray:
         if refs[i]:
             frames[i] += frames[i - int(refs[i])]
     return out
-
-
-def device_run_pieces(data, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
-    """A coded run cut for a batched device decoder (``FrameCodec.device_pieces``), its header parsed and checked
-    as ``decode_run`` checks it. Layout 1: the run's one zstd frame, every row listed. Layouts 2 and 3: the zstd
-    frames or LZ4 blocks of ``rows`` and of every row their references lead to, no others."""
-    data = memoryview(data).cast("B")
-    nbytes = chunk_rows * row_nbytes
-    if len(data) >= 4 and bytes(data[:4]) == MAGIC2:
-        n, frame_nbytes, refs, ends = parse_header2(data, nbytes)
-        if n != chunk_rows:
-            raise ValueError(f"temporal chunk announces {n} frames, its column's chunks hold {chunk_rows}")
-        needed = np.zeros(n, dtype=bool)
-        for row in np.asarray(rows, dtype=np.int64).tolist():
-            while not needed[row]:  # the references lead to a frame coded alone (parse_header2: no cycles)
-                needed[row] = True
-                row -= int(refs[row])
-        listed = np.flatnonzero(needed)
-        base = header2_nbytes(n)
-        kinds = np.empty(listed.size, dtype=np.int8)
-        src = np.empty((listed.size, 2), dtype=np.int64)
-        for j, i in enumerate(listed.tolist()):
-            lo, hi = (int(ends[i - 1]) if i else 0), int(ends[i])
-            part = data[base + lo:base + hi]
-            if len(part) >= 4 and int.from_bytes(part[:4], "little") != ZSTD_MAGIC:
-                if int.from_bytes(part[:4], "little") != frame_nbytes or len(part) == 4:
-                    raise ValueError(f"temporal chunk: frame {i} is neither a zstd frame nor an LZ4 block of "
-                                     f"{frame_nbytes} bytes")
-                kinds[j], src[j] = PIECE_LZ4, (base + lo + 4, base + hi)
-            else:
-                if zstd_content_size(part) != frame_nbytes:
-                    raise ValueError(f"temporal chunk: frame {i}'s zstd frame announces {zstd_content_size(part)} "
-                                     f"bytes, expected {frame_nbytes}")
-                kinds[j], src[j] = PIECE_ZSTD, (base + lo, base + hi)
-        dst = np.stack([listed * frame_nbytes, (listed + 1) * frame_nbytes], axis=1).astype(np.int64)
-        targets = np.where(refs[listed] != 0, listed - refs[listed], -1).astype(np.int64)
-        return DevicePieces(kinds, src, dst, listed.astype(np.int64), targets)
-    n, frame_nbytes, refs = parse_header(data, nbytes)
-    if n != chunk_rows:
-        raise ValueError(f"temporal chunk announces {n} frames, its column's chunks hold {chunk_rows}")
-    payload_at = header_nbytes(n)
-    announced = zstd_content_size(data[payload_at:])
-    if announced != nbytes:
-        raise ValueError(f"temporal chunk: zstd frame announces {announced} bytes, expected {nbytes}")
-    every = np.arange(n, dtype=np.int64)
-    targets = np.where(refs != 0, every - refs.astype(np.int64), -1).astype(np.int64)
-    return DevicePieces(np.array([PIECE_ZSTD], dtype=np.int8), np.array([[payload_at, len(data)]], dtype=np.int64),
-                        np.array([[0, nbytes]], dtype=np.int64), every, targets)
-
-
-def _zstd_sizes(buf: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """``zstd_content_size`` of the frames at ``at`` (``length`` bytes each) of ``buf``, -1 where none."""
-    descriptor = read_le(buf, at + 4, 1)
-    single = (descriptor >> 5) & 1
-    fcs = np.array(_FCS_BYTES)[descriptor >> 6]
-    fcs = np.where(fcs == 0, single, fcs)
-    start = 5 + (1 - single) + np.array(_DICT_ID_BYTES)[descriptor & 3]
-    size = np.full(at.size, -1, dtype=np.int64)
-    for width in (1, 2, 4, 8):
-        sel = fcs == width
-        if sel.any():
-            size[sel] = read_le(buf, at[sel] + start[sel], width) + (256 if width == 2 else 0)
-    ok = (length >= 6) & (read_le(buf, at, 4) == ZSTD_MAGIC) & (fcs > 0) & (length >= start + fcs)
-    return np.where(ok, size, -1)
-
-
-def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_rows: int, row_nbytes: int,
-                     rows: list) -> tuple[DevicePieces, np.ndarray] | None:
-    """``device_run_pieces`` of many layout-2/3 runs at once (run ``i`` is ``buf[at[i]:at[i] + length[i]]``, rows
-    ``rows[i]`` asked for): every check of ``parse_header2`` and of the frames' first words, on all runs in array
-    operations; the pieces in the loop's order. None (the caller loops, and names what is wrong) when a run is of
-    another layout or any check fails."""
-    n, r = chunk_rows, at.size
-    h = HEADER.size
-    if not r or (read_le(buf, at + 4, 4) != n).any() or (read_le(buf, at + 8, 4) != row_nbytes).any():
-        return None
-    cols = np.arange(n)
-    magic = read_le(buf, at, 4)
-    if (magic == int.from_bytes(MAGIC, "little")).all() and n <= MAX_RUN and (length >= h + n).all():
-        # layout 1: the run's one zstd frame, every row; references point back inside the run
-        back = buf[at[:, None] + h + cols].astype(np.int64)
-        if (back > cols).any() or (_zstd_sizes(buf, at + h + n, length - h - n) != n * row_nbytes).any():
-            return None
-        pieces = DevicePieces(np.full(r, PIECE_ZSTD, dtype=np.int8), np.stack([at + h + n, at + length], axis=1),
-                              np.tile(np.array([[0, n * row_nbytes]], dtype=np.int64), (r, 1)), np.tile(cols, r),
-                              np.where(back > 0, cols - back, -1).reshape(-1))
-        return pieces, np.stack([np.ones(r, dtype=np.int64), np.full(r, n, dtype=np.int64)], axis=1)
-    if n > 127 or (length < h + 5 * n).any() or (magic != int.from_bytes(MAGIC2, "little")).any():
-        return None
-    refs = buf[at[:, None] + h + cols].astype(np.int8).astype(np.int64)  # (r, n)
-    ends = np.stack([read_le(buf, at + h + n + 4 * i, 4) for i in range(n)], axis=1)
-    targets = cols - refs
-    if ((targets < 0) | (targets >= n)).any():
-        return None
-    payload = length - (h + 5 * n)
-    if (np.diff(ends, axis=1) < 0).any() or (ends[:, -1] != payload).any():
-        return None
-    needed = np.zeros((r, n), dtype=bool)
-    for i, want in enumerate(rows):
-        needed[i, want] = True
-    depth_ok = refs == 0
-    for _ in range(n):  # follow the references: every needed row's target is needed; every chain ends alone
-        needed[np.nonzero(needed)[0], targets[needed]] = True
-        depth_ok |= depth_ok[np.arange(r)[:, None], targets]
-    if not depth_ok.all():
-        return None  # a cycle: the loop names it
-    run, row = np.nonzero(needed)  # row-major: runs in order, rows ascending (the loop's order)
-    starts = np.where(row > 0, ends[run, np.maximum(row - 1, 0)], 0)
-    lo = at[run] + h + 5 * n + starts
-    size = ends[run, row] - starts
-    first = read_le(buf, lo, 4)
-    is_lz4 = (size >= 4) & (first != ZSTD_MAGIC)
-    if (is_lz4 & ((first != row_nbytes) | (size == 4))).any():
-        return None
-    if (~is_lz4 & (_zstd_sizes(buf, lo, size) != row_nbytes)).any():
-        return None
-    kinds = np.where(is_lz4, PIECE_LZ4, PIECE_ZSTD).astype(np.int8)
-    src = np.stack([np.where(is_lz4, lo + 4, lo), lo + size], axis=1)
-    dst = np.stack([row * row_nbytes, (row + 1) * row_nbytes], axis=1).astype(np.int64)
-    ref_of = refs[run, row]
-    pieces = DevicePieces(kinds, src, dst, row.astype(np.int64), np.where(ref_of != 0, row - ref_of, -1))
-    per_run = np.bincount(run, minlength=r).astype(np.int64)
-    return pieces, np.stack([per_run, per_run], axis=1)
 
 
 def encode(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int = DEFAULT_SEARCH, layout: int = 1,
@@ -571,11 +368,12 @@ class TemporalFrameCodec(FrameCodec):
         return decode_run(data, out)
 
     def device_pieces(self, body, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
-        """``device_run_pieces``: whichever layout the chunk names."""
+        """``temporal_device.device_run_pieces``: whichever layout the chunk names."""
         return device_run_pieces(body, chunk_rows, row_nbytes, rows)
 
     def device_pieces_many(self, buf, at, length, chunk_rows, row_nbytes, rows):
-        """``device_runs_many``: a batch's runs cut in array operations (the loop where they cannot be)."""
+        """``temporal_device.device_runs_many``: a batch's runs cut in array operations (the loop where they
+        cannot be)."""
         got = device_runs_many(buf, at, length, chunk_rows, row_nbytes, rows)
         return got if got is not None else super().device_pieces_many(buf, at, length, chunk_rows, row_nbytes, rows)
 
