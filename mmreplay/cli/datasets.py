@@ -59,7 +59,8 @@ def register(sub) -> None:
     p.add_argument("src", help="minari: dataset directory or id; d4rl, d3rlpy: an .hdf5 file")
     p.add_argument("path", help="the new store (must not exist)")
     p.add_argument("--format", required=True, choices=FORMATS)
-    p.add_argument("--capacity", type=int, help="transitions kept (default: unbounded)")
+    p.add_argument("--capacity", type=int, help="transitions kept (default: unbounded; dqn-replay: the checkpoints' "
+                                                "rows, the index allocated once)")
     p.add_argument("--frame-stack", type=int, help="default: the exported store's, else 1")
     p.add_argument("--reward-values", help="comma-separated clipped reward values to bit-pack, e.g. -1,0,1")
     p.add_argument("--block-rows", type=int, default=4096, help="rows read per block (bounds memory)")
@@ -218,6 +219,8 @@ def cmd_import(args) -> int:
         _check_positive("--num-actions", args.num_actions)
         kwargs.update(checkpoints=args.checkpoints, resume=args.resume, num_actions=args.num_actions,
                       progress=Progress("importing", unit="rows"))
+        if args.capacity is None:
+            del kwargs["capacity"]  # the import's default: the checkpoints' rows
     elif any(value for _, value in dqn_flags):
         raise ValueError(f"{', '.join(f for f, v in dqn_flags if v)}: for --format dqn-replay only")
     elif args.format != "minari":

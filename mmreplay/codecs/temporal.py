@@ -145,6 +145,8 @@ def encode_run(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int = DEFA
     # Every frame coded alone: zstd still finds what repeats across the run (Atari's static backgrounds and
     # sprites, often smaller than differences, whose moved sprites appear twice).
     alone = b"".join((header, bytes(n), zstd.compress(frames, level)))
+    if search == 0 or n == 1:  # no reference to search: what ``choose_references`` would leave (all alone)
+        return alone
     refs, residuals = choose_references(frames, search)
     if not refs.any():
         return alone

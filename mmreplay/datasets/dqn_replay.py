@@ -15,9 +15,16 @@ Invariants:
   after the last checkpoint it stays in the app metadata, where the export finds it.
 - A padding row must be all zeros (frame, action, reward, terminal), else the import stops naming the row:
   the buffer was saved with another ``stack_size`` (checked first against ``invalid_range``).
-- Memory: the small columns of one checkpoint (~9 bytes a row) and ``READ_AHEAD_BUFFERS`` blocks of frames
-  (``BLOCK_BYTES`` each: one being written, the next being decompressed by the reading thread). Every
-  header is checked before any allocation (``dopamine_files.py``).
+- Memory: the small columns of one checkpoint (~9 bytes a row), ``READ_AHEAD_BUFFERS`` blocks of frames
+  (``BLOCK_BYTES`` each: one being written, the next being decompressed by the reading thread) and the
+  store's index (~13 bytes a transition). The store is made with ``capacity`` = the asked checkpoints' rows
+  (its index is allocated once, its pages touched as they fill: never grown by doubling, which held the
+  old and new index at once) and ``frame_capacity`` = rows + terminals + checkpoints + 64 (each episode
+  adds one frame, its zero next frame, beyond its rows): neither ring can wrap, and the import checks at
+  its end that nothing was dropped (``RuntimeError`` otherwise). Every header is checked before any
+  allocation (``dopamine_files.py``).
+- Frames are coded ``DQN_FRAME_CODEC`` by default: runs of 8 frames, one zstd frame a run, with no search
+  for references (see its comment).
 - Resumable and atomic: the import writes through ``importing.EpisodeWriter`` into the sibling directory
   that ``outputs.staged`` renames onto ``OUT`` only when every asked checkpoint is in. The store commits
   only where this module says (``flush(app_meta=...)``, every ``commit_rows`` transitions and at each
@@ -68,6 +75,14 @@ COMMIT_ROWS = 100_000
 #: distinct rewards at most for a packed reward column (the DQN Replay Dataset's are clipped to -1, 0, 1)
 MAX_PACKED_REWARDS = 16
 DEFAULT_STACK = 4
+#: the default frame codec: ``"delta-zstd"``'s runs of 8 frames, one zstd frame a run, without its search for
+#: reference frames (``search: 0``). On real Atari frames (40k of the atari10m pool, runs of 8) zstd over the
+#: run's frames as they are beat their differences in 95% of the runs: the search and second zstd pass it pays
+#: for (~70% of the encoder's CPU) saved 0.13% of the bytes (96.8 against 96.96 B a frame). The same chunk
+#: format: any reader of "delta-zstd" stores reads it.
+DQN_FRAME_CODEC = {"name": "temporal", "level": 3, "run": 8, "search": 0}
+#: ``capacity="rows"`` (the default): the store holds exactly the asked checkpoints' rows (see the invariants)
+ROWS = "rows"
 META_KEY = "dqn_replay"
 META_VERSION = 1
 
@@ -249,8 +264,8 @@ def _reward_values(rewards: np.ndarray, given):
 
 def import_dqn_replay(src, path, *, checkpoints: str | Sequence[int] | None = None, resume: bool = False,
                       frame_stack: int | None = None, num_actions: int | None = None,
-                      reward_values: Sequence[float] | None = None, frame_codec: Any = "delta-zstd",
-                      capacity: int | None = None, commit_rows: int = COMMIT_ROWS, block_bytes: int = BLOCK_BYTES,
+                      reward_values: Sequence[float] | None = None, frame_codec: Any = None,
+                      capacity: int | str | None = ROWS, commit_rows: int = COMMIT_ROWS, block_bytes: int = BLOCK_BYTES,
                       progress: ProgressFn | None = None, **store_kwargs) -> dict[str, Any]:
     """A new store at ``path`` from the Dopamine replay directory ``src`` (see the module docstring).
 
@@ -258,16 +273,26 @@ def import_dqn_replay(src, path, *, checkpoints: str | Sequence[int] | None = No
     command from its last commit (its sibling directory), else start over. ``frame_stack``: Dopamine's
     ``stack_size`` (default: inferred from ``invalid_range``, else 4). ``num_actions``: the action space's
     size (default: the largest action read + 1; 18 for Atari's full set). ``reward_values``: the packed
-    reward column (default: -1, 0, 1 when the rewards are clipped). Other keyword arguments go to
-    ``Store.create``."""
+    reward column (default: -1, 0, 1 when the rewards are clipped). ``capacity``: ``"rows"`` (default) the
+    checkpoints' rows, so the index is allocated once and nothing is dropped; an int or None (unbounded, grown
+    by doubling) as for ``Store.create``. ``frame_codec``: default ``DQN_FRAME_CODEC``. Other keyword arguments
+    go to ``Store.create``."""
     from mmreplay.datasets.importing import EpisodeWriter
 
     plan = _plan(os.fspath(src), checkpoints, frame_stack, num_actions, reward_values)
+    sized = capacity == ROWS
+    if sized:
+        capacity = max(1, plan.rows)
+        store_kwargs.setdefault("frame_capacity", capacity + plan.terminals + len(plan.checkpoints) + 64)
+    elif isinstance(capacity, str):
+        raise ValueError(f"capacity {capacity!r}: expected {ROWS!r} (the checkpoints' rows), a positive integer "
+                         "or None (unbounded)")
     # durable=False: no fsync at each commit (a killed process still finds every commit whole); the whole
     # store is made durable once, before its rename (outputs.staged). A power loss mid-import may leave a
     # sibling that does not resume: the import then starts over.
     store_kwargs = {"capacity": capacity, "frame_stack": plan.stack, "stack_padding": "zeros",
-                    "frame_codec": frame_codec, "reward_values": plan.reward_values, "durable": False, **store_kwargs,
+                    "frame_codec": DQN_FRAME_CODEC if frame_codec is None else frame_codec,
+                    "reward_values": plan.reward_values, "durable": False, **store_kwargs,
                     "commit_every": 1 << 62, "commit_seconds": float("inf")}  # commits: only ours (resume points)
     with EpisodeWriter(path, plan.observation_space, plan.action_space, store_kwargs, resume=resume,
                        resumable=True) as writer:
@@ -275,6 +300,8 @@ def import_dqn_replay(src, path, *, checkpoints: str | Sequence[int] | None = No
         cursor = _restore_cursor(store, plan) if writer.resumed else Cursor()
         writer.stream = cursor.stream
         _run(plan, writer, cursor, block_bytes, commit_rows, progress)
+        if sized:
+            _check_nothing_dropped(store, cursor)
     if progress:
         progress(plan.rows, plan.rows)
     return {"format": "dqn-replay", "path": os.path.abspath(os.fspath(path)), "checkpoints": plan.numbers,
@@ -294,6 +321,7 @@ class _Plan:
     action_space: Any
     reward_values: list[float] | None
     notes: list[str]
+    terminals: int  # terminal rows of the checkpoints (each ends an episode: one frame more than its rows)
 
     @property
     def rows(self) -> int:
@@ -315,13 +343,13 @@ def _plan(src: str, checkpoints, frame_stack: int | None, num_actions: int | Non
         if c.frame_shape != shape:
             raise NpyFormatError(f"checkpoint {c.number}: frames of shape {c.frame_shape}, checkpoint "
                                  f"{ckpts[0].number} has {shape}")
-    max_action, rewards = _scan_values(ckpts)
+    max_action, rewards, terminals = _scan_values(ckpts)
     if num_actions is not None and num_actions <= max_action:
         raise ValueError(f"num_actions {num_actions}: the checkpoints hold action {max_action}; expected "
                          f"num_actions >= {max_action + 1}")
     return _Plan(src, numbers, ckpts, _stack_size(ckpts, frame_stack), spaces.Box(0, 255, shape, np.uint8),
                  spaces.Discrete(int(num_actions or max_action + 1)), _reward_values(rewards, reward_values),
-                 [note for c in ckpts for note in c.notes])
+                 [note for c in ckpts for note in c.notes], terminals)
 
 
 def _run(plan: _Plan, writer, cursor: Cursor, block_bytes: int, commit_rows: int, progress: ProgressFn | None) -> None:
@@ -371,15 +399,25 @@ def _stack_size(ckpts: Sequence[Checkpoint], frame_stack: int | None) -> int:
     return k
 
 
-def _scan_values(ckpts: Sequence[Checkpoint]) -> tuple[int, np.ndarray]:
-    """The largest action and the distinct rewards of the checkpoints (their small columns, read once)."""
-    max_action, rewards = 0, np.zeros(0, np.float32)
+def _scan_values(ckpts: Sequence[Checkpoint]) -> tuple[int, np.ndarray, int]:
+    """The largest action, the distinct rewards and the terminal rows of the checkpoints (their small columns,
+    read once)."""
+    max_action, rewards, terminals = 0, np.zeros(0, np.float32), 0
     for c in ckpts:
         cols = read_small_columns(c)
         if cols.action.size:
             max_action = max(max_action, int(cols.action.max()))
         rewards = np.union1d(rewards, np.unique(cols.reward))[: 1 << 12]  # enough to tell "too many to pack"
-    return max_action, rewards
+        terminals += int(np.count_nonzero(cols.terminal))
+    return max_action, rewards, terminals
+
+
+def _check_nothing_dropped(store, cursor: Cursor) -> None:
+    """A store sized from the checkpoints (``capacity="rows"``) never wraps: every transition imported is held."""
+    oldest, head = store.inspect.valid_range()
+    if oldest != 0 or head != cursor.transitions:
+        raise RuntimeError(f"the store sized for the checkpoints' rows holds transitions {oldest}..{head}, the "
+                             f"import wrote 0..{cursor.transitions}: its capacity {store.capacity} was too small")
 
 
 def _import_checkpoint(ckpt: Checkpoint, cursor: Cursor, writer, k: int, buffers: Sequence[np.ndarray], notes: list[str],

@@ -10,6 +10,8 @@ Invariants:
   file and the row; a skip (``skip_rows``) decompresses and drops, in the same bounded blocks.
 - A written file holds exactly what ``np.save`` of the whole array would hold (same header bytes), gzip'd
   as Dopamine's ``save`` does; it is written under a temporary name and renamed when complete.
+- Reading inflates with ISA-L (``isal``, when installed: ``pip install 'mmreplay[dqn-replay]'``) or else the
+  standard library; both check gzip's CRC-32 and length, and either's errors become ``NpyFormatError``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ import zlib
 from collections.abc import Iterable
 
 import numpy as np
+
+try:  # ISA-L's inflate: the same streams, ~2.3x less CPU (84x84 frames: 5.3 against 12.4 us each here)
+    from isal import igzip as _inflating
+    from isal.isal_zlib import error as _IsalError
+except ImportError:  # the standard library's zlib
+    _inflating, _IsalError = gzip, zlib.error
 
 #: rows a checkpoint file may declare (Dopamine's are 1M; 16M leaves room and bounds a full read of a
 #: scalar column to 128 MB)
@@ -43,7 +51,7 @@ class NpyReader:
     def __init__(self, path: str, *, what: str, kinds: str, row_ndim: int | Iterable[int],
                  max_rows: int = MAX_ROWS, max_row_bytes: int = MAX_ROW_BYTES):
         self.path, self.what = path, what
-        self._file = gzip.open(path, "rb")
+        self._file = _inflating.open(path, "rb")
         try:
             self.shape, self.dtype = _read_header(self._file, f"{what} ({path!r})", kinds, row_ndim, max_rows,
                                                   max_row_bytes)
@@ -77,7 +85,7 @@ class NpyReader:
     def _read(self, view) -> int:
         try:
             return self._file.readinto(view)
-        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+        except (OSError, EOFError, zlib.error, _IsalError) as exc:  # BadGzipFile is an OSError
             raise NpyFormatError(f"{self.what} ({self.path!r}): corrupt gzip data near row {self.position} "
                                  f"({exc})") from None
 
@@ -122,6 +130,10 @@ def _read_header(fp, what: str, kinds: str, row_ndim, max_rows: int, max_row_byt
         major, _minor = fmt.read_magic(fp)
         read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
         shape, fortran, dtype = read(fp)
+    except (OSError, EOFError, zlib.error, _IsalError) as exc:  # the gzip stream (ISA-L inflates ahead: a small
+        # file's CRC-32 is checked here already)
+        raise NpyFormatError(f"{what}: not a gzip'd .npy array (corrupt gzip data: {type(exc).__name__}: {exc})") \
+            from None
     except Exception as exc:  # noqa: BLE001 - a damaged header or stream: BadGzipFile, zlib.error, numpy's
         # ValueError/SyntaxError, tokenize.TokenError (a flipped quote in the header dict)...
         raise NpyFormatError(f"{what}: not a gzip'd .npy array ({type(exc).__name__}: {exc})") from None
