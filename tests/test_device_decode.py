@@ -567,3 +567,35 @@ def test_device_path_select_rules(tmp_path):
         assert DevicePath.select("cpu", torch.device("cpu"), schema) is None
         assert DevicePath.select("auto", torch.device("cpu"), schema) is None
         assert isinstance(DevicePath.select("device", torch.device("cpu"), schema).decoder, CpuDecoder)
+
+
+def test_the_staging_arena_reuses_its_buffers_and_waits_for_a_copy_in_flight():
+    from mmreplay.device.staging import StagingArena
+
+    class Event:
+        waited = 0
+
+        def synchronize(self):
+            Event.waited += 1
+
+    arena = StagingArena(pin=False, slots=2)
+    a = arena.take()
+    first = arena.ensure(a, 100, 0)
+    first[:10] = 7
+    grown = arena.ensure(a, 1000, 10)  # grows, keeping what the batch staged so far
+    assert grown.size >= 1000 and (grown[:10] == 7).all()
+    arena.release(a, Event())
+    b = arena.take()
+    assert b != a and Event.waited == 0  # the other buffer: nothing to wait for
+    assert arena.take() == a and Event.waited == 1  # a's copy must have ended before a is handed out again
+    assert arena.ensure(a, 500, 0) is grown  # big enough: the same memory, no fresh pages
+
+
+def test_a_sampler_stages_every_batch_into_the_same_buffer(tmp_path):
+    with make_store(str(tmp_path / "s"), rgb_frames(), "delta-zstd") as store, \
+            store.sampler(16, mmreplay.NStep(3, 0.9), seed=3, decode="device") as dev:
+        bases = set()
+        for _ in range(12):
+            next(dev)
+            bases.add(dev._device_draw.pending.staged.host.__array_interface__["data"][0])
+        assert len(bases) <= 3  # grown a few times (by a quarter at least), never one buffer a batch

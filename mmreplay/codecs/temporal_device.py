@@ -16,9 +16,16 @@ from __future__ import annotations
 import numpy as np
 
 from mmreplay._native.temporal_header import HEADER, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
-from mmreplay.codecs.base import PIECE_LZ4, PIECE_ZSTD, DevicePieces, read_le
-from mmreplay.codecs.temporal_format import (DICT_ID_BYTES, FCS_BYTES, header2_nbytes, header_nbytes, parse_header,
-                                             parse_header2, zstd_content_size)
+from mmreplay.codecs.base import PIECE_LZ4, PIECE_ZSTD, DevicePieces
+from mmreplay.codecs.temporal_format import (
+    DICT_ID_BYTES,
+    FCS_BYTES,
+    header2_nbytes,
+    header_nbytes,
+    parse_header,
+    parse_header2,
+    zstd_content_size,
+)
 
 
 def device_run_pieces(data, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
@@ -69,9 +76,20 @@ def device_run_pieces(data, chunk_rows: int, row_nbytes: int, rows: np.ndarray) 
                         np.array([[0, nbytes]], dtype=np.int64), every, targets)
 
 
+def _le(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """``read_le`` in one gather of ``(len(at), width)`` bytes (offsets past the end read as zero bytes, as there):
+    the batch's hot reads, one numpy call a field instead of one a byte."""
+    if not buf.size or not at.size:
+        return np.zeros(at.size, dtype=np.int64)
+    idx = at[:, None] + np.arange(width)
+    b = buf[np.minimum(idx, buf.size - 1)].astype(np.int64)
+    b[idx >= buf.size] = 0
+    return (b << (8 * np.arange(width))).sum(axis=1)  # the fields do not overlap: the sum is their OR
+
+
 def _zstd_sizes(buf: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
     """``zstd_content_size`` of the frames at ``at`` (``length`` bytes each) of ``buf``, -1 where none."""
-    descriptor = read_le(buf, at + 4, 1)
+    descriptor = _le(buf, at + 4, 1)
     single = (descriptor >> 5) & 1
     fcs = np.array(FCS_BYTES)[descriptor >> 6]
     fcs = np.where(fcs == 0, single, fcs)
@@ -80,8 +98,8 @@ def _zstd_sizes(buf: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarr
     for width in (1, 2, 4, 8):
         sel = fcs == width
         if sel.any():
-            size[sel] = read_le(buf, at[sel] + start[sel], width) + (256 if width == 2 else 0)
-    ok = (length >= 6) & (read_le(buf, at, 4) == ZSTD_MAGIC) & (fcs > 0) & (length >= start + fcs)
+            size[sel] = _le(buf, at[sel] + start[sel], width) + (256 if width == 2 else 0)
+    ok = (length >= 6) & (_le(buf, at, 4) == ZSTD_MAGIC) & (fcs > 0) & (length >= start + fcs)
     return np.where(ok, size, -1)
 
 
@@ -93,10 +111,10 @@ def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_
     another layout or any check fails."""
     n, r = chunk_rows, at.size
     h = HEADER.size
-    if not r or (read_le(buf, at + 4, 4) != n).any() or (read_le(buf, at + 8, 4) != row_nbytes).any():
+    if not r or (_le(buf, at + 4, 4) != n).any() or (_le(buf, at + 8, 4) != row_nbytes).any():
         return None
     cols = np.arange(n)
-    magic = read_le(buf, at, 4)
+    magic = _le(buf, at, 4)
     if (magic == int.from_bytes(MAGIC, "little")).all() and n <= MAX_RUN and (length >= h + n).all():
         # layout 1: the run's one zstd frame, every row; references point back inside the run
         back = buf[at[:, None] + h + cols].astype(np.int64)
@@ -109,7 +127,8 @@ def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_
     if n > 127 or (length < h + 5 * n).any() or (magic != int.from_bytes(MAGIC2, "little")).any():
         return None
     refs = buf[at[:, None] + h + cols].astype(np.int8).astype(np.int64)  # (r, n)
-    ends = np.stack([read_le(buf, at + h + n + 4 * i, 4) for i in range(n)], axis=1)
+    # the frames' end offsets: n little-endian uint32 after the references, read as one (r, 4n) block
+    ends = np.ascontiguousarray(buf[at[:, None] + h + n + np.arange(4 * n)]).view("<u4").astype(np.int64)
     targets = cols - refs
     if ((targets < 0) | (targets >= n)).any():
         return None
@@ -117,19 +136,24 @@ def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_
     if (np.diff(ends, axis=1) < 0).any() or (ends[:, -1] != payload).any():
         return None
     needed = np.zeros((r, n), dtype=bool)
-    for i, want in enumerate(rows):
-        needed[i, want] = True
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=r)
+    needed[np.repeat(np.arange(r), lens), np.concatenate(rows).astype(np.int64)] = True
     depth_ok = refs == 0
+    run_of = np.arange(r)[:, None]
     for _ in range(n):  # follow the references: every needed row's target is needed; every chain ends alone
-        needed[np.nonzero(needed)[0], targets[needed]] = True
-        depth_ok |= depth_ok[np.arange(r)[:, None], targets]
+        grown = needed.copy()
+        grown[np.nonzero(needed)[0], targets[needed]] = True
+        ok = depth_ok | depth_ok[run_of, targets]
+        if (grown == needed).all() and (ok == depth_ok).all():
+            break  # nothing moved: the closure is reached
+        needed, depth_ok = grown, ok
     if not depth_ok.all():
         return None  # a cycle: the loop names it
     run, row = np.nonzero(needed)  # row-major: runs in order, rows ascending (the loop's order)
     starts = np.where(row > 0, ends[run, np.maximum(row - 1, 0)], 0)
     lo = at[run] + h + 5 * n + starts
     size = ends[run, row] - starts
-    first = read_le(buf, lo, 4)
+    first = _le(buf, lo, 4)
     is_lz4 = (size >= 4) & (first != ZSTD_MAGIC)
     if (is_lz4 & ((first != row_nbytes) | (size == 4))).any():
         return None

@@ -30,7 +30,7 @@ from mmreplay.codecs.base import PIECE_COPY, PIECE_NAMES
 from mmreplay.device.assemble import gather_rows, padding_positions
 from mmreplay.device.chains import rebuild_chains
 from mmreplay.device.decoders import make_decoder, nvcomp_available
-from mmreplay.device.staging import Staged, stage
+from mmreplay.device.staging import Staged, StagingArena, stage
 
 DECODE = ("auto", "cpu", "device")
 
@@ -90,6 +90,8 @@ class DeviceDraw:
         self.draw = draw
         self.pin = pin
         self.pending: Pending | None = None
+        # staging buffers reused batch after batch: prefetch's slots plus the one being filled may be in flight
+        self.arena = StagingArena(pin, slots=4 if pin else 1)
 
     @property
     def default_name(self) -> str:
@@ -123,7 +125,8 @@ class DeviceDraw:
                 target = "obs" if target is buffers.obs[name][1] else "next"
             requests.append((name, target, ids))
             wanted.setdefault(name, []).append(ids.reshape(-1))
-        staged = stage(view.frames, {name: np.concatenate(parts) for name, parts in wanted.items()}, pin=self.pin)
+        staged = stage(view.frames, {name: np.concatenate(parts) for name, parts in wanted.items()}, pin=self.pin,
+                       arena=self.arena)
         mask = getattr(buffers, "mask", None)
         self.pending = Pending(staged, requests, None if mask is None else np.array(mask[1]))
         return read
@@ -141,6 +144,7 @@ class DevicePath:
         self.decoder = decoder if decoder is not None else make_decoder(self.device)
         self.cuda = self.device.type == "cuda"
         self.zero_pad = schema.stack_padding == "zeros" and schema.frame_stack > 1
+        self._decoded = None  # the CPU's reused decode buffer
 
     @classmethod
     def select(cls, decode: str, device, schema):
@@ -158,6 +162,16 @@ class DevicePath:
                              "codec (decode='cpu' reads any)")
         return cls(device, schema)
 
+    def _decode_buffer(self, nbytes: int):
+        """On the CPU the decode buffer is reused (its tables are gathered into the batch's own buffers before the
+        next batch); on a device each batch has its own (its caching allocator reuses the memory)."""
+        import torch
+
+        if self._decoded is None or self._decoded.numel() < nbytes:
+            self._decoded = torch.empty(max(nbytes, int(1.25 * (0 if self._decoded is None else
+                                                                 self._decoded.numel()))), dtype=torch.uint8)
+        return self._decoded[:nbytes]
+
     def wrap(self, draw) -> DeviceDraw:
         return DeviceDraw(draw, pin=self.cuda)
 
@@ -169,9 +183,13 @@ class DevicePath:
         staged = pending.staged
         if self.cuda:
             data = staged.pinned.to(self.device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()  # the staging buffer is handed out again only once this copy has ended
+            staged.arena.release(staged.slot, copied)
+            out = torch.empty(staged.decoded_nbytes, dtype=torch.uint8, device=self.device)
         else:
             data = torch.from_numpy(staged.host)
-        out = torch.empty(staged.decoded_nbytes, dtype=torch.uint8, device=self.device)
+            out = self._decode_buffer(staged.decoded_nbytes)
         for kind in np.unique(staged.kinds).tolist():
             sel = staged.kinds == kind
             if kind == PIECE_COPY:

@@ -17,7 +17,9 @@ empty is zeros where ``ShardedArray.check_empty_chunk`` allows it. The reader's 
 tiers are the reader's business); this runs under the store's lock, like the CPU path's gather, so that the
 reader's overwrite check covers what was staged.
 
-Every key of the batch shares the one buffer: a copy to the device is one transfer.
+Every key of the batch shares the one buffer: a copy to the device is one transfer. The buffer is one of the
+sampler's ``StagingArena`` (reused batch after batch; on CUDA handed out again only once its last copy ended),
+and stored chunks are copied into it once, with their checksum, where the pieces are then cut.
 """
 
 from __future__ import annotations
@@ -67,18 +69,69 @@ class Staged:
     decoded_nbytes: int
     keys: dict = field(default_factory=dict)
     chunks: int = 0  # chunks staged (for statistics)
+    arena: object = None  # the ``StagingArena`` whose buffer ``slot`` holds the bytes (``release`` after a copy)
+    slot: int = 0
 
     @property
     def nbytes(self) -> int:
         return int(self.host.size)
 
 
-def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False) -> Staged:
+class StagingArena:
+    """The staging buffers of one sampler, reused from batch to batch (a fresh 20 MB buffer a batch cost more in
+    page faults than its copy): ``slots`` host buffers (pinned when ``pin``) handed out in turn, each grown when a
+    batch needs more. A buffer whose copy to the device may still be running (``release(slot, event)``, an event
+    recorded after the copy) is waited for before it is handed out again."""
+
+    def __init__(self, pin: bool, slots: int = 3):
+        if slots < 1:
+            raise ValueError(f"a staging arena needs at least one buffer, got slots={slots}")
+        self.pin = pin
+        self._host: list[np.ndarray] = [np.empty(0, dtype=np.uint8)] * slots
+        self._pinned: list = [None] * slots
+        self._events: list = [None] * slots
+        self._next = 0
+
+    def take(self) -> int:
+        """The next buffer's slot, once its last copy to the device (if any) has ended."""
+        slot = self._next
+        self._next = (slot + 1) % len(self._host)
+        event, self._events[slot] = self._events[slot], None
+        if event is not None:
+            event.synchronize()
+        return slot
+
+    def ensure(self, slot: int, nbytes: int, keep: int) -> np.ndarray:
+        """Slot ``slot``'s buffer, at least ``nbytes`` long, its first ``keep`` bytes kept when it grows."""
+        buf = self._host[slot]
+        if buf.size >= nbytes:
+            return buf
+        size = max(int(nbytes), int(buf.size * 1.25))
+        grown, pinned = _buffer(size, self.pin)
+        grown[:keep] = buf[:keep]
+        self._host[slot], self._pinned[slot] = grown, pinned
+        return grown
+
+    def views(self, slot: int, nbytes: int) -> tuple[np.ndarray, object]:
+        """The first ``nbytes`` of slot ``slot``'s buffer: numpy, and the pinned tensor's view (or None)."""
+        buf = self.ensure(slot, nbytes, 0)
+        pinned = self._pinned[slot]
+        return buf[:nbytes], (pinned[:nbytes] if pinned is not None else None)
+
+    def release(self, slot: int, event) -> None:
+        """``slot``'s buffer is read by a copy that ends when ``event`` (``torch.cuda.Event``) completes."""
+        self._events[slot] = event
+
+
+def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False, arena: StagingArena | None = None) -> Staged:
     """Gather the compressed bytes of the frames ``wanted`` (observation key -> frame ids, any shape, each
     ``reader.ring.oldest <= id < head``) of ``reader`` (a ``FrameReader``) into one staging buffer, with the
-    pieces each decodes to (module docstring). ``pin``: the buffer is pinned host memory (a CUDA copy)."""
+    pieces each decodes to (module docstring). The buffer is ``arena``'s next one (a fresh one without);
+    ``pin``: pinned host memory (a CUDA copy)."""
+    arena = arena if arena is not None else StagingArena(pin, slots=1)
+    slot = arena.take()
     kinds, srcs, dsts = [], [], []
-    buffers, at, table_at, n_chunks = [], 0, 0, 0
+    at, table_at, n_chunks = 0, 0, 0
     keys = {}
     for name, ids in wanted.items():
         col = reader.columns[name]
@@ -88,25 +141,21 @@ def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False) -> Staged
         ids = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
         chunks, inner = np.divmod(reader.ring.row_of(ids), c)
         uchunks, of_id = np.unique(chunks, return_inverse=True)  # a ring's rows wrap: group by chunk
-        buf, body_at, body_len = gather_chunks(reader, col, uchunks)
+        host, body_at, body_len, end = gather_chunks(reader, col, uchunks, arena, slot, at)
         stored = np.flatnonzero(body_len >= 0)
         held = np.flatnonzero(body_len < 0)  # the writer's RAM or zeros: every row, copied as it is
-        if c == 1:
-            wants = [ROW_ZERO] * stored.size
-        else:
-            order = np.argsort(of_id, kind="stable")
-            bounds = np.r_[0, np.cumsum(np.bincount(of_id, minlength=uchunks.size))]
-            wants = [np.unique(inner[order[bounds[g]:bounds[g + 1]]]) for g in stored.tolist()]
-        try:
-            cut, counts = codec.device_pieces_many(buf, body_at[stored], body_len[stored], c, row_nbytes, wants)
+        wants = wanted_rows(of_id, inner, body_len >= 0, c)
+        try:  # offsets are into the whole buffer; it is cut at this key's end (no stale bytes past it)
+            cut, counts = codec.device_pieces_many(host[:end], body_at[stored], body_len[stored], c, row_nbytes,
+                                                   wants)
         except ValueError as exc:
             i = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], int) else 0
             shard, inner_no = divmod(int(uchunks[stored[i]]), col.column.layout.chunks_per_shard)
             raise CorruptDataError(f"{col.column.array.where(shard, inner_no)}: {exc.args[0]}") from None
         # slot of each chunk: the stored ones first, in order, then those held as they are
-        slot = np.empty(uchunks.size, dtype=np.int64)
-        slot[stored] = np.arange(stored.size)
-        slot[held] = stored.size + np.arange(held.size)
+        slot_of = np.empty(uchunks.size, dtype=np.int64)
+        slot_of[stored] = np.arange(stored.size)
+        slot_of[held] = stored.size + np.arange(held.size)
         raw = c * row_nbytes
         n_held = held.size
         piece_slot = np.r_[np.repeat(np.arange(stored.size), counts[:, 0]), stored.size + np.arange(n_held)]
@@ -114,40 +163,48 @@ def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False) -> Staged
         rows = np.r_[cut.rows, np.tile(np.arange(c), n_held)]
         refs_chunk = np.r_[cut.refs, np.full(n_held * c, -1)]
         kinds.append(np.r_[cut.kinds, np.full(n_held, PIECE_COPY, dtype=np.int8)].astype(np.int8))
-        srcs.append(np.concatenate([cut.src, np.stack([body_at[held], body_at[held] + raw], axis=1)]) + at)
+        srcs.append(np.concatenate([cut.src, np.stack([body_at[held], body_at[held] + raw], axis=1)]))
         dst_chunk = np.concatenate([cut.dst, np.tile(np.array([[0, raw]], dtype=np.int64), (n_held, 1))])
         row_keys = row_slot * c + rows  # ascending: slots ascend, rows ascend within a chunk
         piece_row = dst_chunk[:, 0] // row_nbytes
         table_row = np.searchsorted(row_keys, piece_slot * c + piece_row)
         dsts.append(table_at + (table_row * row_nbytes + dst_chunk[:, 0] - piece_row * row_nbytes)[:, None]
                     + (dst_chunk - dst_chunk[:, :1]))
-        refs_parts = [np.where(refs_chunk >= 0, np.searchsorted(row_keys, row_slot * c + np.maximum(refs_chunk, 0)),
-                               -1)]
-        row_of = np.searchsorted(row_keys, slot[of_id] * c + inner)
+        refs = np.where(refs_chunk >= 0, np.searchsorted(row_keys, row_slot * c + np.maximum(refs_chunk, 0)), -1)
+        row_of = np.searchsorted(row_keys, slot_of[of_id] * c + inner)
         n_rows = rows.size
         n_chunks += uchunks.size
-        refs = np.concatenate(refs_parts) if refs_parts else np.zeros(0, dtype=np.int64)
         keys[name] = KeyPlan(name, tuple(spec.shape), np.dtype(spec.np_dtype), row_nbytes, ids, row_of, n_rows,
-                             table_at, refs, chain_depths(refs))
+                             table_at, refs.astype(np.int64), chain_depths(refs))
         table_at += (n_rows + 1) * row_nbytes  # the table, then its zero row
-        buffers.append(buf)
-        at += buf.size
-    host, pinned = _buffer(at, pin)
-    pos = 0
-    for buf in buffers:
-        host[pos:pos + buf.size] = buf
-        pos += buf.size
+        at = end
+    host, pinned = arena.views(slot, at)
     cat = (lambda xs, shape: np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64))
     return Staged(host, pinned, cat(kinds, (0,)).astype(np.int8), cat(srcs, (0, 2)), cat(dsts, (0, 2)), table_at,
-                  keys, n_chunks)
+                  keys, n_chunks, arena, slot)
 
 
-def gather_chunks(reader, col, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The bytes of ``col``'s ``chunks`` (unique) in one buffer: ``(buffer, at, length)`` per chunk, ``length``
-    the stored body's (checksum checked and removed), or -1 for a chunk held as it is at ``at`` (``c`` rows of
-    the writer's RAM, or zeros for a chunk the index marks empty where that is allowed). Stored chunks come from
-    the compressed tier (``reader.compressed``) when it holds them, else from their files (``reader.files``,
-    read together); their crc32c is checked as they are copied (``kernels.checked_copy``)."""
+def wanted_rows(of_id: np.ndarray, inner: np.ndarray, stored: np.ndarray, c: int) -> list:
+    """Per stored chunk (``stored``: a mask over the batch's chunks), the rows asked for (ascending), from each
+    id's chunk (``of_id``) and row in it (``inner``): one sort and one split, no Python per chunk."""
+    n_stored = int(stored.sum())
+    if c == 1:
+        return [ROW_ZERO] * n_stored
+    keys = np.sort(of_id * c + inner)  # the ids are distinct: so are (chunk, row) pairs
+    chunk = keys // c
+    keys = keys[stored[chunk]]
+    ends = np.searchsorted(keys // c, np.flatnonzero(stored), side="right")
+    return np.split(keys % c, ends[:-1])
+
+
+def gather_chunks(reader, col, chunks: np.ndarray, arena: StagingArena, slot: int,
+                  base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The bytes of ``col``'s ``chunks`` (unique) into ``arena``'s buffer ``slot`` from byte ``base`` on:
+    ``(buffer, at, length, end)``, ``at`` each chunk's offset in the buffer, ``length`` the stored body's
+    (checksum checked and removed), or -1 for a chunk held as it is at ``at`` (``c`` rows of the writer's RAM, or
+    zeros for a chunk the index marks empty where that is allowed), ``end`` the first byte after them. Stored
+    chunks come from the compressed tier (``reader.compressed``) when it holds them, else from their files
+    (``reader.files``, read together); their crc32c is checked as they are copied (``checked_copy``)."""
     c, row_nbytes = int(col.spec.chunk_rows), int(col.spec.row_nbytes)
     raw_nbytes = c * row_nbytes
     per_shard = col.column.layout.chunks_per_shard
@@ -178,8 +235,9 @@ def gather_chunks(reader, col, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarr
             body = stored[~empty[stored]]
             length[body] = sizes[body] - CRC_BYTES
         spans = np.where(length < 0, raw_nbytes, np.maximum(length, 0))
-        at = np.r_[0, np.cumsum(spans)[:-1]].astype(np.int64)
-        buf = np.empty(int(spans.sum()), dtype=np.uint8)
+        at = base + np.r_[0, np.cumsum(spans)[:-1]].astype(np.int64)
+        end = base + int(spans.sum())
+        buf = arena.ensure(slot, end, base)
         copied = np.flatnonzero(length >= 0)
         try:
             if copied.size:
@@ -200,14 +258,7 @@ def gather_chunks(reader, col, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarr
                 np.uint8)
         else:
             buf[at[i]:at[i] + raw_nbytes] = 0
-    return buf, at, length
-
-
-def _copy_all(c: int, row_nbytes: int):
-    """Pieces for a chunk held as it is: one copy, every row."""
-    from mmreplay.codecs.base import whole_chunk_pieces
-
-    return whole_chunk_pieces(PIECE_COPY, c * row_nbytes, c * row_nbytes, c)
+    return buf, at, length, end
 
 
 def _buffer(nbytes: int, pin: bool):
