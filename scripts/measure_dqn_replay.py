@@ -4,7 +4,10 @@ Writes (once, cached in ``--work``) a Dopamine replay directory of ``--checkpoin
 ``--rows`` rows each, from the real Atari frames of mmreplay/data/atari_fixture.npz
 (scripts/make_dqn_replay_fixture.py: Dopamine's add/save rules), then imports it with the CLI in a child
 process and reports wall time, transitions/s, the CPU it took (import and encoder child), the process tree's
-peak RSS/PSS and the store's bytes a transition (``measure_import``, which the ``--dqn-replay`` bench uses too).
+peak RSS/PSS (sampled every 0.2 s), the sum of each process's own peak RSS (``VmHWM``: no peak missed; not
+``ru_maxrss``, which counts the parent's pages at the fork before the child's exec), the store's index bytes
+a transition (what grows with the run) and bytes a transition on disk (``measure_import``, which the
+``--dqn-replay`` bench uses too).
 
     python scripts/measure_dqn_replay.py --rows 100000 --checkpoints 2
 """
@@ -43,6 +46,29 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def high_water_marks(pids, marks: dict) -> None:
+    """Each process's own peak RSS so far (``VmHWM``: kept by the kernel, so no peak between two samples is
+    missed) into ``marks`` (pid -> bytes). Their sum bounds the tree's peak RSS from above."""
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        marks[p] = max(marks.get(p, 0), int(line.split()[1]) * 1024)
+        except OSError:
+            pass
+
+
+def index_bytes_per_transition(path: str) -> float:
+    """RAM the store's in-RAM index (``TransitionRing``) takes a transition slot: the part of the import's
+    memory that grows with the run (read from the opened store's ring, a measurement script's liberty)."""
+    import mmreplay
+
+    with mmreplay.Store.open(path, "r", preload=False) as s:
+        ring = s._state.ring
+        return ring.nbytes / ring.rows
+
+
 def tree_memory(pid: int) -> tuple[int, int]:
     """(RSS, PSS) summed over ``pid`` and its descendants, in bytes (PSS splits shared pages, e.g. the staging
     buffers the import and its encoder child share, between them: the memory the import really holds)."""
@@ -73,12 +99,14 @@ def measure_import(src: str, out: str, checkpoints: str | None = None, stream_pr
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None if stream_progress else subprocess.PIPE,
                              text=True)
     peak = [0, 0]
+    marks: dict[int, int] = {}
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(0.2):
             rss, pss = tree_memory(child.pid)
             peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            high_water_marks(_tree(child.pid), marks)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -97,7 +125,8 @@ def measure_import(src: str, out: str, checkpoints: str | None = None, stream_pr
     return {"transitions": n, "seconds": round(wall, 1), "transitions_per_s": round(n / wall),
             "cpu_s": round(cpu, 1), "cpu_us_per_transition": round(cpu / n * 1e6, 1),
             "peak_rss_tree_mb": round(peak[0] / 2**20), "peak_pss_tree_mb": round(peak[1] / 2**20),
-            "peak_rss_largest_process_mb": round(usage.ru_maxrss / 1024),
+            "peak_rss_hwm_sum_mb": round(sum(marks.values()) / 2**20),
+            "index_bytes_per_transition": round(index_bytes_per_transition(out), 2),
             "store_bytes": du(out), "store_bytes_per_transition": round(du(out) / n, 1),
             "frame_bytes_per_transition": round(du(frames) / n, 1) if os.path.isdir(frames) else None,
             "loadavg_start": round(load0, 2), "loadavg_end": round(os.getloadavg()[0], 2)}

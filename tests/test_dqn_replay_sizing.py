@@ -114,3 +114,21 @@ def test_damage_is_named_by_either_inflater(tmp_path, request, inflater):
     obs.write_bytes(bytes(data[: len(data) // 2]))  # truncated inside the frames
     with pytest.raises(NpyFormatError, match=r"checkpoint 0 observation .*(truncated|corrupt gzip)"):
         import_dqn_replay(src, tmp_path / "store2", checkpoints="0")
+
+
+def test_the_import_holds_no_reading_budget(tmp_path, monkeypatch):
+    """A writer's reading budget holds the shards it wrote (~100 bytes a transition) until it is full: 1 GiB by
+    default without a memory limit, beyond the 1 GB the whole dataset's import may take."""
+    from mmreplay.datasets import dqn_replay
+
+    budgets = []
+    create = Store.create.__func__
+
+    def spy(cls, *args, **kwargs):
+        store = create(cls, *args, **kwargs)
+        budgets.append(store.settings.cache_bytes)
+        return store
+
+    monkeypatch.setattr(Store, "create", classmethod(spy))
+    import_dqn_replay(FIXTURE, tmp_path / "store", checkpoints="0")
+    assert budgets == [dqn_replay.IMPORT_CACHE_BYTES]

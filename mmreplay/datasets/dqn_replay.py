@@ -17,7 +17,8 @@ Invariants:
   the buffer was saved with another ``stack_size`` (checked first against ``invalid_range``).
 - Memory: the small columns of one checkpoint (~9 bytes a row), ``READ_AHEAD_BUFFERS`` blocks of frames
   (``BLOCK_BYTES`` each: one being written, the next being decompressed by the reading thread) and the
-  store's index (~13 bytes a transition). The store is made with ``capacity`` = the asked checkpoints' rows
+  store's index (~13 bytes a transition; ``IMPORT_CACHE_BYTES`` for reading: the written shards are not
+  held). The store is made with ``capacity`` = the asked checkpoints' rows
   (its index is allocated once, its pages touched as they fill: never grown by doubling, which held the
   old and new index at once) and ``frame_capacity`` = rows + terminals + checkpoints + 64 (each episode
   adds one frame, its zero next frame, beyond its rows): neither ring can wrap, and the import checks at
@@ -83,6 +84,9 @@ DEFAULT_STACK = 4
 DQN_FRAME_CODEC = {"name": "temporal", "level": 3, "run": 8, "search": 0}
 #: ``capacity="rows"`` (the default): the store holds exactly the asked checkpoints' rows (see the invariants)
 ROWS = "rows"
+#: the import's ``cache_bytes`` (the store's reading budget, default 1 GiB without a memory limit): the import
+#: never samples, and a writer's budget holds the shards it wrote, ~100 bytes a transition, until it is full
+IMPORT_CACHE_BYTES = 32 << 20
 META_KEY = "dqn_replay"
 META_VERSION = 1
 
@@ -292,7 +296,8 @@ def import_dqn_replay(src, path, *, checkpoints: str | Sequence[int] | None = No
     # sibling that does not resume: the import then starts over.
     store_kwargs = {"capacity": capacity, "frame_stack": plan.stack, "stack_padding": "zeros",
                     "frame_codec": DQN_FRAME_CODEC if frame_codec is None else frame_codec,
-                    "reward_values": plan.reward_values, "durable": False, **store_kwargs,
+                    "reward_values": plan.reward_values, "durable": False, "cache_bytes": IMPORT_CACHE_BYTES,
+                    **store_kwargs,
                     "commit_every": 1 << 62, "commit_seconds": float("inf")}  # commits: only ours (resume points)
     with EpisodeWriter(path, plan.observation_space, plan.action_space, store_kwargs, resume=resume,
                        resumable=True) as writer:
