@@ -113,5 +113,19 @@ def test_measure_import_reports_the_cli_import(tmp_path):
         assert rep["transitions"] == store.num_added > 0
     assert rep["peak_pss_tree_mb"] > 50 and rep["peak_rss_tree_mb"] >= rep["peak_pss_tree_mb"]  # a Python with numpy
     assert rep["cpu_s"] > 0 and rep["store_bytes"] > 0
+    # each process's own peak: at least what any one sample of the tree saw of it, never a fork's inherited pages
+    assert rep["peak_rss_hwm_sum_mb"] >= 50 and 12 <= rep["index_bytes_per_transition"] <= 16
     with pytest.raises(RuntimeError, match="import failed"):
         measure_import(fixture, str(tmp_path / "store"), "0-1")  # the output exists: the CLI refuses
+
+
+def test_memory_model_adds_the_index_of_the_rest_of_the_run():
+    from benchmarks.modes.dqn_replay import memory_model, report
+    part = {"checkpoints": 2, "rows": 1_000_000, "limit_bytes": 4e9, "subset": 500_000, "import": {
+        "transitions": 2_000_000, "index_bytes_per_transition": 13.5, "peak_rss_hwm_sum_mb": 400,
+        "peak_pss_tree_mb": 300, "seconds": 100, "transitions_per_s": 20_000, "store_bytes_per_transition": 100}}
+    model = memory_model(part)
+    assert model["transitions"] == 50_000_000
+    assert model["rss_mb"] == round(400 + 13.5 * 48_000_000 / 2**20) and model["pss_mb"] == model["rss_mb"] - 100
+    assert f"peak RSS ~{model['rss_mb']} MB" in report(part)
+    assert memory_model({"checkpoints": 2, "import": {"transitions": 5}}) is None  # an older record: no model

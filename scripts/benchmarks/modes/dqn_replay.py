@@ -80,6 +80,10 @@ class DqnReplayMode(Mode):
             10_000, unit="/s")
         add("dqn-replay import: peak PSS of the import's processes", imp.get("peak_pss_tree_mb"), 1024, unit="MB",
             le=True)
+        model = memory_model(part)
+        if model:
+            add(f"dqn-replay import of the whole run (~{model['transitions'] / 1e6:.0f}M): peak RSS, modelled",
+                model["rss_mb"], 1024, unit="MB", le=True)
         add("dqn-replay bytes a transition on disk", imp.get("store_bytes_per_transition"), 120, unit="B", le=True)
         add(f"dqn-replay b32 in {part['limit_bytes'] / 1e9:.0f} GB vs the 1% loader in RAM", s.get("b32_ratio"), 1.0)
         add("dqn-replay sampled rows wrong", s.get("wrong"), 0, unit="rows", le=True)
@@ -238,18 +242,40 @@ def summarize(runs: dict) -> dict:
     return out
 
 
+def memory_model(part: dict) -> dict | None:
+    """The import's peak memory for the whole run (``FULL_RUN`` checkpoints of this size), modelled from this
+    import: what does not grow with the run (the measured peak less the index's RAM at the measured size:
+    imports, read-ahead blocks, staging shards, one checkpoint's small columns) plus the index's measured bytes
+    a transition times the run's transitions. The store is sized from the checkpoints' rows, so the index
+    never doubles; nothing else holds per-transition state."""
+    imp = part.get("import", {})
+    n, per = imp.get("transitions"), imp.get("index_bytes_per_transition")
+    if not n or per is None or "peak_rss_hwm_sum_mb" not in imp:
+        return None
+    full = FULL_RUN * n / part["checkpoints"]
+    grow = lambda mb: round(mb + per * (full - n) / 2**20)  # noqa: E731
+    return {"transitions": full, "index_bytes_per_transition": per, "rss_mb": grow(imp["peak_rss_hwm_sum_mb"]),
+            "pss_mb": grow(imp["peak_pss_tree_mb"])}
+
+
 def report(part: dict) -> str:
     if "error" in part:
         return f"error: {part['error'].strip().splitlines()[-1]}"
     imp, s = part.get("import", {}), part.get("summary", {})
     lines = [table(["transitions", "seconds", "transitions/s", "CPU us each", "peak RSS tree MB",
-                    "peak PSS tree MB", "B each on disk", "load avg"],
+                    "peak PSS tree MB", "sum of VmHWM MB", "index B each", "B each on disk", "load avg"],
                    [[f"{imp.get('transitions', 0):,}", imp.get("seconds"), _f(imp.get("transitions_per_s")),
                      imp.get("cpu_us_per_transition"), imp.get("peak_rss_tree_mb"), imp.get("peak_pss_tree_mb"),
+                     imp.get("peak_rss_hwm_sum_mb"), imp.get("index_bytes_per_transition"),
                      imp.get("store_bytes_per_transition"),
                      f"{imp.get('loadavg_start') or 0:.1f}-{imp.get('loadavg_end') or 0:.1f}"]])]
     if "error" in imp:
         return lines[0] + f"\nimport error: {imp['error'].strip().splitlines()[-1]}"
+    model = memory_model(part)
+    if model:
+        lines.append(f"memory of the whole run (~{model['transitions'] / 1e6:.1f}M), modelled: peak RSS ~{model['rss_mb']} "
+                     f"MB (sum of VmHWM), PSS ~{model['pss_mb']} MB: this import's peak plus "
+                     f"{model['index_bytes_per_transition']} B of index a transition for the rest")
     rows = []
     for name, key in ((f"mmreplay, {part['limit_bytes'] / 1e9:.0f} GB cgroup", "mmreplay"),
                       (f"1% loader {part['subset']:,} in RAM", "loader")):
