@@ -12,16 +12,19 @@ so every sampled step is checked against the real frames. Episode ``e`` ends at 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 
 import numpy as np
 
+from . import run_memo
 from .ltr_data import BUILD_MARKER, codec_label, frame_codec
 from .measure import dir_bytes, log
 
 EPISODE = 1000             # DreamerV3 on DMC: 1,000 env steps at action repeat 2 = 500 agent steps; 1,000 here
+PERIOD = 20 * EPISODE      # the dataset repeats: episode e's frames depend on e % 4 and (e // 4) % 5 only
 SIZE = 64                  # DreamerV3's image size
 ACTION_DIM = 6
 POOL_PER_TASK = 500
@@ -105,31 +108,37 @@ def store_path(workdir: str, n: int, codec: str) -> str:
     return os.path.join(workdir, f"store_dreamer_{n}_{codec_label(codec)}")
 
 
-def build(path: str, n: int, codec: str, step: int = 4096) -> dict:
+def build(path: str, n: int, codec: str, step: int = 4096, reuse_runs: bool = True) -> dict:
     """Create the store at ``path`` (``codec`` ``"auto"``: the library's default) and fill it with ``extend``
-    of ``step`` steps of one stream; the build's figures go to ``BUILD_MARKER`` last."""
+    of ``step`` steps of one stream; the build's figures go to ``BUILD_MARKER`` last. ``reuse_runs``: the
+    dataset repeats every ``PERIOD`` steps, so a run coded once is reused by content (``run_memo``: the same
+    bytes the codec writes, compared in full), the store encoding in this process (``encoder="thread"``)."""
     import shutil
 
     import mmreplay
+    from mmreplay.codecs import registry
     if os.path.exists(path):
         shutil.rmtree(path)
     obs_space, act_space = spaces()
     src = DreamerSource()
     t0 = time.perf_counter()
     s = mmreplay.Store.create(path, obs_space, act_space, capacity=n, frame_codec=frame_codec(codec), durable=False,
-                              commit_every=1_000_000, commit_seconds=600.0)
+                              commit_every=1_000_000, commit_seconds=600.0,
+                              **({"encoder": "thread"} if reuse_runs else {}))
     codec_used = s.schema.observations[0].codec
-    last = time.perf_counter()
-    for a in range(0, n, step):
-        d = src.chunk(a, min(n, a + step))
-        s.extend(d["obs"], d["action"], d["reward"], d["next_obs"], d["terminated"], d["truncated"],
-                 streams=np.zeros(len(d["reward"]), np.int64))
-        if time.perf_counter() - last > 60:
-            last = time.perf_counter()
-            done, el = a + step, last - t0
-            log(f"[dreamer build] {done:,}/{n:,} in {el:.0f} s ({done / el:,.0f}/s, "
-                f"~{(n - done) / (done / el) / 60:.0f} min left)")
-    s.close()
+    memo = run_memo.reuse_coded_runs(registry.get(codec_used["name"])) if reuse_runs else contextlib.nullcontext()
+    with memo as runs:
+        last = time.perf_counter()
+        for a in range(0, n, step):
+            d = src.chunk(a, min(n, a + step))
+            s.extend(d["obs"], d["action"], d["reward"], d["next_obs"], d["terminated"], d["truncated"],
+                     streams=np.zeros(len(d["reward"]), np.int64))
+            if time.perf_counter() - last > 60:
+                last = time.perf_counter()
+                done, el = a + step, last - t0
+                log(f"[dreamer build] {done:,}/{n:,} in {el:.0f} s ({done / el:,.0f}/s, "
+                    f"~{(n - done) / (done / el) / 60:.0f} min left)")
+        s.close()
     build_s = time.perf_counter() - t0
     s = mmreplay.Store.open(path, mode="r")
     stored = len(s)
@@ -139,7 +148,8 @@ def build(path: str, n: int, codec: str, step: int = 4096) -> dict:
     out = {"workload": "dreamer", "n": n, "stored": stored, "codec": codec, "codec_spec": codec_used,
            "build_s": build_s, "add_per_s": n / build_s, "store_bytes": disk, "frames_bytes": frames,
            "bytes_per_step": disk / max(1, stored), "frame_bytes_per_step": frames / max(1, stored),
-           "frames_smaller_than_raw": raw / max(1, frames)}
+           "frames_smaller_than_raw": raw / max(1, frames), "runs_reused": bool(reuse_runs),
+           **(runs.stats() if reuse_runs else {})}
     with open(os.path.join(path, BUILD_MARKER), "w") as f:
         json.dump(out, f)
     return out
@@ -152,5 +162,7 @@ if __name__ == "__main__":
     p.add_argument("--codec", default="auto")
     p.add_argument("--workdir", default="/tmp/mmreplay_bench")
     p.add_argument("--path", default=None)
+    p.add_argument("--no-reuse", action="store_true", help="code every run (no reuse of runs coded already)")
     a = p.parse_args()
-    print(json.dumps(build(a.path or store_path(a.workdir, a.n, a.codec), a.n, a.codec), default=str))
+    print(json.dumps(build(a.path or store_path(a.workdir, a.n, a.codec), a.n, a.codec, reuse_runs=not a.no_reuse),
+                     default=str))

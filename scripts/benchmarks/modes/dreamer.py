@@ -19,16 +19,24 @@ carries its build record. Rates are medians of all rounds' windows; the ratio co
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from ..cgroup import make_memory_cgroup, read_cgroup_stats, remove_cgroup
 from ..dreamer_data import EPISODE, FRAME_BYTES, DreamerSource, build, store_path
 from ..ltr_data import built
-from ..measure import child_setup, drop_caches, log, peak_rss_bytes, rate_windows
+from ..measure import child_setup, log, peak_rss_bytes, rate_windows
 from .base import Mode
+from .cgroup_rounds import (
+    CpuMeter,
+    close_store,
+    faster_allocator,
+    fmt,
+    interleaved_rounds,
+    open_cold,
+    target_lines,
+    wait_background_pass,
+)
 from .ltr_checks import per_second, warm_up
 
 BATCH, LENGTH = 16, 64
@@ -77,32 +85,22 @@ def verify_store(store, n_batches: int) -> dict:
 def task_store(spec: dict) -> dict:
     child_setup(tune=False)  # glibc's defaults, as users run
     import mmreplay
-    res = {"page_cache_dropped": drop_caches()}
-    t0 = time.perf_counter()
-    s = mmreplay.Store.open(spec["path"], mode="r")  # default settings
-    res["open_s"] = time.perf_counter() - t0
-    res["stored"] = len(s)
+    s, res, t0 = open_cold(spec["path"])  # default settings
     smp = s.sampler(BATCH, mmreplay.Sequences(LENGTH), seed=1, name="b16")
     if spec.get("cold_s"):
         res["cold_per_second"] = per_second(smp.__next__, spec["cold_s"])
         res["cold_per_s"] = float(np.mean(res["cold_per_second"]))
-    t_end = time.perf_counter() + spec["warm_max_s"]
-    while s.inspect.cache_stats()["obs"].get("compressed", {}).get("loading") and time.perf_counter() < t_end:
-        next(smp)  # warm: once the compressed tier's background pass has ended ...
-    # and until the decoded cache's hit rate is stable (a store whose frames fit the budget decoded fills it)
+    # warm: once the compressed tier's background pass has ended, and the decoded cache's hit rate is stable (a
+    # store whose frames fit the budget decoded fills it)
+    wait_background_pass(s, smp.__next__, time.perf_counter() + spec["warm_max_s"])
     res["warm_hit_rate"] = warm_up(s, smp, spec["window_s"], spec["warm_max_s"])
     res["warm_after_s"] = time.perf_counter() - t0
-    rates = rate_windows(smp.__next__, spec["windows"], spec["window_s"], spec["warmup_s"])
+    meter = CpuMeter(smp.__next__)
+    rates = rate_windows(meter, spec["windows"], spec["window_s"], spec["warmup_s"])
+    res["cpu_ms_a_batch"] = meter.ms_a_call()
     res["per_s"], res["windows"] = float(np.median(rates)), rates
     smp.close()
-    res["cache_stats"] = s.inspect.cache_stats()
-    res["peak_rss_sampling"] = peak_rss_bytes()
-    res.update(verify_store(s, spec["verify_batches"]))
-    res["peak_rss"] = peak_rss_bytes()
-    if spec.get("cgroup_dir"):
-        res["cgroup"] = read_cgroup_stats(spec["cgroup_dir"])
-    s.close()
-    return res
+    return close_store(s, res, spec, lambda: verify_store(s, spec["verify_batches"]))
 
 
 def task_peer(spec: dict) -> dict:
@@ -111,7 +109,9 @@ def task_peer(spec: dict) -> dict:
     t0 = time.perf_counter()
     rb = DreamerReplay(spec["n"], LENGTH)
     res = {"load_s": time.perf_counter() - t0}
-    rates = rate_windows(lambda: rb.sample(BATCH), spec["windows"], spec["window_s"], spec["warmup_s"])
+    meter = CpuMeter(lambda: rb.sample(BATCH))
+    rates = rate_windows(meter, spec["windows"], spec["window_s"], spec["warmup_s"])
+    res["cpu_ms_a_batch"] = meter.ms_a_call()
     res["per_s"], res["windows"] = float(np.median(rates)), rates
     res["peak_rss"] = peak_rss_bytes()
     src, frames, steps = DreamerSource(), 0, 0
@@ -146,20 +146,15 @@ def run(runner, a) -> dict:
     base = {"windows": a.windows, "window_s": a.window_s, "warmup_s": max(a.warmup_s, 1.0),
             "verify_batches": a.dreamer_verify_batches}
     out = {"n": n, "peer_n": a.dreamer_peer_n, "limit_bytes": a.dreamer_limit, "path": path, "store": rec}
-    runs = {"mmreplay": [], "peer": [], "peer_default_malloc": []}
-    cg = make_memory_cgroup(a.dreamer_limit, f"mmreplay_dreamer_{os.getpid()}")
-    try:
-        for rnd in range(a.dreamer_repeats):
-            for tune in (True, False):  # the peer's reference: the faster of its two allocator settings
-                runs["peer" if tune else "peer_default_malloc"].append(runner.child(
-                    {**base, "task": "dreamer_peer", "n": a.dreamer_peer_n, "tune_malloc": tune},
-                    label=f"dreamer/peer {a.dreamer_peer_n:,} r{rnd} ({'tuned' if tune else 'default'} malloc)",
-                    timeout=a.child_timeout))
-            runs["mmreplay"].append(runner.child(
-                {**base, "task": "dreamer_store", "path": path, "cold_s": a.dreamer_cold_s, "warm_max_s": 600.0},
-                cgroup=cg, label=f"dreamer/mmreplay {n:,} in cgroup r{rnd}", timeout=a.child_timeout))
-    finally:
-        remove_cgroup(cg)
+
+    def store_round(cg: str, rnd: int) -> dict:
+        return {"mmreplay": runner.child(
+            {**base, "task": "dreamer_store", "path": path, "cold_s": a.dreamer_cold_s, "warm_max_s": 600.0},
+            cgroup=cg, label=f"dreamer/mmreplay {n:,} in cgroup r{rnd}", timeout=a.child_timeout)}
+
+    runs = {"mmreplay": [], **interleaved_rounds(runner, a.dreamer_repeats, a.dreamer_limit, "mmreplay_dreamer",
+                                                 {**base, "task": "dreamer_peer", "n": a.dreamer_peer_n},
+                                                 f"dreamer/peer {a.dreamer_peer_n:,}", store_round, a.child_timeout)}
     out["runs"] = runs
     out["summary"] = summarize(runs)
     return out
@@ -177,15 +172,17 @@ def summarize(runs: dict) -> dict:
                    "peak_rss": max((r.get("peak_rss", 0) for r in ok), default=None),
                    "peak_rss_sampling": max((r.get("peak_rss_sampling", 0) for r in ok), default=None) or None,
                    "cgroup_max_usage": max((r.get("cgroup", {}).get("max_usage", 0) for r in ok), default=None),
+                   "cpu_ms_a_batch": float(np.median([r["cpu_ms_a_batch"] for r in ok if r.get("cpu_ms_a_batch")]))
+                   if any(r.get("cpu_ms_a_batch") for r in ok) else None,
                    "verified_steps": sum(r.get("verified_steps", 0) for r in ok),
                    "wrong_frames": sum(r.get("wrong_frames", 0) for r in ok),
                    "wrong_steps": sum(r.get("wrong_steps", 0) for r in ok),
                    "errors": [r["error"].strip().splitlines()[-1] for r in rs if "error" in r]}
-    other = s.pop("peer_default_malloc")
-    s["peer"]["by_allocator"] = {"tuned": s["peer"]["per_s"], "default": other["per_s"]}
-    s["peer"]["per_s"] = max((v for v in (s["peer"]["per_s"], other["per_s"]) if v is not None), default=None)
-    s["peer"]["wrong_frames"] += other["wrong_frames"]
-    s["peer"]["wrong_steps"] += other["wrong_steps"]
+    other = s["peer_default_malloc"]
+    peer = faster_allocator(s, ("per_s",), {"cpu_ms_a_batch": "per_s"})
+    peer["wrong_frames"] += other["wrong_frames"]
+    peer["wrong_steps"] += other["wrong_steps"]
+    peer["verified_steps"] += other["verified_steps"]
     return s
 
 
@@ -204,27 +201,25 @@ def report(out: dict) -> str:
     if "summary" not in out:
         return f"dreamer benchmark failed: {out.get('error')}"
     s, rec = out["summary"], out["store"]
-    f = lambda v, k=1.0: "-" if v is None else f"{v / k:,.0f}" if v / k >= 100 else f"{v / k:,.1f}"
+    f = fmt
     lines = [f"== dreamer: {out['n']:,} steps of 64x64 RGB ({rec['codec']} = {rec.get('codec_spec')}, "
              f"{rec['store_bytes'] / 1e6:,.0f} MB on disk, {rec['bytes_per_step']:,.0f} B/step, frames "
              f"{rec['frames_smaller_than_raw']:.2f}x smaller than raw, built at {rec['add_per_s']:,.0f} steps/s) in a "
              f"{out['limit_bytes'] / 1e9:.1f} GB cgroup, Sequences(64) batch 16 ==",
-             "| system | steps held | cold b/s (first s after open) | warm b/s (median) | round medians | peak RSS MB "
-             "| wrong frames / steps checked |", "|---|---|---|---|---|---|---|"]
+             "| system | steps held | cold b/s (first s after open) | warm b/s (median) | round medians | CPU ms a batch "
+             "| peak RSS MB | wrong frames / steps checked |", "|---|---|---|---|---|---|---|---|"]
     for name, label, held in (("mmreplay", "mmreplay, cgroup", out["n"]), ("peer", "DreamerV3-style replay, RAM",
                                                                           out["peer_n"])):
         r = s[name]
         lines.append(f"| {label} | {held:,} | {f(r['cold_per_s'])} | {f(r['per_s'])} | "
-                     f"{', '.join(f(v) for v in r['round_medians'])} | {f(r['peak_rss'], 1e6)} | "
+                     f"{', '.join(f(v) for v in r['round_medians'])} | {f(r['cpu_ms_a_batch'])} | "
+                     f"{f(r['peak_rss'], 1e6)} | "
                      f"{r['wrong_frames']} / {r['verified_steps']:,} |" + (f" errors: {r['errors']}" if r["errors"] else ""))
     by = s["peer"]["by_allocator"]
-    lines.append(f"peer: the faster of its two allocator settings counts (tuned {f(by['tuned'])}, glibc default "
-                 f"{f(by['default'])}); mmreplay cgroup max usage {f(s['mmreplay']['cgroup_max_usage'], 1e6)} MB")
-    lines += ["", "| target | measured | wanted | |", "|---|---|---|---|"]
-    for name, v, t, le in targets(out):
-        ok = None if v is None else (v <= t if le else v >= t)
-        lines.append(f"| {name} | {'-' if v is None else f'{v:,.2f}'} | {'<=' if le else '>='} {t} | "
-                     f"{'-' if ok is None else ('PASS' if ok else 'FAIL')} |")
+    lines.append(f"peer: the faster of its two allocator settings counts (tuned {f(by['per_s']['tuned'])}, glibc "
+                 f"default {f(by['per_s']['default'])}); mmreplay cgroup max usage "
+                 f"{f(s['mmreplay']['cgroup_max_usage'], 1e6)} MB")
+    lines += target_lines(targets(out))
     return "\n".join(lines)
 
 

@@ -28,11 +28,19 @@ import time
 
 import numpy as np
 
-from ..cgroup import make_memory_cgroup, read_cgroup_stats, remove_cgroup
 from ..device_reads import task_device_reads
 from ..ltr_data import DmcSource, build, built, store_path
-from ..measure import child_setup, drop_caches, log, peak_rss_bytes, rate_windows
+from ..measure import child_setup, log, peak_rss_bytes, rate_windows
 from ..runner import MiB
+from .cgroup_rounds import (
+    close_store,
+    faster_allocator,
+    fmt,
+    interleaved_rounds,
+    open_cold,
+    target_lines,
+    wait_background_pass,
+)
 from .ltr_checks import per_second, verify_batches, warm_up
 
 LIMITS = {"atari10m": 2_000_000_000, "dmc": 4_000_000_000}
@@ -162,14 +170,10 @@ def task_mmreplay(spec: dict) -> dict:
     child_setup(tune=False)  # glibc's defaults, as users run
     import mmreplay
     wl, n_step = spec["workload"], N_STEP[spec["workload"]]
-    res = {"page_cache_dropped": drop_caches()}
-    mem = res["memory"] = {"imported": memory_now()}
+    imported = memory_now()
     session = {"cache_bytes": spec["cache_bytes"]} if spec.get("cache_bytes") else {}
-    t0 = time.perf_counter()
-    s = mmreplay.Store.open(spec["path"], mode="r", **session)
-    res["open_s"] = time.perf_counter() - t0
-    mem["opened"] = memory_now()
-    res["stored"] = len(s)
+    s, res, t0 = open_cold(spec["path"], **session)
+    mem = res["memory"] = {"imported": imported, "opened": memory_now()}
     draw = mmreplay.NStep(n_step, GAMMA) if n_step > 1 else mmreplay.Uniform()
     smps = {B: s.sampler(B, draw, seed=B, name=f"b{B}") for B in (32, 256)}
     mem["samplers"] = memory_now()
@@ -180,8 +184,7 @@ def task_mmreplay(spec: dict) -> dict:
         res[f"cold_b{cold_b}_per_s"] = float(np.mean(res[f"cold_b{cold_b}_per_second"]))
         res["cold_disk"] = meter.result()
     t_end = time.perf_counter() + spec["warm_max_s"]
-    while s.inspect.cache_stats()["obs"].get("compressed", {}).get("loading") and time.perf_counter() < t_end:
-        next(smps[cold_b])
+    wait_background_pass(s, smps[cold_b].__next__, t_end)
     # The background pass may end before the tier is full (it stops on a failed mapping under the cgroup's
     # pressure); batches then load the rest a shard at a time. Warm means full: sample until it is.
     # Full: at 98% of its capacity, or no longer growing (a store smaller than the tier's room: 10M Atari's
@@ -206,21 +209,20 @@ def task_mmreplay(spec: dict) -> dict:
         mem[f"b{B}_windows"] = memory_now()
     for smp in smps.values():
         smp.close()
-    res["cache_stats"] = s.inspect.cache_stats()
-    res["peak_rss_sampling"] = peak_rss_bytes()  # before the verification below loads its ground truth
-    res["budget"] = effective_budget(s.settings, res["cache_stats"])
-    res.update(verify_batches(s, spec["verify_batches"]) if wl == "atari10m" else
-               verify_dmc(s, spec["verify_batches"]))
-    mem["verified"] = memory_now()
-    res["peak_rss"] = peak_rss_bytes()
-    try:  # after the peaks: store.info() counts the ring's rows in numpy (~190 MB at 10M for a moment)
-        res["store_held_mb"] = store_held(s)
-    except Exception as exc:  # a figure, not a result: never the run's failure
-        res["store_held_mb"] = {"error": repr(exc)}
-    if spec.get("cgroup_dir"):
-        res["cgroup"] = read_cgroup_stats(spec["cgroup_dir"])
-    s.close()
-    return res
+
+    def verify() -> dict:
+        res["budget"] = effective_budget(s.settings, res["cache_stats"])
+        got = verify_batches(s, spec["verify_batches"]) if wl == "atari10m" else verify_dmc(s, spec["verify_batches"])
+        mem["verified"] = memory_now()
+        return got
+
+    def held() -> None:  # after the peaks: store.info() counts the ring's rows in numpy (~190 MB at 10M for a moment)
+        try:
+            res["store_held_mb"] = store_held(s)
+        except Exception as exc:  # a figure, not a result: never the run's failure
+            res["store_held_mb"] = {"error": repr(exc)}
+
+    return close_store(s, res, spec, verify, held)
 
 
 def task_drqv2(spec: dict) -> dict:
@@ -284,28 +286,25 @@ def run(runner, args) -> dict:
            "disk_cache_bytes": args.ltr_disk_cache_mib * MiB if args.ltr_disk_cache_mib else None}
     base = {"windows": args.windows, "window_s": args.window_s, "warmup_s": args.warmup_s, "workload": wl,
             "warm_max_s": args.ltr_warm_max_s, "verify_batches": args.ltr_verify_batches, "path": path}
-    runs = {"mmreplay": [], "disk": [], "device": [], "peer": [], "peer_default_malloc": []}
     sb3_n = 10_000 if args.quick else 100_000
     peer, peer_name = ({"task": "ltr_sb3", "n": sb3_n}, f"sb3 {sb3_n:,}") if wl == "atari10m" else \
         ({"task": "ltrb_drqv2", "n": args.ltr_drq_n, "workers": 4}, "drqv2 loader")
-    cg = make_memory_cgroup(limit, f"mmreplay_ltr_{os.getpid()}")
-    try:
-        for rnd in range(args.ltr_repeats):
-            for tune in (True, False):  # the peer's reference: the faster of its two allocator settings
-                runs["peer" if tune else "peer_default_malloc"].append(runner.child(
-                    {**base, **peer, "tune_malloc": tune}, timeout=args.child_timeout,
-                    label=f"ltr/{peer_name} r{rnd} ({'tuned' if tune else 'default'} malloc)"))
-            runs["mmreplay"].append(runner.child(
-                {**base, "task": "ltrb_mmreplay", "cold_s": args.ltr_cold_s, "cache_bytes": out["cache_bytes"]},
-                cgroup=cg, label=f"ltr/mmreplay {wl} in cgroup r{rnd}", timeout=args.child_timeout))
-            if out["disk_cache_bytes"]:
-                runs["disk"].append(runner.child(
-                    {**base, "task": "ltrb_mmreplay", "cold_s": 0, "cache_bytes": out["disk_cache_bytes"]},
-                    cgroup=cg, label=f"ltr/mmreplay {wl} forced to disk r{rnd}", timeout=args.child_timeout))
-            runs["device"].append(runner.child({"task": "ltrb_device", "path": path, "seconds": args.ltr_device_s},
-                                               label=f"ltr/device reads r{rnd}", timeout=args.child_timeout))
-    finally:
-        remove_cgroup(cg)
+
+    def store_round(cg: str, rnd: int) -> dict:
+        got = {"mmreplay": runner.child(
+            {**base, "task": "ltrb_mmreplay", "cold_s": args.ltr_cold_s, "cache_bytes": out["cache_bytes"]},
+            cgroup=cg, label=f"ltr/mmreplay {wl} in cgroup r{rnd}", timeout=args.child_timeout)}
+        if out["disk_cache_bytes"]:
+            got["disk"] = runner.child(
+                {**base, "task": "ltrb_mmreplay", "cold_s": 0, "cache_bytes": out["disk_cache_bytes"]},
+                cgroup=cg, label=f"ltr/mmreplay {wl} forced to disk r{rnd}", timeout=args.child_timeout)
+        got["device"] = runner.child({"task": "ltrb_device", "path": path, "seconds": args.ltr_device_s},
+                                     label=f"ltr/device reads r{rnd}", timeout=args.child_timeout)
+        return got
+
+    runs = {"mmreplay": [], "disk": [], "device": [],
+            **interleaved_rounds(runner, args.ltr_repeats, limit, "mmreplay_ltr", {**base, **peer}, f"ltr/{peer_name}",
+                                 store_round, args.child_timeout)}
     out["machine"] = runner.child({"task": "ltrb_machine", "workload": wl}, label="ltr/machine calibration",
                                   timeout=args.child_timeout)
     out["runs"] = runs
@@ -336,12 +335,7 @@ def summarize(runs: dict, wl: str) -> dict:
         for B in (32, 256):
             for k in ("store_reads_per_s", "syscr_per_s", "device_read_bytes_per_s"):
                 s[name][f"b{B}_{k}"] = _median(rs, f"b{B}_disk", k)
-    other = s.pop("peer_default_malloc")
-    s["peer"]["by_allocator"] = {}
-    for k in ("b32_per_s", "b256_per_s"):
-        s["peer"]["by_allocator"][k] = {"tuned": s["peer"][k], "default": other[k]}
-        vals = [v for v in (s["peer"][k], other[k]) if v is not None]
-        s["peer"][k] = max(vals) if vals else None
+    faster_allocator(s, ("b32_per_s", "b256_per_s"))
     return s
 
 
@@ -390,7 +384,7 @@ def report(out: dict) -> str:
     if "summary" not in out:
         return f"larger-than-RAM {out.get('workload')} benchmark failed: {out.get('error')}"
     s, rec, wl = out["summary"], out["store"], out["workload"]
-    f = lambda v, k=1.0: "-" if v is None else f"{v / k:,.0f}" if v / k >= 100 else f"{v / k:,.1f}"  # noqa: E731
+    f = fmt
     peer = "SB3 100k, RAM" if wl == "atari10m" else "DrQ-v2 loader 50k, RAM (4 workers)"
     nstep = f", n-step {N_STEP[wl]}" if N_STEP[wl] > 1 else ""
     lines = [f"== Larger than RAM: {wl}, {out['n']:,} transitions ({rec['codec']}, {rec['store_bytes'] / 1e6:,.0f} MB "
@@ -425,11 +419,7 @@ def report(out: dict) -> str:
                      f"decode {m['zstd_residual_us']:.1f} us, LZ4 frame decode {m['lz4_frame_us']:.1f} us; copy "
                      f"{m['copy_gb_s']:.1f} GB/s; Python loop {m['python_loop_ns']:.0f} ns a step (the store's rate "
                      "follows the decodes, the peer's mostly the copies)")
-    lines += ["", "| target | measured | wanted | |", "|---|---|---|---|"]
-    for name, v, t, le in targets(out):
-        ok = None if v is None else (v <= t if le else v >= t)
-        lines.append(f"| {name} | {'-' if v is None else f'{v:,.2f}'} | {'<=' if le else '>='} {t} | "
-                     f"{'-' if ok is None else ('PASS' if ok else 'FAIL')} |")
+    lines += target_lines(targets(out))
     return "\n".join(lines)
 
 
