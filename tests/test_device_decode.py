@@ -599,3 +599,47 @@ def test_a_sampler_stages_every_batch_into_the_same_buffer(tmp_path):
             next(dev)
             bases.add(dev._device_draw.pending.staged.host.__array_interface__["data"][0])
         assert len(bases) <= 3  # grown a few times (by a quarter at least), never one buffer a batch
+
+
+@pytest.mark.parametrize("damage", ["intact", "reference-out-of-run", "cycle", "ends-decreasing", "ends-short",
+                                    "lz4-first-word", "zstd-declared-size", "frame-count", "row-past-run"])
+def test_the_compiled_cut_of_runs_refuses_what_the_loop_refuses(damage):
+    """``device_runs_many``'s compiled pass (``_native/device_cut.py``) hands a run with any bad header field back
+    to the loop (None), which names it; an intact run is cut."""
+    from mmreplay.codecs.temporal_device import device_runs_many
+
+    rng = np.random.default_rng(9)
+    frames = np.cumsum(rng.integers(0, 3, (8, 30, 30)), axis=0).astype(np.uint8)
+    codec = codecs.for_config({"name": "temporal", "layout": 3, "run": 8, "lz4_depth": 1})
+    run = bytearray(codec.encode_chunk(frames))
+    h, n = 12, 8
+    refs = np.frombuffer(bytes(run[h:h + n]), dtype=np.int8)
+    ends = np.frombuffer(bytes(run[h + n:h + 5 * n]), dtype="<u4")
+    lo = lambda j: h + 5 * n + (int(ends[j - 1]) if j else 0)  # noqa: E731
+    kinds = [int.from_bytes(run[lo(j):lo(j) + 4], "little") for j in range(n)]
+    want = [np.arange(n)]
+    if damage == "reference-out-of-run":
+        run[h + 0] = 1  # frame 0 refers to frame -1
+    elif damage == "cycle":
+        chained = [j for j in range(1, n - 1) if refs[j] != 0]
+        j = chained[0]
+        run[h + j], run[h + j + 1] = (256 - 1), 1  # j -> j + 1 -> j
+    elif damage == "ends-decreasing":
+        run[h + n + 4:h + n + 8] = (int(ends[0]) - 1).to_bytes(4, "little")
+    elif damage == "ends-short":
+        run[h + 5 * n - 4:h + 5 * n] = (int(ends[-1]) - 1).to_bytes(4, "little")
+    elif damage == "lz4-first-word":
+        j = next(j for j in range(n) if kinds[j] == 30 * 30)
+        run[lo(j):lo(j) + 4] = (30 * 30 + 1).to_bytes(4, "little")
+    elif damage == "zstd-declared-size":
+        j = next(j for j in range(n) if kinds[j] == 0xFD2FB528)
+        d = run[lo(j) + 4]
+        assert d >> 6 == 1 and (d >> 5) & 1  # single segment, 2-byte size: declared - 256 at lo + 5
+        run[lo(j) + 5] ^= 1
+    elif damage == "frame-count":
+        run[4:8] = (n + 1).to_bytes(4, "little")
+    elif damage == "row-past-run":
+        want = [np.array([n])]
+    buf = np.frombuffer(bytes(run), dtype=np.uint8)
+    got = device_runs_many(buf, np.array([0]), np.array([len(run)]), n, 30 * 30, want)
+    assert (got is not None) == (damage == "intact")

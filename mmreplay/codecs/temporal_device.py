@@ -8,13 +8,15 @@ first word, zstd's announced size) before it is listed; a run that fails a check
 (``device_runs_many`` returns None). Nothing here decodes: the device path does, on whatever decoder it has.
 
 Why a module of its own: the format and the CPU codec (``temporal.py``) do not need it; the device path's
-gather (``mmreplay/device/staging.py``) does, on every batch, in array operations over all its runs.
+gather (``mmreplay/device/staging.py``) does, on every batch: layout-1 runs in array operations over all of them,
+layouts 2 and 3 in one compiled pass (``_native/device_cut.py``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from mmreplay._native.device_cut import DICT_ID, FCS, OK, cut_runs
 from mmreplay._native.temporal_header import HEADER, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
 from mmreplay.codecs.base import PIECE_LZ4, PIECE_ZSTD, DevicePieces
 from mmreplay.codecs.temporal_format import (
@@ -105,9 +107,9 @@ def _zstd_sizes(buf: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarr
 
 def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_rows: int, row_nbytes: int,
                      rows: list) -> tuple[DevicePieces, np.ndarray] | None:
-    """``device_run_pieces`` of many layout-2/3 runs at once (run ``i`` is ``buf[at[i]:at[i] + length[i]]``, rows
-    ``rows[i]`` asked for): every check of ``parse_header2`` and of the frames' first words, on all runs in array
-    operations; the pieces in the loop's order. None (the caller loops, and names what is wrong) when a run is of
+    """``device_run_pieces`` of many runs at once (run ``i`` is ``buf[at[i]:at[i] + length[i]]``, rows ``rows[i]``
+    asked for): every check of ``parse_header``/``parse_header2`` and of the frames' first words, on all runs (layout 1
+    in array operations, layouts 2 and 3 in one compiled pass); the pieces in the loop's order. None (the caller loops, and names what is wrong) when a run is of
     another layout or any check fails."""
     n, r = chunk_rows, at.size
     h = HEADER.size
@@ -126,43 +128,17 @@ def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_
         return pieces, np.stack([np.ones(r, dtype=np.int64), np.full(r, n, dtype=np.int64)], axis=1)
     if n > 127 or (length < h + 5 * n).any() or (magic != int.from_bytes(MAGIC2, "little")).any():
         return None
-    refs = buf[at[:, None] + h + cols].astype(np.int8).astype(np.int64)  # (r, n)
-    # the frames' end offsets: n little-endian uint32 after the references, read as one (r, 4n) block
-    ends = np.ascontiguousarray(buf[at[:, None] + h + n + np.arange(4 * n)]).view("<u4").astype(np.int64)
-    targets = cols - refs
-    if ((targets < 0) | (targets >= n)).any():
-        return None
-    payload = length - (h + 5 * n)
-    if (np.diff(ends, axis=1) < 0).any() or (ends[:, -1] != payload).any():
-        return None
-    needed = np.zeros((r, n), dtype=bool)
+    # layouts 2 and 3: one compiled pass over the runs (``_native/device_cut.py``: the same checks, the loop's order)
     lens = np.fromiter(map(len, rows), dtype=np.int64, count=r)
-    needed[np.repeat(np.arange(r), lens), np.concatenate(rows).astype(np.int64)] = True
-    depth_ok = refs == 0
-    run_of = np.arange(r)[:, None]
-    for _ in range(n):  # follow the references: every needed row's target is needed; every chain ends alone
-        grown = needed.copy()
-        grown[np.nonzero(needed)[0], targets[needed]] = True
-        ok = depth_ok | depth_ok[run_of, targets]
-        if (grown == needed).all() and (ok == depth_ok).all():
-            break  # nothing moved: the closure is reached
-        needed, depth_ok = grown, ok
-    if not depth_ok.all():
-        return None  # a cycle: the loop names it
-    run, row = np.nonzero(needed)  # row-major: runs in order, rows ascending (the loop's order)
-    starts = np.where(row > 0, ends[run, np.maximum(row - 1, 0)], 0)
-    lo = at[run] + h + 5 * n + starts
-    size = ends[run, row] - starts
-    first = _le(buf, lo, 4)
-    is_lz4 = (size >= 4) & (first != ZSTD_MAGIC)
-    if (is_lz4 & ((first != row_nbytes) | (size == 4))).any():
+    want_row = np.concatenate(rows).astype(np.int64) if r else np.zeros(0, dtype=np.int64)
+    m = r * n
+    kinds, src, dst = np.empty(m, dtype=np.int8), np.empty((m, 2), dtype=np.int64), np.empty((m, 2), dtype=np.int64)
+    rows_out, refs_out, per_run = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64), np.zeros(r, dtype=np.int64)
+    status, k = cut_runs(buf, np.ascontiguousarray(at, dtype=np.int64), np.ascontiguousarray(length, dtype=np.int64),
+                         n, row_nbytes, h, int.from_bytes(MAGIC2, "little"), ZSTD_MAGIC,
+                         np.repeat(np.arange(r, dtype=np.int64), lens), want_row, FCS, DICT_ID, kinds, src, dst,
+                         rows_out, refs_out, per_run)
+    if status != OK:
         return None
-    if (~is_lz4 & (_zstd_sizes(buf, lo, size) != row_nbytes)).any():
-        return None
-    kinds = np.where(is_lz4, PIECE_LZ4, PIECE_ZSTD).astype(np.int8)
-    src = np.stack([np.where(is_lz4, lo + 4, lo), lo + size], axis=1)
-    dst = np.stack([row * row_nbytes, (row + 1) * row_nbytes], axis=1).astype(np.int64)
-    ref_of = refs[run, row]
-    pieces = DevicePieces(kinds, src, dst, row.astype(np.int64), np.where(ref_of != 0, row - ref_of, -1))
-    per_run = np.bincount(run, minlength=r).astype(np.int64)
+    pieces = DevicePieces(kinds[:k], src[:k], dst[:k], rows_out[:k], refs_out[:k])
     return pieces, np.stack([per_run, per_run], axis=1)
