@@ -109,8 +109,8 @@ def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_
                      rows: list) -> tuple[DevicePieces, np.ndarray] | None:
     """``device_run_pieces`` of many runs at once (run ``i`` is ``buf[at[i]:at[i] + length[i]]``, rows ``rows[i]``
     asked for): every check of ``parse_header``/``parse_header2`` and of the frames' first words, on all runs (layout 1
-    in array operations, layouts 2 and 3 in one compiled pass); the pieces in the loop's order. None (the caller loops, and names what is wrong) when a run is of
-    another layout or any check fails."""
+    in array operations, layouts 2 and 3 in one compiled pass); the pieces in the loop's order. None (the caller
+    loops, and names what is wrong) when the runs mix layouts or any check fails."""
     n, r = chunk_rows, at.size
     h = HEADER.size
     if not r or (_le(buf, at + 4, 4) != n).any() or (_le(buf, at + 8, 4) != row_nbytes).any():
