@@ -40,6 +40,7 @@ from ..tasks_peers import task_peer
 from .ltr_big import TASKS as BIG_TASKS, report as big_report, run as run_big_workload, targets as big_targets
 from .ltr_checks import ground_truth, per_second, verify_batches, warm_up  # noqa: F401
 from .base import Mode
+from .. import device_bench
 
 STACK = 4
 
@@ -346,7 +347,7 @@ class LargerThanRamMode(Mode):
     key = "larger_than_ram"
     exclusive = True
     tasks = {"ltr_mmreplay": task_mmreplay, "ltr_memmap": task_memmap, "ltr_sb3": task_sb3,
-             "ltr_mm_100k": task_mm_100k, **BIG_TASKS}
+             "ltr_mm_100k": task_mm_100k, **BIG_TASKS, **device_bench.TASKS}
 
     def add_arguments(self, p) -> None:
         p.add_argument("--larger-than-ram", action="store_true",
@@ -372,6 +373,9 @@ class LargerThanRamMode(Mode):
         p.add_argument("--ltr-repeats", type=int, default=None, help="rounds of the children (default 2; quick 1)")
         p.add_argument("--ltr-verify-batches", type=int, default=40, help="batches of 256 checked against the frames")
         p.add_argument("--ltr-memmap-once", action="store_true", help="run the (slow) memmap ring child once only")
+        p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="--larger-than-ram --workload "
+                       "atari10m|dmc: decode on this device instead (issue #38; benchmarks/device_bench.py; cpu: a "
+                       "dry run of the same path on the CPU stand-in decoder)")
 
     def finish_args(self, a, quick: bool, argv: list[str]) -> None:
         if a.ltr_n is None and a.ltr_workload == "atari1m":
@@ -383,9 +387,13 @@ class LargerThanRamMode(Mode):
         return a.larger_than_ram
 
     def run(self, runner) -> dict:
+        if runner.args.device:
+            return device_bench.run(runner, runner.args)
         return run(runner, runner.args)
 
     def report(self, part: dict, results: dict, args) -> list[str]:
+        if part.get("mode") == "device":
+            return ["\n" + device_bench.report(part)]
         if part.get("workload") in ("atari10m", "dmc"):
             return ["\n" + big_report(part)]
         from mmreplay.settings import DEFAULT_CACHE_BYTES
@@ -393,6 +401,10 @@ class LargerThanRamMode(Mode):
 
     def targets(self, part: dict, args, add) -> None:
         if "summary" not in part:
+            return
+        if part.get("mode") == "device":
+            for name, value, threshold, le in device_bench.targets(part):
+                add(name, value, threshold, unit="x" if " vs " in name else "", le=le)
             return
         if part.get("workload") in ("atari10m", "dmc"):
             for name, value, threshold, le in big_targets(part):
