@@ -19,7 +19,7 @@ timed batches, divided by their number (prefetch threads included). The ``mmrepl
 ``--ltr-verify-batches`` seeded batches field by field with ``decode="cpu"`` (rows different: the done-when's 0).
 
 Invariant: every figure comes from a child; ``--device cuda`` where torch sees no CUDA device, or where nvCOMP
-does not import, measures nothing and says which (a probe child, before any store is built); ``--device cpu`` runs
+does not import, measures nothing, says which (a probe child, before any store is built) and exits with status 2; ``--device cpu`` runs
 the same path on CPU tensors, a check of the logic and of its host cost, not a speed target (no target judged).
 The children run unconstrained: the GPU machines' RAM holds either store (docs/performance.md, "The CUDA path").
 """
@@ -229,15 +229,14 @@ def run(runner, args) -> dict:
     from .modes.ltr_big import ensure_store
     wl, device = args.ltr_workload, args.device
     out = {"mode": "device", "workload": wl, "device": device}
-    if wl not in BATCHES:
-        out["error"] = f"--device runs --workload atari10m or dmc, got --workload {wl}"
-        return out
+    if wl not in BATCHES:  # nothing to measure: the run ends here, saying why (exit status 2)
+        raise SystemExit(f"bench.py: --device runs --larger-than-ram --workload atari10m or dmc, got --workload {wl}")
     probe = runner.child({"task": "dev_probe", "device": device}, label=f"device/probe {device}", timeout=600)
     out["probe"] = probe
     if not probe.get("ok"):
-        out["error"] = f"--device {device}: {probe.get('why') or probe.get('error', 'the probe failed')}"
-        log(out["error"])
-        return out
+        why = probe.get("why") or (probe.get("error") or "the probe child failed").strip().splitlines()[-1]
+        log(f"bench.py: --device {device}: {why}")
+        raise SystemExit(2)
     n = args.ltr_n or {"atari10m": 10_000_000, "dmc": 1_000_000}[wl]
     path, rec = ensure_store(runner, wl, args.frame_codec or "delta-zstd", n)
     if path is None:
