@@ -483,7 +483,8 @@ def test_synthetic_store_with_temporal_frames_checks_out(synthetic_store):
 
 
 def test_colour_frames_get_longer_runs(store_path):
-    """Named "delta-zstd": runs of 8 for 84x84 gray frames, 16 (and a stronger level) for 3x84x84 RGB."""
+    """Named "delta-zstd": runs of 8 for 84x84 gray frames, 16 (a stronger level, layout 3 with LZ4 up to
+    3 references from the key) for 3x84x84 RGB."""
     rgb = spaces.Box(0, 255, (3, 84, 84), np.uint8)
     with mmreplay.Store.create(store_path, rgb, spaces.Discrete(2), capacity=256, frame_stack=3,
                                frame_codec="delta-zstd") as s:
@@ -497,6 +498,6 @@ def test_colour_frames_get_longer_runs(store_path):
     try:
         spec = meta.schema.observations[0]
         assert spec.chunk_rows == 16 and spec.codec["level"] == 12 and spec.codec["layout"] == 3
-        assert spec.codec["lz4_depth"] == 0
+        assert spec.codec["lz4_depth"] == 3  # the 3 frames each side of the key are LZ4 (columns/spec.py)
     finally:
         meta.close()

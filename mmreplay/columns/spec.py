@@ -50,8 +50,12 @@ FRAME_CODECS = {
 # which level 12 pays for (residuals 2% smaller than level 6, as fast to decode, ~3x slower to encode).
 # Measured on a 200k-transition DMC store in RAM, batch-256 n-step-3: 45.5-46.7 batches/s with layout 2 at
 # level 6, 59.1-61.0 with this (61.5-63.3 with a zstd context kept per helper thread); 5.06x smaller than raw.
+# ``lz4_depth: 3`` (issue #38, item 5): the frames up to 3 references from the key are LZ4 too, so a stack-3 +
+# n-step-3 sample decodes ~4.4 zstd residuals and ~5.6 LZ4 blocks instead of ~8.7 and ~1.3; measured on real
+# DMC frames, 4.65x smaller than raw instead of 5.07x (issue #38 accepts >= 4.5x) for ~20% less CPU a
+# batch-256 (docs/performance.md, "DMC 1M"); depth 4 would come to ~4.55x.
 LARGE_FRAME_BYTES = 16384
-DELTA_ZSTD_LARGE = {"name": "temporal", "level": 12, "run": 16, "search": 8, "layout": 3, "lz4_depth": 0}
+DELTA_ZSTD_LARGE = {"name": "temporal", "level": 12, "run": 16, "search": 8, "layout": 3, "lz4_depth": 3}
 # ``frame_codec="auto"`` (the default): what ``choose_frame_codec`` assumes a grey frame shrinks to, coded
 # alone with lz4hc. Real Atari frames measure ~15x (474 B of 7,056); 10x leaves room for busier games.
 PER_FRAME_RATIO_ASSUMED = 10
