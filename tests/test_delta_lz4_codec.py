@@ -178,6 +178,40 @@ def test_codec_spec_is_validated():
             validate_codec({"name": "delta-lz4", **bad})
 
 
+def test_run_headers_are_checked_by_the_shared_rules_of_both_run_codecs():
+    """``run_spec.parse_run_header`` reads a temporal layout-1 header as ``temporal_format.parse_header`` does, and
+    refuses what either codec's own parse refuses, naming the codec."""
+    from mmreplay._native import temporal_header
+    from mmreplay.codecs import run_spec, temporal, temporal_format
+    frames = moving_frames(6)
+    coded = temporal.encode_run(frames, search=2)
+    mine = run_spec.parse_run_header(coded, frames.nbytes, temporal_header.HEADER, temporal_header.MAGIC,
+                                     temporal_header.MAX_RUN, "temporal")
+    theirs = temporal_format.parse_header(coded, frames.nbytes)
+    assert mine[:2] == theirs[:2] and np.array_equal(mine[2], theirs[2]) and mine[2].any()
+    lz4_run = delta_lz4.encode_run(frames)
+    with pytest.raises(ValueError, match="delta-lz4 chunk starts with b'MRT1', expected b'MRL1'"):
+        delta_lz4.parse_header(coded, frames.nbytes)
+    with pytest.raises(ValueError, match="delta-lz4 chunk announces 6 frames of 12288 bytes, expected 12288"):
+        delta_lz4.parse_header(lz4_run, 12288)
+    bad_ref = bytearray(lz4_run)
+    bad_ref[delta_lz4.HEADER.size + 2] = 3
+    with pytest.raises(ValueError, match="frame 2 refers 3 frames back"):
+        delta_lz4.parse_header(bytes(bad_ref), frames.nbytes)
+    with pytest.raises(ValueError, match="at most 100"):
+        run_spec.parse_run_header(lz4_run, frames.nbytes, delta_lz4.HEADER, delta_lz4.MAGIC, 255, "x", 100)
+
+
+def test_spec_settings_are_checked_by_the_shared_rules():
+    from mmreplay.codecs import run_spec
+    run_spec.check_settings("c", {"name": "c", "run": 16}, [("run", 16, 1, 64)], known=("run",))
+    for spec, checks, match in (({"run": 12}, [("run", 12, 1, 64)], "run must be a power of two .* got 12"),
+                                ({"lvl": 1}, [], r"unknown keys \['lvl'\] \(expected run\)"),
+                                ({"run": 2.0}, [("run", 2.0, 1, 64)], "run must be an integer in 1..64, got 2.0")):
+        with pytest.raises(ValueError, match=match):
+            run_spec.check_settings("c", {"name": "c", **spec}, checks, known=("run",))
+
+
 # -- a store of colour frames sampled as sequences ---------------------------------------------------------
 def record(path, episodes, *, streams=1, **create_kw):
     """Episodes of ``moving_frames`` (lengths ``episodes``; the ``i``-th ends terminated when ``i % 3 == 2``,

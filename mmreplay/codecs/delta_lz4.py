@@ -43,6 +43,7 @@ from mmreplay._native.codec_kinds import CODEC_DELTA_LZ4
 from mmreplay._native.delta_lz4_header import HEADER, LZ4_MAX_BYTES, MAGIC, MAX_RUN
 from mmreplay.codecs.base import FrameCodec
 from mmreplay.codecs.registry import register
+from mmreplay.codecs.run_spec import check_settings, parse_run_header
 from mmreplay.codecs.temporal import choose_references, reconstruct
 
 DEFAULT_RUN = 32  # frames a chunk: ~4.5x on 64x64 RGB control frames; a 64-step window decodes ~80 frames
@@ -65,22 +66,9 @@ def encode_run(chunk: np.ndarray, level: int = DEFAULT_LEVEL, search: int = DEFA
 
 
 def parse_header(data, expected_nbytes: int) -> tuple[int, int, np.ndarray]:
-    """(n_frames, frame_nbytes, references) of a run that must decode to ``expected_nbytes``."""
-    if len(data) < HEADER.size:
-        raise ValueError(f"delta-lz4 chunk is {len(data)} bytes, shorter than its {HEADER.size}-byte header")
-    magic, n, frame_nbytes = HEADER.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise ValueError(f"delta-lz4 chunk starts with {magic!r}, expected {MAGIC!r}")
-    if not 1 <= n <= MAX_RUN or n * frame_nbytes != expected_nbytes or expected_nbytes > LZ4_MAX_BYTES:
-        raise ValueError(f"delta-lz4 chunk announces {n} frames of {frame_nbytes} bytes, expected "
-                         f"{expected_nbytes} bytes in all")
-    if len(data) < HEADER.size + n:
-        raise ValueError(f"delta-lz4 chunk is {len(data)} bytes, shorter than its header of {n} references")
-    refs = np.frombuffer(data, dtype=np.uint8, count=n, offset=HEADER.size)
-    if (refs > np.arange(n)).any():
-        bad = int(np.argmax(refs > np.arange(n)))
-        raise ValueError(f"delta-lz4 chunk: frame {bad} refers {int(refs[bad])} frames back, before the run starts")
-    return n, frame_nbytes, refs
+    """(n_frames, frame_nbytes, references) of a run that must decode to ``expected_nbytes`` (``run_spec``'s
+    checks, which the temporal codec's layout-1 header shares)."""
+    return parse_run_header(data, expected_nbytes, HEADER, MAGIC, MAX_RUN, "delta-lz4", LZ4_MAX_BYTES)
 
 
 def decode_run(data, out: np.ndarray) -> np.ndarray:
@@ -97,21 +85,11 @@ def decode_run(data, out: np.ndarray) -> np.ndarray:
 
 
 def validate_delta_lz4(spec: Mapping[str, Any]) -> None:
-    """LZ4HC level, frames per run, reference search; ``ValueError`` naming what is wrong."""
-    unknown = set(spec) - {"name", "level", "run", "search"}
-    if unknown:
-        raise ValueError(f"delta-lz4 codec {dict(spec)} invalid: unknown keys {sorted(unknown)} (expected level, "
-                         "run, search)")
-    for key, value, lo, hi in (("level", spec.get("level", DEFAULT_LEVEL), 1, 12),
-                               ("run", spec.get("run", DEFAULT_RUN), 1, 128),
-                               ("search", spec.get("search", DEFAULT_SEARCH), 0, 128)):
-        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-            raise ValueError(f"delta-lz4 codec {dict(spec)} invalid: {key} must be an integer in {lo}..{hi}, "
-                             f"got {value!r}")
-    run = spec.get("run", DEFAULT_RUN)
-    if run & (run - 1):
-        raise ValueError(f"delta-lz4 codec {dict(spec)} invalid: run must be a power of two (chunks tile shards), "
-                         f"got {run}")
+    """LZ4HC level, frames per run (a power of two), reference search; ``ValueError`` naming what is wrong."""
+    check_settings("delta-lz4", spec, (("level", spec.get("level", DEFAULT_LEVEL), 1, 12),
+                                       ("run", spec.get("run", DEFAULT_RUN), 1, 128),
+                                       ("search", spec.get("search", DEFAULT_SEARCH), 0, 128)),
+                   known=("level", "run", "search"))
 
 
 @register
