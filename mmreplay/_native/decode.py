@@ -31,7 +31,7 @@ from mmreplay._native.bounds import check_addresses, check_array, check_indices,
 from mmreplay._native.chunk_decode import copy_rows_to, decode_chunks
 from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_TEMPORAL, CODEC_ZSTD, CODECS
 from mmreplay._native.linked import AVAILABLE, OK, STATUS_TEXT
-from mmreplay._native.run_decode import decode_frame_groups, group_frame_requests
+from mmreplay._native.run_decode import decode_frame_groups, group_frame_requests, locate_chunks, stack_frame_requests
 from mmreplay._native.selftest import ensure_linked
 from mmreplay._native.stack_plan import decode_stacks, plan_stack_decodes
 
@@ -41,7 +41,8 @@ kernel_cache.follow(__file__, intrinsics, temporal, codec_kinds, linked, run_dec
 # what a caller reads from a decode's result, beside the entry points
 __all__ = ["AVAILABLE", "OK", "STATUS_TEXT", "StackPlan", "check_decodes", "check_frame_decodes", "check_plan",
            "checked_copy_rows_to", "checked_decode_chunks", "checked_decode_frame_groups", "checked_decode_plan",
-           "checked_decode_stacks", "checked_group_frame_requests", "checked_plan_stack_decodes"]
+           "checked_decode_stacks", "checked_group_frame_requests", "checked_locate_chunks",
+           "checked_plan_stack_decodes", "checked_stack_frame_requests"]
 
 
 def check_decodes(src, sizes, dst, copies, nbytes, codec, status, into) -> None:
@@ -133,6 +134,27 @@ def checked_group_frame_requests(ids, dsts, ring_rows, run_rows):
     if run_rows < 1 or ring_rows < 0 or (ids.size and ids.min() < 0):
         raise ValueError(f"frame requests: run_rows {run_rows} (>= 1), ring_rows {ring_rows} (>= 0), ids >= 0")
     return group_frame_requests(ids, dsts, ring_rows, run_rows)
+
+
+def checked_stack_frame_requests(obs_ids, next_ids, shifted: bool, obs_addr: int, next_addr: int, nbytes: int):
+    """``stack_frame_requests`` after checking the two stacks are one ``(n, k)`` of integers (it reads them
+    whole and writes only the arrays it returns; the addresses are checked where they are decoded to)."""
+    if obs_ids.ndim != 2 or next_ids.shape != obs_ids.shape or obs_ids.dtype.kind not in "iu" \
+            or next_ids.dtype.kind not in "iu":
+        raise ValueError(f"stacks of frame ids: obs {obs_ids.dtype}{obs_ids.shape} and next "
+                         f"{next_ids.dtype}{next_ids.shape} must be integers of one shape (n, k)")
+    return stack_frame_requests(obs_ids, next_ids, bool(shifted), obs_addr, next_addr, nbytes)
+
+
+def checked_locate_chunks(chunk_addr, chunk_size, chunks):
+    """``locate_chunks`` after checking the tier's index is two int64 vectors of one length (it reads inside
+    them only, and writes only the arrays it returns)."""
+    if chunk_addr.ndim != 1 or chunk_size.shape != chunk_addr.shape or chunks.ndim != 1 \
+            or not chunk_addr.dtype == chunk_size.dtype == chunks.dtype == np.int64:
+        raise ValueError(f"tier index: addresses {chunk_addr.dtype}{chunk_addr.shape}, sizes "
+                         f"{chunk_size.dtype}{chunk_size.shape} and chunks {chunks.dtype}{chunks.shape} must be "
+                         "int64 vectors, the index's two of one length")
+    return locate_chunks(chunk_addr, chunk_size, chunks)
 
 
 def checked_copy_rows_to(source: np.ndarray, rows, row_nbytes, dsts, into) -> None:

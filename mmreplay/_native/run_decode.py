@@ -314,3 +314,40 @@ def group_frame_requests(ids, dsts, ring_rows, run_rows):  # pragma: no cover (c
     starts[g] = total
     return chunks[:g].copy(), starts[:g + 1].copy(), js, out, order
 
+
+
+@numba.njit(cache=True, nogil=True)
+def stack_frame_requests(obs_ids, next_ids, shifted, obs_addr, next_addr, nbytes):  # pragma: no cover (compiled)
+    """The frame requests of a pair of stacks ``(n, k)`` (``RunRequests.of_stacks``) in one pass: ``(ids,
+    dsts)``, the obs stack's frames to consecutive ``nbytes`` places from ``obs_addr``, then the next stack's
+    to those from ``next_addr``; ``shifted``: next frame ``j < k - 1`` is asked as obs frame ``j + 1`` (the
+    same frame, so grouped requests decode it once) and only the last column of ``next_ids`` is read."""
+    n, k = obs_ids.shape
+    ids = np.empty(2 * n * k, dtype=np.int64)
+    dsts = np.empty(2 * n * k, dtype=np.int64)
+    for i in range(n):
+        for j in range(k):
+            p = i * k + j
+            ids[p] = obs_ids[i, j]
+            dsts[p] = obs_addr + p * nbytes
+            ids[n * k + p] = obs_ids[i, j + 1] if shifted and j < k - 1 else next_ids[i, j]
+            dsts[n * k + p] = next_addr + p * nbytes
+    return ids, dsts
+
+
+@numba.njit(cache=True, nogil=True)
+def locate_chunks(chunk_addr, chunk_size, chunks):  # pragma: no cover (compiled)
+    """Where the compressed tier holds ``chunks`` (``reading/resident.py``'s index): ``(src, sizes, held)``,
+    ``src[i]`` the chunk's address (0: not held, negative: empty) and ``sizes[i]`` its bytes, both 0 for a
+    chunk outside the index; ``held`` counts the chunks at an address (``src > 0``)."""
+    src = np.zeros(chunks.size, dtype=np.int64)
+    sizes = np.zeros(chunks.size, dtype=np.int64)
+    held = 0
+    for i in range(chunks.size):
+        c = chunks[i]
+        if 0 <= c < chunk_addr.size:
+            src[i] = chunk_addr[c]
+            sizes[i] = chunk_size[c]
+            if src[i] > 0:
+                held += 1
+    return src, sizes, held

@@ -61,10 +61,10 @@ class Decoder:
 
     def decode_run_groups(self, col: "ColumnReader", req: "RunRequests", src, sizes, groups) -> None:
         """``native.decode_frame_groups`` over the runs ``groups`` of ``req`` (``sizes`` bytes at ``src``): each
-        decodes only the frames asked of it and those their references lead to. All groups, or those given:
-        then their requests are regrouped. Raises on the first bad run."""
+        decodes only the frames asked of it and those their references lead to. All groups (``groups`` None, or
+        all of them listed), or those given: then their requests are regrouped. Raises on the first bad run."""
         chunks, starts, js, dsts = req.chunks, req.starts, req.js, req.dsts
-        if groups.size < chunks.size:
+        if groups is not None and groups.size < chunks.size:
             lo, hi = starts[groups], starts[groups + 1]
             take = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())])
             starts = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)

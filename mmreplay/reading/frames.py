@@ -203,8 +203,11 @@ class FrameReader(FrameEvents):
 
     def _decode_run_requests(self, col: ColumnReader, req: RunRequests) -> None:
         """Frames ``req`` asks for, each run once: from the compressed tier, the files, or the decoded cache."""
-        src, sizes = self.compressed.locate_runs(col, req.chunks)
+        src, sizes, all_held = self.compressed.locate_runs(col, req.chunks)
         col.cache.stats.misses += req.ids.size
+        if all_held:  # the store in RAM: every run decoded from the compressed tier, no array operation more
+            self.compressed.decode_runs(col, req, src, sizes, None)
+            return
         tier = np.flatnonzero(src > 0)
         through_cache = src <= 0
         from_files = np.flatnonzero(through_cache & ~self.writer_ram.holds(col, req.chunks) & (src == 0)) \

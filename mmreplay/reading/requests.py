@@ -36,11 +36,9 @@ class RunRequests(NamedTuple):
                   run_rows: int) -> "RunRequests":
         """The requests of a pair of stacks (``gather_stacks``'s arguments): shifted, the next stack asks only
         for its last frame; its others are the obs stack's, written twice (two requests of one run)."""
-        n, k = obs_ids.shape
-        next_req = np.concatenate([obs_ids[:, 1:], next_ids[:, -1:]], axis=1) if shifted else next_ids
-        ids = np.concatenate([obs_ids.reshape(-1), next_req.reshape(-1)]).astype(np.int64, copy=False)
-        pos = np.arange(n * k, dtype=np.int64) * nbytes
-        dsts = np.concatenate([address_of(obs_words) + pos, address_of(next_words) + pos])
+        # one compiled pass instead of ~8 array operations (~15% of a batch-32's CPU besides its decodes)
+        ids, dsts = native.checked_stack_frame_requests(obs_ids, next_ids, bool(shifted), address_of(obs_words),
+                                                address_of(next_words), nbytes)
         chunks, starts, js, dsts, order = native.checked_group_frame_requests(ids, dsts, ring_rows, run_rows)
         return cls(ids, chunks, starts, js, dsts, order, nbytes, run_rows, (obs_words, next_words))
 
