@@ -45,8 +45,8 @@ def test_python_blocks_run_as_written(document, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]),
            # one torch thread: the blocks' small training steps are 3x faster so on a loaded 2-core runner
            "OMP_NUM_THREADS": "1"}
-    # the timeout guards against a hang, it is not a timer: the guide's blocks take ~1-2 min on a quiet 2-core
-    # box and took over 600 s (11 min) under load average 11 with nice 19, so give a loaded runner room
+    # the timeout guards against a hang, it is not a timer: the whole suite takes ~4 min on a quiet 2-core
+    # box, and the guide's blocks alone ran past 600 s under load average 11 with nice 19: room for a loaded runner
     done = subprocess.run([sys.executable, RUNNER, os.path.join(ROOT, document)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, f"{document}: a block failed\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
