@@ -615,7 +615,7 @@ def test_the_compiled_cut_of_runs_refuses_what_the_loop_refuses(damage):
     h, n = 12, 8
     refs = np.frombuffer(bytes(run[h:h + n]), dtype=np.int8)
     ends = np.frombuffer(bytes(run[h + n:h + 5 * n]), dtype="<u4")
-    lo = lambda j: h + 5 * n + (int(ends[j - 1]) if j else 0)  # noqa: E731
+    lo = lambda j: h + 5 * n + (int(ends[j - 1]) if j else 0)
     kinds = [int.from_bytes(run[lo(j):lo(j) + 4], "little") for j in range(n)]
     want = [np.arange(n)]
     if damage == "reference-out-of-run":
@@ -643,3 +643,62 @@ def test_the_compiled_cut_of_runs_refuses_what_the_loop_refuses(damage):
     buf = np.frombuffer(bytes(run), dtype=np.uint8)
     got = device_runs_many(buf, np.array([0]), np.array([len(run)]), n, 30 * 30, want)
     assert (got is not None) == (damage == "intact")
+
+
+def tier_batches_equal(store, room, batches=12, between=None) -> dict:
+    """Batches of the device path with a device tier of ``room`` bytes equal the CPU path's; the tier's stats."""
+    with store.sampler(24, mmreplay.NStep(3, 0.9), seed=5, decode="cpu", name="cpu_path") as cpu, \
+            store.sampler(24, mmreplay.NStep(3, 0.9), seed=5, decode="device", name="device_path") as dev:
+        dev._device_path.hold_on_device(room)
+        for i in range(batches):
+            if between is not None:
+                between(i)
+            want, got = fields(next(cpu)), fields(next(dev))
+            for key in want:
+                assert torch.equal(want[key], got[key]), f"batch {i}: {key} differs"
+        stats = dev._device_path.tier.stats()
+    assert stats["bytes"] <= room
+    return stats
+
+
+@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd", "temporal-3", "rgb-temporal-3-run16"])
+@pytest.mark.parametrize("room", [1 << 30, 6_000])
+def test_a_device_tier_serves_held_chunks_equal_to_the_cpu_path(tmp_path, codec, room):
+    """Chunks held by the device-resident tier (``hold_on_device``; the CPU stands in for the device) give the CPU
+    path's batches bit for bit, whole or with a pool too small for all (the rest staged as before)."""
+    rgb = codec.startswith("rgb-")
+    frames = rgb_frames() if rgb else grey_frames()
+    make_store(str(tmp_path / "s"), frames, (RGB if rgb else GREY)[codec.removeprefix("rgb-")]).close()
+    with mmreplay.Store.open(str(tmp_path / "s"), mode="r") as store:
+        stats = tier_batches_equal(store, room)
+    assert stats["hits"] > 0 and stats["chunks"] > 0
+    if room < 1 << 30:
+        assert stats["misses"] > stats["chunks"]  # full: the rest was staged batch by batch
+
+
+@pytest.mark.parametrize("codec", ["lz4hc"])  # one-frame blosc chunks: some stored while written
+def test_a_device_tier_never_serves_a_chunk_of_the_previous_lap(tmp_path, codec):
+    """While the store is written and its ring wraps, a rewritten chunk has a new first frame id: its old entry is
+    never served (rows equal the CPU path's across the laps)."""
+    frames = grey_frames()
+    with make_store(str(tmp_path / "s"), frames, GREY[codec]) as store:
+        def more(i):
+            if i % 4 == 3:
+                fill(store, frames[i:], adds=CAPACITY // 2)
+
+        stats = tier_batches_equal(store, 1 << 30, batches=16, between=more)
+    assert stats["chunks"] > 0
+
+
+def test_held_chunks_are_not_staged_again(tmp_path):
+    make_store(str(tmp_path / "s"), grey_frames(), "zstd").close()
+    with mmreplay.Store.open(str(tmp_path / "s"), mode="r") as store, \
+            store.sampler(32, seed=2, decode="device") as dev:
+        dev._device_path.hold_on_device(1 << 30)
+        next(dev)
+        first = dev._device_draw.pending.staged.nbytes
+        later = []
+        for _ in range(40):
+            next(dev)
+            later.append(dev._device_draw.pending.staged.nbytes)
+        assert first > 0 and min(later) < first / 4  # most chunks held on the device: few bytes cross

@@ -46,8 +46,8 @@ def _zstd_size(buf, at, length, zstd_magic, fcs_table, dict_table):  # pragma: n
 
 
 @numba.njit(cache=True, nogil=True)
-def cut_runs(buf, at, length, n, row_nbytes, header, magic2, zstd_magic, want_run, want_row, fcs_table, dict_table,
-             kinds, src, dst, rows, refs, per_run):  # pragma: no cover (compiled)
+def _cut_runs(buf, at, length, n, row_nbytes, header, magic2, zstd_magic, want_run, want_row, fcs_table, dict_table,
+              kinds, src, dst, rows, refs, per_run):  # pragma: no cover (compiled)
     """Runs ``buf[at[i]:at[i] + length[i]]`` (layouts 2/3, ``n`` frames of ``row_nbytes``), rows ``want_row[j]`` of run
     ``want_run[j]`` asked for: the pieces into ``kinds``/``src``/``dst``/``rows``/``refs`` (room for ``n`` a run),
     their count per run into ``per_run``; returns (status, pieces)."""
@@ -113,3 +113,30 @@ def cut_runs(buf, at, length, n, row_nbytes, header, magic2, zstd_magic, want_ru
             count += 1
         per_run[i] = count
     return OK, out
+
+
+def cut_runs(buf: np.ndarray, at: np.ndarray, length: np.ndarray, n: int, row_nbytes: int, header: int, magic2: int,
+             zstd_magic: int, rows: list):
+    """The kernel above, its inputs checked first (a contiguous uint8 buffer; runs inside it; rows of each run):
+    ``None`` where a check of the kernel's fails, else ``(kinds, src, dst, rows, refs, per_run)``."""
+    at = np.ascontiguousarray(at, dtype=np.int64)
+    length = np.ascontiguousarray(length, dtype=np.int64)
+    if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous or at.shape != length.shape \
+            or len(rows) != at.size or not 0 < n <= 255:
+        raise ValueError(f"cut_runs: a {buf.dtype} {buf.shape} buffer, {at.size} runs, {length.size} lengths, "
+                         f"{len(rows)} row lists, {n} frames a run; expected a contiguous 1-D uint8 buffer, one "
+                         "length and one row list a run, 1..255 frames")
+    if at.size and (at.min() < 0 or (at + length).max() > buf.size or length.min() < 0):
+        raise ValueError(f"cut_runs: runs at {at.min()}..{(at + length).max()} outside a buffer of {buf.size}")
+    r = at.size
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=r)
+    want_row = np.concatenate(rows).astype(np.int64) if r else np.zeros(0, dtype=np.int64)
+    m = r * n
+    kinds, src, dst = np.empty(m, dtype=np.int8), np.empty((m, 2), dtype=np.int64), np.empty((m, 2), dtype=np.int64)
+    rows_out, refs_out, per_run = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64), np.zeros(r, dtype=np.int64)
+    status, k = _cut_runs(buf, at, length, n, row_nbytes, header, magic2, zstd_magic,
+                          np.repeat(np.arange(r, dtype=np.int64), lens), want_row, FCS, DICT_ID, kinds, src, dst,
+                          rows_out, refs_out, per_run)
+    if status != OK:
+        return None
+    return kinds[:k], src[:k], dst[:k], rows_out[:k], refs_out[:k], per_run

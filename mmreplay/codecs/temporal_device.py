@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmreplay._native.device_cut import DICT_ID, FCS, OK, cut_runs
+from mmreplay._native.device_cut import cut_runs
 from mmreplay._native.temporal_header import HEADER, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
 from mmreplay.codecs.base import PIECE_LZ4, PIECE_ZSTD, DevicePieces
 from mmreplay.codecs.temporal_format import (
@@ -129,16 +129,9 @@ def device_runs_many(buf: np.ndarray, at: np.ndarray, length: np.ndarray, chunk_
     if n > 127 or (length < h + 5 * n).any() or (magic != int.from_bytes(MAGIC2, "little")).any():
         return None
     # layouts 2 and 3: one compiled pass over the runs (``_native/device_cut.py``: the same checks, the loop's order)
-    lens = np.fromiter(map(len, rows), dtype=np.int64, count=r)
-    want_row = np.concatenate(rows).astype(np.int64) if r else np.zeros(0, dtype=np.int64)
-    m = r * n
-    kinds, src, dst = np.empty(m, dtype=np.int8), np.empty((m, 2), dtype=np.int64), np.empty((m, 2), dtype=np.int64)
-    rows_out, refs_out, per_run = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64), np.zeros(r, dtype=np.int64)
-    status, k = cut_runs(buf, np.ascontiguousarray(at, dtype=np.int64), np.ascontiguousarray(length, dtype=np.int64),
-                         n, row_nbytes, h, int.from_bytes(MAGIC2, "little"), ZSTD_MAGIC,
-                         np.repeat(np.arange(r, dtype=np.int64), lens), want_row, FCS, DICT_ID, kinds, src, dst,
-                         rows_out, refs_out, per_run)
-    if status != OK:
+    got = cut_runs(buf, at, length, n, row_nbytes, h, int.from_bytes(MAGIC2, "little"), ZSTD_MAGIC, rows)
+    if got is None:
         return None
-    pieces = DevicePieces(kinds[:k], src[:k], dst[:k], rows_out[:k], refs_out[:k])
+    kinds, src, dst, rows_out, refs_out, per_run = got
+    pieces = DevicePieces(kinds, src, dst, rows_out, refs_out)
     return pieces, np.stack([per_run, per_run], axis=1)

@@ -30,6 +30,7 @@ from mmreplay.codecs.base import PIECE_COPY, PIECE_NAMES
 from mmreplay.device.assemble import gather_rows, padding_positions
 from mmreplay.device.chains import rebuild_chains
 from mmreplay.device.decoders import make_decoder, nvcomp_available
+from mmreplay.device.resident import DeviceTier
 from mmreplay.device.staging import Staged, StagingArena, stage
 
 DECODE = ("auto", "cpu", "device")
@@ -86,9 +87,10 @@ class DeviceDraw:
     """A draw strategy wrapped for the device path: picks exactly as ``draw`` does; its ``assemble`` records and
     stages the frames instead of decoding them (``pending`` holds them until ``DevicePath.finish``)."""
 
-    def __init__(self, draw, pin: bool):
+    def __init__(self, draw, pin: bool, path: DevicePath | None = None):
         self.draw = draw
         self.pin = pin
+        self.path = path  # whose device tier (if any) the staging consults
         self.pending: Pending | None = None
         # staging buffers reused batch after batch: prefetch's slots plus the one being filled may be in flight
         self.arena = StagingArena(pin, slots=4 if pin else 1)
@@ -102,7 +104,7 @@ class DeviceDraw:
         return getattr(self.draw, "redraws", True)
 
     def bind(self, name):
-        return DeviceDraw(self.draw.bind(name), self.pin)
+        return DeviceDraw(self.draw.bind(name), self.pin, self.path)
 
     def validate(self, schema) -> None:
         self.draw.validate(schema)
@@ -126,7 +128,7 @@ class DeviceDraw:
             requests.append((name, target, ids))
             wanted.setdefault(name, []).append(ids.reshape(-1))
         staged = stage(view.frames, {name: np.concatenate(parts) for name, parts in wanted.items()}, pin=self.pin,
-                       arena=self.arena)
+                       arena=self.arena, tier=None if self.path is None else self.path.tier)
         mask = getattr(buffers, "mask", None)
         self.pending = Pending(staged, requests, None if mask is None else np.array(mask[1]))
         return read
@@ -145,6 +147,7 @@ class DevicePath:
         self.cuda = self.device.type == "cuda"
         self.zero_pad = schema.stack_padding == "zeros" and schema.frame_stack > 1
         self._decoded = None  # the CPU's reused decode buffer
+        self.tier: DeviceTier | None = None  # compressed chunks held on the device (``hold_on_device``)
 
     @classmethod
     def select(cls, decode: str, device, schema):
@@ -162,6 +165,11 @@ class DevicePath:
                              "codec (decode='cpu' reads any)")
         return cls(device, schema)
 
+    def hold_on_device(self, nbytes: int) -> None:
+        """Hold up to ``nbytes`` of checked compressed chunks on the device (``device/resident.py``): from then on a
+        batch stages only the chunks the pool lacks (0: none held)."""
+        self.tier = DeviceTier(self.device, nbytes) if nbytes else None
+
     def _decode_buffer(self, nbytes: int):
         """On the CPU the decode buffer is reused (its tables are gathered into the batch's own buffers before the
         next batch); on a device each batch has its own (its caching allocator reuses the memory)."""
@@ -173,7 +181,7 @@ class DevicePath:
         return self._decoded[:nbytes]
 
     def wrap(self, draw) -> DeviceDraw:
-        return DeviceDraw(draw, pin=self.cuda)
+        return DeviceDraw(draw, pin=self.cuda, path=self)
 
     def finish(self, pending: Pending, buffers) -> dict:
         """Decode and assemble a staged batch: ``{key: {"obs": tensor, "next": tensor}}`` on the device (on the
@@ -190,12 +198,18 @@ class DevicePath:
         else:
             data = torch.from_numpy(staged.host)
             out = self._decode_buffer(staged.decoded_nbytes)
+        if staged.uploads:  # queued before the decodes, on the same stream: the pool has them when read
+            self.tier.upload(data, staged.uploads)
+        pool = self.tier.pool if self.tier is not None else None
         for kind in np.unique(staged.kinds).tolist():
-            sel = staged.kinds == kind
-            if kind == PIECE_COPY:
-                _copy_pieces(data, staged.src[sel], staged.dst[sel], out)
-            else:
-                self.decoder.decode(data, PIECE_NAMES[kind], staged.src[sel], staged.dst[sel], out)
+            for source, src_data in ((0, data), (1, pool)):
+                sel = (staged.kinds == kind) & (staged.sources == source)
+                if not sel.any():
+                    continue
+                if kind == PIECE_COPY:
+                    _copy_pieces(src_data, staged.src[sel], staged.dst[sel], out)
+                else:
+                    self.decoder.decode(src_data, PIECE_NAMES[kind], staged.src[sel], staged.dst[sel], out)
         tables = {}
         for name, plan in staged.keys.items():
             raw = out[plan.table_at:plan.table_at + (plan.n_rows + 1) * plan.row_nbytes].view(plan.n_rows + 1,

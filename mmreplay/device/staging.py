@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmreplay._native.staging_copy import checked_copy
-from mmreplay.codecs.base import PIECE_COPY
+from mmreplay.codecs.base import PIECE_COPY, DevicePieces, concat_pieces
+from mmreplay.device.resident import DeviceTier, Upload, ranges
 from mmreplay.errors import CorruptDataError
 from mmreplay.reading.resident import EMPTY_CHUNK
 
@@ -71,6 +72,8 @@ class Staged:
     chunks: int = 0  # chunks staged (for statistics)
     arena: object = None  # the ``StagingArena`` whose buffer ``slot`` holds the bytes (``release`` after a copy)
     slot: int = 0
+    sources: np.ndarray | None = None  # per piece: 0 ``src`` is in the staging buffer, 1 in the device tier's pool
+    uploads: list = field(default_factory=list)  # chunks the device tier takes from this batch (``resident.Upload``)
 
     @property
     def nbytes(self) -> int:
@@ -123,14 +126,16 @@ class StagingArena:
         self._events[slot] = event
 
 
-def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False, arena: StagingArena | None = None) -> Staged:
+def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False, arena: StagingArena | None = None,
+          tier: DeviceTier | None = None) -> Staged:
     """Gather the compressed bytes of the frames ``wanted`` (observation key -> frame ids, any shape, each
     ``reader.ring.oldest <= id < head``) of ``reader`` (a ``FrameReader``) into one staging buffer, with the
     pieces each decodes to (module docstring). The buffer is ``arena``'s next one (a fresh one without);
-    ``pin``: pinned host memory (a CUDA copy)."""
+    ``pin``: pinned host memory (a CUDA copy). ``tier``: chunks it holds are not staged (their pieces point into its
+    pool), and complete chunks staged here are queued for it while it has room (``device/resident.py``)."""
     arena = arena if arena is not None else StagingArena(pin, slots=1)
     slot = arena.take()
-    kinds, srcs, dsts = [], [], []
+    kinds, srcs, dsts, sources, uploads = [], [], [], [], []
     at, table_at, n_chunks = 0, 0, 0
     keys = {}
     for name, ids in wanted.items():
@@ -141,17 +146,46 @@ def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False, arena: St
         ids = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
         chunks, inner = np.divmod(reader.ring.row_of(ids), c)
         uchunks, of_id = np.unique(chunks, return_inverse=True)  # a ring's rows wrap: group by chunk
-        host, body_at, body_len, end = gather_chunks(reader, col, uchunks, arena, slot, at)
-        stored = np.flatnonzero(body_len >= 0)
-        held = np.flatnonzero(body_len < 0)  # the writer's RAM or zeros: every row, copied as it is
-        wants = wanted_rows(of_id, inner, body_len >= 0, c)
+        first = np.empty(uchunks.size, dtype=np.int64)
+        first[of_id] = ids - inner  # each chunk's first frame id: its contents' name (resident.py)
+        use_tier = tier is not None and (reader.ring.unbounded or reader.ring.rows % c == 0)
+        entries = tier.lookup(name, first) if use_tier else np.full(uchunks.size, -1, dtype=np.int64)
+        hit = np.flatnonzero(entries >= 0)
+        miss = np.flatnonzero(entries < 0)
+        host, at_m, len_m, end = gather_chunks(reader, col, uchunks[miss], arena, slot, at)
+        body_at = np.zeros(uchunks.size, dtype=np.int64)
+        body_len = np.full(uchunks.size, -1, dtype=np.int64)
+        body_at[miss], body_len[miss] = at_m, len_m
+        staged = miss[len_m >= 0]
+        held = miss[len_m < 0]  # the writer's RAM or zeros: every row, copied as it is
+        wants = wanted_rows(of_id, inner, np.isin(np.arange(uchunks.size), staged), c)
+        up = np.zeros(staged.size, dtype=bool)
+        if use_tier:  # complete chunks go to the tier, cut whole, while it has room
+            up = first[staged] + c <= reader.ring.head
+            up_at = tier.reserve(body_len[staged][up]) if up.any() else np.zeros(0, dtype=np.int64)
+            up[np.flatnonzero(up)[up_at.size:]] = False  # those that do not fit stay staged
+            if up_at.size and c > 1:
+                every = np.arange(c, dtype=np.int64)
+                wants = [every if u else w for u, w in zip(up.tolist(), wants)]
         try:  # offsets are into the whole buffer; it is cut at this key's end (no stale bytes past it)
-            cut, counts = codec.device_pieces_many(host[:end], body_at[stored], body_len[stored], c, row_nbytes,
-                                                   wants)
+            cut_m, counts_m = codec.device_pieces_many(host[:end], body_at[staged], body_len[staged], c, row_nbytes,
+                                                       wants)
         except ValueError as exc:
             i = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], int) else 0
-            shard, inner_no = divmod(int(uchunks[stored[i]]), col.column.layout.chunks_per_shard)
+            shard, inner_no = divmod(int(uchunks[staged[i]]), col.column.layout.chunks_per_shard)
             raise CorruptDataError(f"{col.column.array.where(shard, inner_no)}: {exc.args[0]}") from None
+        if up.any():
+            uploads.append(_upload(name, first[staged][up], body_at[staged][up], body_len[staged][up], up_at,
+                                   cut_m, counts_m, up))
+        if hit.size:  # held pieces first, then the staged ones: "stored" is their chunks in that order
+            cut_h, counts_h = tier.pieces(name, entries[hit])
+            cut = concat_pieces([cut_h, cut_m])
+            counts = np.concatenate([counts_h, counts_m])
+        else:
+            cut_h, cut, counts = None, cut_m, counts_m
+        stored = np.r_[hit, staged].astype(np.int64)
+        n_pool = 0 if cut_h is None else cut_h.kinds.size
+        sources.append(np.r_[np.ones(n_pool, dtype=np.int8), np.zeros(cut_m.kinds.size + held.size, dtype=np.int8)])
         # slot of each chunk: the stored ones first, in order, then those held as they are
         slot_of = np.empty(uchunks.size, dtype=np.int64)
         slot_of[stored] = np.arange(stored.size)
@@ -181,7 +215,17 @@ def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False, arena: St
     host, pinned = arena.views(slot, at)
     cat = (lambda xs, shape: np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64))
     return Staged(host, pinned, cat(kinds, (0,)).astype(np.int8), cat(srcs, (0, 2)), cat(dsts, (0, 2)), table_at,
-                  keys, n_chunks, arena, slot)
+                  keys, n_chunks, arena, slot, cat(sources, (0,)).astype(np.int8), uploads)
+
+
+def _upload(name, first, src, length, dst, cut, counts, up) -> Upload:
+    """The chunks ``up`` (a mask over a key's staged chunks, ``cut``/``counts`` their pieces) for the tier."""
+    starts = np.r_[0, np.cumsum(counts[:, 0])[:-1]]
+    row_starts = np.r_[0, np.cumsum(counts[:, 1])[:-1]]
+    p = ranges(starts[up], starts[up] + counts[up, 0])
+    r = ranges(row_starts[up], row_starts[up] + counts[up, 1])
+    return Upload(name, first, src, length, dst,
+                  DevicePieces(cut.kinds[p], cut.src[p], cut.dst[p], cut.rows[r], cut.refs[r]), counts[up])
 
 
 def wanted_rows(of_id: np.ndarray, inner: np.ndarray, stored: np.ndarray, c: int) -> list:
