@@ -702,3 +702,18 @@ def test_held_chunks_are_not_staged_again(tmp_path):
             next(dev)
             later.append(dev._device_draw.pending.staged.nbytes)
         assert first > 0 and min(later) < first / 4  # most chunks held on the device: few bytes cross
+
+
+def test_the_device_copy_of_ranges_equals_the_slice_copies():
+    """The tier's upload on a device (``copy_ranges_indexed``: indices made there) writes what slice copies write."""
+    from mmreplay.device.resident import copy_ranges, copy_ranges_indexed
+
+    rng = np.random.default_rng(3)
+    data = torch.from_numpy(rng.integers(0, 256, 5000, dtype=np.uint8))
+    length = np.array([7, 300, 1, 64], dtype=np.int64)
+    src = np.array([10, 400, 4000, 2000], dtype=np.int64)
+    dst = np.array([0, 7, 500, 307], dtype=np.int64)
+    a, b = torch.zeros(1000, dtype=torch.uint8), torch.zeros(1000, dtype=torch.uint8)
+    copy_ranges(data, src, length, a, dst)
+    copy_ranges_indexed(data, src, length, b, dst)
+    assert torch.equal(a, b) and int(a[7:307].ne(data[400:700]).sum()) == 0

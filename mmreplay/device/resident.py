@@ -171,8 +171,6 @@ class DeviceTier:
 def copy_ranges(data, src: np.ndarray, length: np.ndarray, out, dst: np.ndarray) -> None:
     """``out[dst[i]:dst[i] + length[i]] = data[src[i]:src[i] + length[i]]`` for every ``i``: on the CPU a slice copy
     each (the tests' stand-in), on a device one gather with indices made there."""
-    import torch
-
     if not src.size:
         return
     if out.device.type == "cpu" and data.device.type == "cpu":
@@ -180,6 +178,13 @@ def copy_ranges(data, src: np.ndarray, length: np.ndarray, out, dst: np.ndarray)
         for s, n, d in zip(src.tolist(), length.tolist(), dst.tolist()):
             host_out[d:d + n] = host_in[s:s + n]
         return
+    copy_ranges_indexed(data, src, length, out, dst)
+
+
+def copy_ranges_indexed(data, src: np.ndarray, length: np.ndarray, out, dst: np.ndarray) -> None:
+    """``copy_ranges`` as one gather and one scatter, the byte indices made on ``out``'s device from the ranges."""
+    import torch
+
     lens = torch.as_tensor(length, device=out.device)
     total = int(length.sum())
     within = torch.arange(total, device=out.device) - torch.repeat_interleave(
