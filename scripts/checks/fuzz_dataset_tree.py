@@ -36,7 +36,6 @@ Prints a summary (trees by format, imports, failures, wall time) and exits 1 if 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gzip
 import hashlib
@@ -46,7 +45,6 @@ import os
 import random
 import resource
 import shutil
-import signal
 import stat
 import sys
 import tempfile
@@ -61,6 +59,8 @@ from fuzz_store_tree import (  # the store fuzzer's helpers: one way to hash, co
     _reset_peak,
     _status,
     entries,
+    fuzz_arguments,
+    fuzz_main,
     make_outside,
     snapshot,
 )
@@ -510,41 +510,12 @@ import_budget_bytes = 0
 
 def main(argv=None) -> int:
     global import_budget_bytes
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--trees", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (trees checked at once)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a tree may take before it counts as a hang")
-    p.add_argument("--work", help="directory for the trees (default: a new temporary one, removed after)")
-    p.add_argument("--json", help="write the summary here too")
-    p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
+    args = fuzz_arguments(__doc__.splitlines()[0], trees=100).parse_args(argv)
     if args.worker:
         return worker_main()
     sys.path[:0] = [REPO]
     import_budget_bytes = import_budget()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = args.work or tempfile.mkdtemp(prefix="fuzz-dataset-tree-")
-    os.makedirs(work, exist_ok=True)
-    try:
-        def checkpoint(partial):
-            with open(args.json + ".partial", "w") as f:
-                json.dump({**partial, "seed": args.seed}, f)
-
-        summary = fuzz(args.trees, args.seed, work, args.timeout, args.jobs, not args.quiet,
-                       checkpoint if args.json else None)
-    finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(summary, indent=1)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    print(json.dumps({k: v for k, v in summary.items() if k != "failures"}))
-    for failure in summary["failures"][:20]:
-        print(json.dumps(failure)[:2000])
-    return 1 if summary["failures"] else 0
+    return fuzz_main(args, fuzz, "fuzz-dataset-tree-")
 
 
 if __name__ == "__main__":

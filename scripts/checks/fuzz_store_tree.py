@@ -438,40 +438,51 @@ def fuzz(trees: int, seed: int, work: str, timeout: float, jobs: int, progress: 
             "budget_bytes": BUDGET, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def fuzz_arguments(description: str, trees: int) -> argparse.ArgumentParser:
+    """The command line both tree fuzzers take (this one and ``fuzz_dataset_tree.py``)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--trees", type=int, default=200)
+    p.add_argument("--trees", type=int, default=trees)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="worker processes (trees checked at once)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a tree may take before it counts as a hang")
     p.add_argument("--work", help="directory for the trees (default: a new temporary one, removed after)")
     p.add_argument("--json", help="write the summary here too")
     p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
-    if args.worker:
-        return worker_main()
+    return p
+
+
+def fuzz_main(args, fuzz_trees, prefix: str) -> int:
+    """Run ``fuzz_trees(trees, seed, work, timeout, jobs, progress, checkpoint)`` as the command line asks: in
+    ``--work`` or a temporary directory (removed after), the summary checkpointed to ``--json``.partial as trees
+    finish and written to ``--json`` at the end; prints it and up to 20 failures. Exit status 1 on a failure."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = args.work or tempfile.mkdtemp(prefix="fuzz-store-tree-")
+    work = args.work or tempfile.mkdtemp(prefix=prefix)
     os.makedirs(work, exist_ok=True)
     try:
         def checkpoint(partial):
             with open(args.json + ".partial", "w") as f:
                 json.dump({**partial, "seed": args.seed}, f)
 
-        summary = fuzz(args.trees, args.seed, work, args.timeout, args.jobs, not args.quiet,
-                       checkpoint if args.json else None)
+        summary = fuzz_trees(args.trees, args.seed, work, args.timeout, args.jobs, not args.quiet,
+                             checkpoint if args.json else None)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(summary, indent=1)
     if args.json:
         with open(args.json, "w") as f:
-            f.write(text + "\n")
+            f.write(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}))
     for failure in summary["failures"][:20]:
         print(json.dumps(failure)[:2000])
     return 1 if summary["failures"] else 0
+
+
+def main(argv=None) -> int:
+    args = fuzz_arguments(__doc__.splitlines()[0], trees=200).parse_args(argv)
+    if args.worker:
+        return worker_main()
+    return fuzz_main(args, fuzz, "fuzz-store-tree-")
 
 
 if __name__ == "__main__":
