@@ -9,6 +9,8 @@ fresh children:
 
 ``mmreplay device``  ``store.sampler(B, draw, device=D, decode="device")``: compressed bytes staged on the CPU,
                      decoded on the device (nvCOMP on CUDA; the CPU stand-in decoder on ``--device cpu``);
+``mmreplay tier``    the same, with a device-resident tier as big as the store's frames (``hold_on_device``,
+                     ``device/resident.py``), warmed until full: held chunks cross as offsets, not bytes;
 ``mmreplay cpu``     the same sampler with ``decode="cpu"``: frames decoded by the CPU, batches copied to ``D``;
 ``peer``             the same loader as ``--larger-than-ram`` (SB3 holding 100k transitions for atari10m, the
                      DrQ-v2-style loader with 50k for dmc), each batch moved to ``D`` (``.to(D)``).
@@ -132,14 +134,17 @@ def batch_fields(batch) -> dict:
     return out
 
 
-def rows_differing(store, draw_factory, batch: int, batches: int, device) -> dict:
-    """Rows of ``decode="device"`` batches that differ, in any field, from ``decode="cpu"`` for the same seed."""
+def rows_differing(store, draw_factory, batch: int, batches: int, device, device_cache_bytes=None) -> dict:
+    """Rows of ``decode="device"`` batches (with a device tier of ``device_cache_bytes``, if given) that differ, in any
+    field, from ``decode="cpu"`` for the same seed."""
     wrong = rows = 0
     dev_arg = device if device.type == "cuda" else None
     with store.sampler(batch, draw_factory(), seed=99, decode="cpu", name="verify-cpu") as cpu, \
             store.sampler(batch, draw_factory(), seed=99, decode="device", device=dev_arg, name="verify-dev") as dev:
         if dev._device_path is None:
             raise RuntimeError("decode='device' did not take the device path")
+        if device_cache_bytes:
+            dev._device_path.hold_on_device(device_cache_bytes)
         for _ in range(batches):
             want, got = batch_fields(next(cpu)), batch_fields(next(dev))
             bad = np.zeros(batch, dtype=bool) if want.keys() == got.keys() else np.ones(batch, dtype=bool)
@@ -167,16 +172,29 @@ def task_mmreplay(spec: dict) -> dict:
     dev_arg = device if device.type == "cuda" else None
     smps = {B: s.sampler(B, draw(), seed=B, name=f"b{B}", device=dev_arg, decode=spec["decode"])
             for B in BATCHES[wl]}
+    if spec.get("device_cache_bytes"):  # the device-resident tier (device/resident.py), one a sampler
+        for smp in smps.values():
+            smp._device_path.hold_on_device(spec["device_cache_bytes"])
     first = smps[BATCHES[wl][0]]
     res["device_path"] = first._device_path is not None
     t_end = time.perf_counter() + spec["warm_max_s"]  # warm: the compressed tier's background pass has ended
     while s.inspect.cache_stats()["obs"].get("compressed", {}).get("loading") and time.perf_counter() < t_end:
         next(first)
+    for smp in smps.values():  # warm the device tiers: until full, or a window adds no chunk
+        tier = None if smp._device_path is None else smp._device_path.tier
+        while tier is not None and time.perf_counter() < t_end:
+            before = tier.stats()["chunks"]
+            for _ in range(20):
+                next(smp)
+            if tier.stats()["chunks"] == before:
+                break
     res["warm_s"] = time.perf_counter() - t0
     for B, smp in smps.items():
         got = timed(smp.__next__, _sync(device), spec["windows"], spec["window_s"], spec["warmup_s"])
         res[f"b{B}_per_s"], res[f"b{B}_windows"] = got["per_s"], got["windows"]
         res[f"b{B}_cpu_ms"] = got["cpu_ms_per_batch"]
+        if smp._device_path is not None and smp._device_path.tier is not None:
+            res[f"b{B}_tier"] = smp._device_path.tier.stats()
         if smp._device_draw is not None and smp._device_draw.pending is not None:
             staged = smp._device_draw.pending.staged
             res[f"b{B}_staged_bytes"] = staged.nbytes
@@ -184,7 +202,8 @@ def task_mmreplay(spec: dict) -> dict:
     for smp in smps.values():
         smp.close()
     if spec["decode"] == "device" and spec.get("verify_batches"):
-        res.update(rows_differing(s, draw, BATCHES[wl][-1], spec["verify_batches"], device))
+        res.update(rows_differing(s, draw, BATCHES[wl][-1], spec["verify_batches"], device,
+                                  spec.get("device_cache_bytes")))
     res["peak_rss"] = peak_rss_bytes()
     s.close()
     return res
@@ -248,15 +267,18 @@ def run(runner, args) -> dict:
     peer = {"task": "dev_peer", "n": args.ltr_drq_n, "workers": 4} if wl == "dmc" else \
         {"task": "dev_peer", "n": 10_000 if args.quick else SB3_N}
     out["peer_n"] = peer["n"]
-    runs = {"device": [], "cpu": [], "peer": []}
+    # the tier's room: the store's frames and a margin (1M DMC ~4.4 GB, 10M Atari ~1.1 GB: an 80 GB GPU holds either)
+    out["device_cache_bytes"] = int(1.05 * rec.get("frames_bytes", 0)) or None
+    runs = {"device": [], "tier": [], "cpu": [], "peer": []}
     for rnd in range(args.ltr_repeats):
         runs["peer"].append(runner.child({**base, **peer}, label=f"device/peer {wl} to {device} r{rnd}",
                                          timeout=args.child_timeout))
-        for decode in ("device", "cpu"):
-            runs[decode].append(runner.child(
+        for name, decode in (("device", "device"), ("tier", "device"), ("cpu", "cpu")):
+            runs[name].append(runner.child(
                 {**base, "task": "dev_mmreplay", "decode": decode,
+                 "device_cache_bytes": out["device_cache_bytes"] if name == "tier" else None,
                  "verify_batches": args.ltr_verify_batches if decode == "device" else 0},
-                label=f"device/mmreplay decode={decode} {wl} to {device} r{rnd}", timeout=args.child_timeout))
+                label=f"device/mmreplay {name} {wl} to {device} r{rnd}", timeout=args.child_timeout))
     out["runs"] = runs
     out["summary"] = summarize(runs, wl)
     return out
@@ -291,12 +313,14 @@ def targets(out: dict) -> list[tuple[str, float | None, float, bool]]:
     label = "DrQ-v2 loader" if wl == "dmc" else "SB3 100k"
     rows = []
     if out["device"] == "cuda":
-        rows.append((f"{wl} b256 to cuda, decode on the device vs the {label} moved to cuda",
-                     ratio(dev["b256_per_s"], peer["b256_per_s"]), 3.0, False))
-        if wl == "dmc":
-            rows.append(("dmc b256 n-step 3 to cuda: CPU ms a batch", dev["b256_cpu_ms"], 2.0, True))
-    rows.append((f"{wl} decode on {out['device']}: rows different from the CPU path (of {dev['verified']:,})",
-                 dev["wrong"], 0, True))
+        for name, how in (("device", "staged"), ("tier", "held on the device")):
+            rows.append((f"{wl} b256 to cuda, decode on the device ({how}) vs the {label} moved to cuda",
+                         ratio(s[name]["b256_per_s"], peer["b256_per_s"]), 3.0, False))
+            if wl == "dmc":
+                rows.append((f"dmc b256 n-step 3 to cuda ({how}): CPU ms a batch", s[name]["b256_cpu_ms"], 2.0, True))
+    checked = dev["verified"] + s["tier"]["verified"]
+    rows.append((f"{wl} decode on {out['device']}: rows different from the CPU path (of {checked:,})",
+                 dev["wrong"] + s["tier"]["wrong"], 0, True))
     return rows
 
 
@@ -314,16 +338,17 @@ def report(out: dict) -> str:
                 else " ==")]
     head = "| system | " + " | ".join(f"b{B}/s | CPU ms a b{B}" for B in BATCHES[wl]) + " | staged MB a batch |"
     lines += [head, "|" + "---|" * (2 + 2 * len(BATCHES[wl]))]
-    names = (("device", "mmreplay, decode on the device"), ("cpu", "mmreplay, decode on the CPU, copied"),
-             ("peer", f"{peer}, copied"))
+    names = (("device", "mmreplay, decode on the device"),
+             ("tier", f"mmreplay, decode on the device, {f(out.get('device_cache_bytes') or 0, 1e9)} GB tier there"),
+             ("cpu", "mmreplay, decode on the CPU, copied"), ("peer", f"{peer}, copied"))
     for name, label in names:
         r = s[name]
         cells = " | ".join(f"{f(r[f'b{B}_per_s'])} | {f(r[f'b{B}_cpu_ms'])}" for B in BATCHES[wl])
         staged = r.get(f"b{BATCHES[wl][-1]}_staged_bytes")
         lines.append(f"| {label} | {cells} | {f(staged, 1e6)} |" + (f" errors: {r['errors']}" if r["errors"] else ""))
-    dev = s["device"]
-    lines.append(f"device path taken: {dev['device_path']}; rows compared with decode='cpu': {dev['verified']:,}, "
-                 f"different: {dev['wrong']}; CPU ms a batch = the child's CPU time (every thread, and the loader's "
+    dev = {k: s["device"][k] + s["tier"][k] for k in ("verified", "wrong")}
+    lines.append(f"device path taken: {s['device']['device_path'] and s['tier']['device_path']}; rows compared with "
+                 f"decode='cpu' (staged and tier): {dev['verified']:,}, different: {dev['wrong']}; CPU ms a batch = the child's CPU time (every thread, and the loader's "
                  "worker processes) over the timed batches")
     rows = targets(out)
     if rows:
