@@ -116,9 +116,10 @@ def test_damage_is_named_by_either_inflater(tmp_path, request, inflater):
         import_dqn_replay(src, tmp_path / "store2", checkpoints="0")
 
 
-def test_the_import_holds_no_reading_budget(tmp_path, monkeypatch):
+def test_the_import_holds_no_reading_budget_nor_an_encoder_child(tmp_path, monkeypatch):
     """A writer's reading budget holds the shards it wrote (~100 bytes a transition) until it is full: 1 GiB by
-    default without a memory limit, beyond the 1 GB the whole dataset's import may take."""
+    default without a memory limit, beyond the 1 GB the whole dataset's import may take. Its encoder child
+    would add a second interpreter and its shared staging queue."""
     from mmreplay.datasets import dqn_replay
 
     budgets = []
@@ -126,9 +127,9 @@ def test_the_import_holds_no_reading_budget(tmp_path, monkeypatch):
 
     def spy(cls, *args, **kwargs):
         store = create(cls, *args, **kwargs)
-        budgets.append(store.settings.cache_bytes)
+        budgets.append((store.settings.cache_bytes, store.settings.encoder))
         return store
 
     monkeypatch.setattr(Store, "create", classmethod(spy))
     import_dqn_replay(FIXTURE, tmp_path / "store", checkpoints="0")
-    assert budgets == [dqn_replay.IMPORT_CACHE_BYTES]
+    assert budgets == [(dqn_replay.IMPORT_CACHE_BYTES, "thread")]  # no encoder child: no second interpreter
