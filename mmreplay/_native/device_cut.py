@@ -140,3 +140,87 @@ def cut_runs(buf: np.ndarray, at: np.ndarray, length: np.ndarray, n: int, row_nb
     if status != OK:
         return None
     return kinds[:k], src[:k], dst[:k], rows_out[:k], refs_out[:k], per_run
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_held(p0, p1, r0, r1, pdst, prows, prefs, c, row_nbytes, want_run, want_row, out_p, out_r,
+                 counts):  # pragma: no cover (compiled)
+    needed = np.zeros(c, dtype=np.bool_)
+    produced = np.zeros(c, dtype=np.bool_)
+    ref_of = np.empty(c, dtype=np.int64)
+    n_p = n_r = w = 0
+    for i in range(p0.size):
+        ref_of[:] = -2  # -2: the row is not in the entry
+        for j in range(r0[i], r1[i]):
+            ref_of[prows[j]] = prefs[j]
+        needed[:] = False
+        while w < want_run.size and want_run[w] == i:
+            needed[want_row[w]] = True
+            w += 1
+        for _ in range(c + 1):  # needed rows, their references, and the rows their pieces produce: to a fixed point
+            for k in range(c):
+                if needed[k]:
+                    m = k
+                    while m >= 0 and ref_of[m] >= 0 and not needed[ref_of[m]]:
+                        needed[ref_of[m]] = True
+                        m = ref_of[m]
+            produced[:] = False
+            for p in range(p0[i], p1[i]):
+                lo, hi = pdst[p, 0] // row_nbytes, (pdst[p, 1] + row_nbytes - 1) // row_nbytes
+                if needed[lo:hi].any():
+                    produced[lo:hi] = True
+            grew = False
+            for k in range(c):
+                if produced[k] and not needed[k]:
+                    needed[k] = True
+                    grew = True
+            if not grew:
+                break
+        start_p, start_r = n_p, n_r
+        for p in range(p0[i], p1[i]):
+            lo = pdst[p, 0] // row_nbytes
+            if produced[lo]:
+                out_p[n_p] = p
+                n_p += 1
+        for j in range(r0[i], r1[i]):
+            if produced[prows[j]]:
+                out_r[n_r] = j
+                n_r += 1
+        counts[i, 0], counts[i, 1] = n_p - start_p, n_r - start_r
+    return n_p, n_r
+
+
+def select_held(p0: np.ndarray, p1: np.ndarray, r0: np.ndarray, r1: np.ndarray, pdst: np.ndarray, prows: np.ndarray,
+                prefs: np.ndarray, c: int, row_nbytes: int, rows: list):
+    """Of held chunks' pieces (entry ``i``: pieces ``p0[i]:p1[i]`` decoding to ``pdst``, rows ``r0[i]:r1[i]`` with
+    their references ``prefs``, chunk-relative), those a batch needs for rows ``rows[i]`` and the rows they lead to:
+    ``(piece indices, row indices, counts)``, each chunk's in order. Inputs checked before the kernel runs."""
+    n = p0.size
+    if not (p1.size == r0.size == r1.size == len(rows) == n) or pdst.ndim != 2 or prows.shape != prefs.shape \
+            or c < 1 or row_nbytes < 1:
+        raise ValueError(f"select_held: {n} entries with {p1.size}/{r0.size}/{r1.size} ranges and {len(rows)} row "
+                         f"lists, {pdst.shape} pieces, {prows.shape}/{prefs.shape} rows; expected one of each an entry")
+    if n and ((p1 < p0).any() or p1.max() > len(pdst) or (r1 < r0).any() or r1.max() > prows.size):
+        raise ValueError("select_held: a piece or row range outside the arrays")
+    if n:
+        rix, pix = ranges_of(r0, r1), ranges_of(p0, p1)
+        if (prows[rix] < 0).any() or (prows[rix] >= c).any() or (prefs[rix] >= c).any() or (pdst[pix] < 0).any() \
+                or (pdst[pix] > c * row_nbytes).any():
+            raise ValueError(f"select_held: a row, reference or piece outside its chunk of {c} rows")
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+    want_row = np.concatenate(rows).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
+    if want_row.size and (want_row.min() < 0 or want_row.max() >= c):
+        raise ValueError(f"select_held: rows asked for outside 0..{c - 1}")
+    out_p = np.empty(int((p1 - p0).sum()), dtype=np.int64)
+    out_r = np.empty(int((r1 - r0).sum()), dtype=np.int64)
+    counts = np.zeros((n, 2), dtype=np.int64)
+    n_p, n_r = _select_held(p0, p1, r0, r1, np.ascontiguousarray(pdst), prows, prefs, c, row_nbytes,
+                            np.repeat(np.arange(n, dtype=np.int64), lens), want_row, out_p, out_r, counts)
+    return out_p[:n_p], out_r[:n_r], counts
+
+
+def ranges_of(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    lens = ends - starts
+    if not lens.size:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(starts - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()), dtype=np.int64)

@@ -10,8 +10,8 @@ one device copy from the batch's staging buffer (``upload``, on the stream of th
 is looked up only after that copy was queued (``commit``). Entries are never evicted: the pool fills up to its
 capacity, then chunks that do not fit are staged batch by batch as before.
 
-Cost a batch, for the chunks held: one ``searchsorted`` per key, and the held pieces' arrays gathered by ranges
-(no crc32c, no header parsed, no byte copied on the CPU); their whole chunks are decoded on the device.
+Cost a batch, for the chunks held: one ``searchsorted`` per key and one compiled pass choosing the pieces of the
+rows asked for and of the rows their references lead to (no crc32c, no header parsed, no byte copied on the CPU).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mmreplay._native.device_cut import select_held
 from mmreplay.codecs.base import DevicePieces
 
 
@@ -113,13 +114,20 @@ class DeviceTier:
         self.misses += first.size - held
         return got
 
-    def pieces(self, name: str, entries: np.ndarray) -> tuple[DevicePieces, np.ndarray]:
-        """The held pieces of ``entries`` (their ``src`` now offsets into ``pool``) and their counts, in order."""
+    def pieces(self, name: str, entries: np.ndarray, c: int = 1, row_nbytes: int = 1,
+               wants: list | None = None) -> tuple[DevicePieces, np.ndarray]:
+        """The held pieces of ``entries`` (their ``src`` now offsets into ``pool``) and their counts, in order: every
+        piece, or (``wants``: the rows asked for of each, of chunks of ``c`` rows of ``row_nbytes``) only those of
+        the rows asked for and of the rows their references lead to (``_native/device_cut.select_held``)."""
         k = self._keys[name]
         counts = k.counts.view[entries]
         p0, r0 = k.p0.view[entries], k.r0.view[entries]
-        p = ranges(p0, p0 + counts[:, 0])
-        r = ranges(r0, r0 + counts[:, 1])
+        if wants is None or c == 1:
+            p = ranges(p0, p0 + counts[:, 0])
+            r = ranges(r0, r0 + counts[:, 1])
+        else:
+            p, r, counts = select_held(p0, p0 + counts[:, 0], r0, r0 + counts[:, 1], k.dst.view, k.rows.view,
+                                       k.refs.view, c, row_nbytes, wants)
         src = k.src.view[p] + np.repeat(k.at.view[entries], counts[:, 0])[:, None]
         return DevicePieces(k.kinds.view[p], src, k.dst.view[p], k.rows.view[r], k.refs.view[r]), counts
 

@@ -178,7 +178,8 @@ def stage(reader, wanted: dict[str, np.ndarray], *, pin: bool = False, arena: St
             uploads.append(_upload(name, first[staged][up], body_at[staged][up], body_len[staged][up], up_at,
                                    cut_m, counts_m, up))
         if hit.size:  # held pieces first, then the staged ones: "stored" is their chunks in that order
-            cut_h, counts_h = tier.pieces(name, entries[hit])
+            wants_h = wanted_rows(of_id, inner, entries >= 0, c)
+            cut_h, counts_h = tier.pieces(name, entries[hit], c, row_nbytes, wants_h)
             cut = concat_pieces([cut_h, cut_m])
             counts = np.concatenate([counts_h, counts_m])
         else:
