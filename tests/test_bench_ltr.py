@@ -99,7 +99,7 @@ def test_report_of_a_saved_dmc_run(tmp_path):
     assert "| dmc in 4 GB, batch-256 n-step-3 vs DrQ-v2 loader 50k in RAM | 1.50 | >= 1.0 | PASS |" in out
     assert "| dmc forced to disk: reads issued vs device depth-32 rate | 0.60 | >= 0.5 | PASS |" in out  # store's count
     assert "| dmc wrong rows (of 20,480 checked) | 1.00 | <= 0 | FAIL |" in out
-    assert "| dmc frames smaller than raw | 5.17 | >= 5.0 | PASS |" in out
+    assert "| dmc frames smaller than raw | 5.17 | >= 4.5 | PASS |" in out
     judged = evaluate_targets({"larger_than_ram": part}, None)
     assert [t["pass"] for t in judged] == [True, True, False, True, False]  # RSS 1.5 GB: 426 MB over 1 GiB
     assert "<= 0" in targets_text(judged)  # lower-is-better targets print as such

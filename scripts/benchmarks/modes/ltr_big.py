@@ -360,7 +360,8 @@ def targets(out: dict) -> list[tuple[str, float | None, float, bool]]:
                                                                                      peer["b32_per_s"]), 0.25, False))
     else:
         raw = DMC_RAW_FRAME * rec["n"] * (1 + 1 / 500)  # distinct frames: one more than steps an episode
-        rows.append(("dmc frames smaller than raw", ratio(raw, rec.get("frames_bytes")), 5.0, False))
+        # issue #38 accepts >= 4.5x for lossless colour frames bought back as speed (the default lz4_depth 3: 4.65x)
+        rows.append(("dmc frames smaller than raw", ratio(raw, rec.get("frames_bytes")), 4.5, False))
         rows.append(("dmc in 4 GB, batch-256 n-step-3 vs DrQ-v2 loader 50k in RAM",
                      ratio(mm["b256_per_s"], peer["b256_per_s"]), 1.0, False))
     budget = out["cache_bytes"] or mm["budget"]
