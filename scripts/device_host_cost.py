@@ -56,7 +56,7 @@ def main() -> int:
         next(smp)
     while store.inspect.cache_stats()["obs"].get("compressed", {}).get("loading"):
         next(smp)
-    tier = smp._device_path.tier
+    tier = getattr(smp._device_path, "tier", None)  # None: none held, or a version without tiers
     while tier is not None:  # warm: until the tier is full or a window adds no chunk
         before = tier.stats()["chunks"]
         for _ in range(50):
