@@ -127,22 +127,30 @@ class FrameReader(FrameEvents):
     # -- reading ----------------------------------------------------------------------------------
     def gather(self, name: str, frame_ids: np.ndarray, out: np.ndarray) -> None:
         """``out[...] = frame[frame_ids]`` (``out`` shaped ``frame_ids.shape + frame shape``)."""
+        self.gather_sets(name, ((frame_ids, out),))
+
+    def gather_sets(self, name: str, sets) -> None:
+        """``gather`` of several ``(frame_ids, out)`` pairs of column ``name`` at once. Why: a run that holds
+        frames of several outputs is then decoded once (a sequence's last steps and its next observation)."""
         if self.planner.due():
             self.planner.replan(self.columns)
         col = self.columns[name]
-        if col.direct and col.spec.chunk_rows > 1 and out.flags.c_contiguous and frame_ids.size:
+        sets = [(ids, out) for ids, out in sets if ids.size]
+        if col.direct and col.spec.chunk_rows > 1 and all(out.flags.c_contiguous for _, out in sets):
             # runs of frames (a sequence's consecutive steps): each run decoded once, up to the last frame asked
-            # for, every frame straight into its place in ``out``
-            words = self.stack_words(out.reshape(frame_ids.size, -1), col.row_nbytes)
-            req = RunRequests.of_frames(frame_ids.reshape(-1), words, col.row_nbytes,
-                                        0 if self.ring.unbounded else self.ring.rows, col.spec.chunk_rows)
-            with self.compressed.holding(col):
-                self._decode_run_requests(col, req)
+            # for, every frame straight into its place in its output
+            if sets:
+                req = RunRequests.of_frame_sets(
+                    [(ids, self.stack_words(out.reshape(ids.size, -1), col.row_nbytes)) for ids, out in sets],
+                    col.row_nbytes, 0 if self.ring.unbounded else self.ring.rows, col.spec.chunk_rows)
+                with self.compressed.holding(col):
+                    self._decode_run_requests(col, req)
             return
-        with self.compressed.holding(col):
-            index = self.cached.slab_index(col, frame_ids.reshape(-1))
-        flat = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
-        out[...] = np.take(flat, index, axis=0, mode="clip").reshape(out.shape)
+        for frame_ids, out in sets:
+            with self.compressed.holding(col):
+                index = self.cached.slab_index(col, frame_ids.reshape(-1))
+            flat = col.cache.slab.reshape(col.cache.n_slots * col.spec.chunk_rows, *col.spec.shape)
+            out[...] = np.take(flat, index, axis=0, mode="clip").reshape(out.shape)
 
     def read_frame(self, name: str, frame_id: int) -> np.ndarray:
         col = self.columns[name]

@@ -46,10 +46,17 @@ class RunRequests(NamedTuple):
     def of_frames(cls, ids, words, nbytes: int, ring_rows: int, run_rows: int) -> "RunRequests":
         """The requests of frames ``ids`` (a vector) into consecutive rows of ``words`` (``gather``'s output in
         the words of ``FrameReader.stack_words``): each place named once."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        dsts = address_of(words) + np.arange(ids.size, dtype=np.int64) * nbytes
+        return cls.of_frame_sets([(ids, words)], nbytes, ring_rows, run_rows)
+
+    @classmethod
+    def of_frame_sets(cls, sets, nbytes: int, ring_rows: int, run_rows: int) -> "RunRequests":
+        """``of_frames`` of several ``(ids, words)`` pairs as one set of requests: a run that frames of several
+        outputs need is one group, decoded once. Each output's places are named once, as in ``of_frames``."""
+        ids = np.concatenate([np.asarray(i, dtype=np.int64).reshape(-1) for i, _ in sets])
+        dsts = np.concatenate([address_of(w) + np.arange(np.asarray(i).size, dtype=np.int64) * nbytes
+                               for i, w in sets])
         chunks, starts, js, dsts, order = native.checked_group_frame_requests(ids, dsts, ring_rows, run_rows)
-        return cls(ids, chunks, starts, js, dsts, order, nbytes, run_rows, (words,))
+        return cls(ids, chunks, starts, js, dsts, order, nbytes, run_rows, tuple(w for _, w in sets))
 
     def requests_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The requests of ``groups`` (positions ``take`` in ``js`` / ``dsts``) and their group starts."""

@@ -392,9 +392,10 @@ def assemble_sequences(ring, frames: FrameReader, schema, ids: np.ndarray, buf: 
     _, next_ids, _ = ring.stack_frames(last, k, frames.head)
     zero_pad = schema.stack_padding == "zeros" and k > 1
     for name, (_, obs_np) in buf.obs.items():
-        frames.gather(name, obs_ids.reshape(B, T, k) if k > 1 else obs_ids.reshape(B, T), obs_np)
         next_np = buf.next_obs[name][1]
-        frames.gather(name, next_ids if k > 1 else next_ids[:, 0], next_np)
+        # one gather for both: the next observation's frames mostly lie in the window's last run, decoded once
+        frames.gather_sets(name, ((obs_ids.reshape(B, T, k) if k > 1 else obs_ids.reshape(B, T), obs_np),
+                                  (next_ids if k > 1 else next_ids[:, 0], next_np)))
         if zero_pad:  # a frame id equal to the next position's is padding before the episode's first frame
             for out, fid in ((obs_np.reshape(B * T, k, -1), obs_ids), (next_np.reshape(B, k, -1), next_ids)):
                 pad = np.zeros(fid.shape, dtype=bool)
