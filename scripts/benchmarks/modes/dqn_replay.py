@@ -82,8 +82,8 @@ class DqnReplayMode(Mode):
             le=True)
         model = memory_model(part)
         if model:
-            add(f"dqn-replay import of the whole run (~{model['transitions'] / 1e6:.0f}M): peak RSS, modelled",
-                model["rss_mb"], 1024, unit="MB", le=True)
+            add(f"dqn-replay import of the whole run (~{model['transitions'] / 1e6:.0f}M): peak RSS, index-only "
+                "model (a lower bound)", model["rss_mb"], 1024, unit="MB", le=True)
         add("dqn-replay bytes a transition on disk", imp.get("store_bytes_per_transition"), 120, unit="B", le=True)
         add(f"dqn-replay b32 in {part['limit_bytes'] / 1e9:.0f} GB vs the 1% loader in RAM", s.get("b32_ratio"), 1.0)
         add("dqn-replay sampled rows wrong", s.get("wrong"), 0, unit="rows", le=True)
@@ -243,11 +243,10 @@ def summarize(runs: dict) -> dict:
 
 
 def memory_model(part: dict) -> dict | None:
-    """The import's peak memory for the whole run (``FULL_RUN`` checkpoints of this size), modelled from this
-    import: what does not grow with the run (the measured peak less the index's RAM at the measured size:
-    imports, read-ahead blocks, staging shards, one checkpoint's small columns) plus the index's measured bytes
-    a transition times the run's transitions. The store is sized from the checkpoints' rows, so the index
-    never doubles; nothing else holds per-transition state."""
+    """A lower bound of the import's peak memory for the whole run (``FULL_RUN`` checkpoints of this size): this
+    import's peak plus the index's measured bytes a transition for the rest of the run (the store is sized
+    from the checkpoints' rows, so the index never doubles). Not the whole growth: measured on 2M and 5M
+    (docs/datasets.md), the import's RSS grew ~42 B a transition, ~28 B more than the index."""
     imp = part.get("import", {})
     n, per = imp.get("transitions"), imp.get("index_bytes_per_transition")
     if not n or per is None or "peak_rss_hwm_sum_mb" not in imp:
@@ -273,9 +272,9 @@ def report(part: dict) -> str:
         return lines[0] + f"\nimport error: {imp['error'].strip().splitlines()[-1]}"
     model = memory_model(part)
     if model:
-        lines.append(f"memory of the whole run (~{model['transitions'] / 1e6:.1f}M), modelled: peak RSS ~{model['rss_mb']} "
+        lines.append(f"memory of the whole run (~{model['transitions'] / 1e6:.1f}M), at least: peak RSS ~{model['rss_mb']} "
                      f"MB (sum of VmHWM), PSS ~{model['pss_mb']} MB: this import's peak plus "
-                     f"{model['index_bytes_per_transition']} B of index a transition for the rest")
+                     f"{model['index_bytes_per_transition']} B of index a transition for the rest (a lower bound)")
     rows = []
     for name, key in ((f"mmreplay, {part['limit_bytes'] / 1e9:.0f} GB cgroup", "mmreplay"),
                       (f"1% loader {part['subset']:,} in RAM", "loader")):
