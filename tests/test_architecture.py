@@ -355,3 +355,11 @@ def test_store_never_reaches_through_its_state():
     an attribute of one of its parts (``state.ring.head``): the state's parts can change without ``Store``."""
     found = _reads_through_state((PACKAGE / "store.py").read_text())
     assert not found, f"store.py reaches through StoreState: {found}"
+
+
+def test_the_docs_a_reader_starts_from_stay_short():
+    """Issue #39: docs/performance.md holds today's figures only (the dated record is docs/benchmarks/), and
+    docs/architecture.md is a map, not a manual."""
+    for doc, most in (("docs/performance.md", 250), ("docs/architecture.md", 150)):
+        lines = (ROOT / doc).read_text().count("\n")
+        assert lines <= most, f"{doc} has {lines} lines, more than {most}: move history to docs/benchmarks/history.md"
