@@ -133,3 +133,14 @@ def test_the_import_holds_no_reading_budget_nor_an_encoder_child(tmp_path, monke
     monkeypatch.setattr(Store, "create", classmethod(spy))
     import_dqn_replay(FIXTURE, tmp_path / "store", checkpoints="0")
     assert budgets == [(dqn_replay.IMPORT_CACHE_BYTES, "thread")]  # no encoder child: no second interpreter
+
+
+def test_each_commit_hands_free_heap_pages_back(tmp_path, monkeypatch):
+    from mmreplay.datasets import dqn_replay
+
+    calls = []
+    monkeypatch.setattr(dqn_replay, "release_free_heap", lambda: calls.append(1))
+    import_dqn_replay(FIXTURE, tmp_path / "store", checkpoints="0", commit_rows=100, block_bytes=64 * 84 * 84)
+    assert len(calls) >= 4  # the first commit, every 100 rows (~480 transitions), the checkpoint's end, the last
+    monkeypatch.undo()
+    dqn_replay.release_free_heap()  # glibc here: the real call runs (a no-op elsewhere)
