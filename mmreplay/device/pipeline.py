@@ -53,8 +53,8 @@ def unsupported_codecs(schema) -> list[str]:
 
 
 class RecordingFrames:
-    """A frame reader that decodes nothing: it records each ``gather_stacks`` / ``gather`` (key, frame ids,
-    target buffer) for the device path, and answers everything else from the real reader."""
+    """A frame reader that decodes nothing: it records each ``gather_stacks`` / ``gather`` / ``gather_sets`` (key,
+    frame ids, target buffer) for the device path, and answers everything else from the real reader."""
 
     def __init__(self, frames):
         self._frames = frames
@@ -71,7 +71,15 @@ class RecordingFrames:
     def gather(self, name, frame_ids, out) -> None:
         self.requests.append((name, out, np.array(frame_ids, dtype=np.int64)))
 
+    def gather_sets(self, name, sets) -> None:
+        """Each ``(frame_ids, out)`` recorded as its own ``gather`` (the device decodes a batch's pieces once)."""
+        for frame_ids, out in sets:
+            self.gather(name, frame_ids, out)
+
     def __getattr__(self, attr):
+        if attr.startswith(("gather", "read_frame")):  # a frame read it does not record would decode on the CPU
+            raise AttributeError(f"RecordingFrames records no {attr!r}: a frame read of the device path must be "
+                                 "recorded (add it here), not decoded on the CPU")
         return getattr(self._frames, attr)
 
 
