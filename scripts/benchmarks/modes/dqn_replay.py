@@ -246,7 +246,7 @@ def memory_model(part: dict) -> dict | None:
     """A lower bound of the import's peak memory for the whole run (``FULL_RUN`` checkpoints of this size): this
     import's peak plus the index's measured bytes a transition for the rest of the run (the store is sized
     from the checkpoints' rows, so the index never doubles). Not the whole growth: measured on 2M and 5M
-    (docs/datasets.md), the import's RSS grew ~42 B a transition, ~28 B more than the index."""
+    (docs/datasets.md), the import's RSS grew ~27 B a transition, ~13 B more than the index."""
     imp = part.get("import", {})
     n, per = imp.get("transitions"), imp.get("index_bytes_per_transition")
     if not n or per is None or "peak_rss_hwm_sum_mb" not in imp:
