@@ -15,7 +15,11 @@ import pytest
 
 from mmreplay.codecs import temporal
 from mmreplay.datasets import npy_stream
-from mmreplay.datasets.dopamine_files import checkpoint_files, iter_frame_blocks, read_checkpoint
+from mmreplay.datasets.dopamine_files import (
+    checkpoint_files,
+    iter_frame_blocks,
+    read_checkpoint,
+)
 from mmreplay.datasets.dqn_replay import DQN_FRAME_CODEC, import_dqn_replay
 from mmreplay.datasets.npy_stream import NpyFormatError
 from mmreplay.store import Store

@@ -252,9 +252,9 @@ def memory_model(part: dict) -> dict | None:
     if not n or per is None or "peak_rss_hwm_sum_mb" not in imp:
         return None
     full = FULL_RUN * n / part["checkpoints"]
-    grow = lambda mb: round(mb + per * (full - n) / 2**20)  # noqa: E731
-    return {"transitions": full, "index_bytes_per_transition": per, "rss_mb": grow(imp["peak_rss_hwm_sum_mb"]),
-            "pss_mb": grow(imp["peak_pss_tree_mb"])}
+    more = per * (full - n) / 2**20
+    return {"transitions": full, "index_bytes_per_transition": per,
+            "rss_mb": round(imp["peak_rss_hwm_sum_mb"] + more), "pss_mb": round(imp["peak_pss_tree_mb"] + more)}
 
 
 def report(part: dict) -> str:
