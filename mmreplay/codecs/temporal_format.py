@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmreplay._native.temporal_header import HEADER, MAGIC, MAGIC2, MAX_RUN, ZSTD_MAGIC
+from mmreplay.codecs.run_spec import parse_run_header
 
 
 def header_nbytes(n_frames: int) -> int:
@@ -23,21 +24,7 @@ def header_nbytes(n_frames: int) -> int:
 
 def parse_header(data, expected_nbytes: int) -> tuple[int, int, np.ndarray]:
     """(n_frames, frame_nbytes, references) of a coded run that must decode to ``expected_nbytes``."""
-    if len(data) < HEADER.size:
-        raise ValueError(f"temporal chunk is {len(data)} bytes, shorter than its {HEADER.size}-byte header")
-    magic, n, frame_nbytes = HEADER.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise ValueError(f"temporal chunk starts with {magic!r}, expected {MAGIC!r}")
-    if not 1 <= n <= MAX_RUN or n * frame_nbytes != expected_nbytes:
-        raise ValueError(f"temporal chunk announces {n} frames of {frame_nbytes} bytes, expected "
-                         f"{expected_nbytes} bytes in all")
-    if len(data) < header_nbytes(n):
-        raise ValueError(f"temporal chunk is {len(data)} bytes, shorter than its header of {n} references")
-    refs = np.frombuffer(data, dtype=np.uint8, count=n, offset=HEADER.size)
-    if (refs > np.arange(n)).any():
-        bad = int(np.argmax(refs > np.arange(n)))
-        raise ValueError(f"temporal chunk: frame {bad} refers {int(refs[bad])} frames back, before the run starts")
-    return n, frame_nbytes, refs
+    return parse_run_header(data, expected_nbytes, HEADER, MAGIC, MAX_RUN, "temporal")
 
 
 FCS_BYTES = (0, 2, 4, 8)
