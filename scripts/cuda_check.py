@@ -46,7 +46,7 @@ no package index, so the packages it lacks travel as wheels; ~43 MB)::
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
         PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 python3 scripts/cuda_check.py --json $OUT/cuda_check.json
 
-(``mmreplay[gpu]`` names the CUDA 12 wheel, ``nvidia-nvcomp-cu12``; a CUDA 13 torch takes ``-cu13``, the same API.)
+(``mmreplay[gpu]`` names the CUDA 12 wheel, ``nvidia-nvcomp-cu12``; a CUDA 13 torch takes ``mmreplay[gpu-cu13]``, the same API.)
 ``--decode-only`` runs 6. alone. Here, ``--decode-only --on cpu`` is its dry run (8,960 rows compared in ~4 min).
 """
 
