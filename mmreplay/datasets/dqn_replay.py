@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from mmreplay._native.heap import release_free_heap
 from mmreplay.datasets.dopamine_files import (
     Checkpoint,
     SmallColumns,
@@ -395,25 +396,6 @@ def _run(plan: _Plan, writer, cursor: Cursor, block_bytes: int, commit_rows: int
             exc.add_note(f"the import committed up to run row {cursor.global_next} in {store.path!r}: rerun it "
                          "with resume (--resume) to continue there, or without to start over")
         raise
-
-
-_malloc_trim: Any = None
-
-
-def release_free_heap() -> None:
-    """glibc's ``malloc_trim(0)`` (a no-op elsewhere): the free pages inside the heaps go back to the system.
-    The shard-encoding thread's heap otherwise grew ~30 B a transition of freed but fragmented pages (one
-    process over 700k rows: 21.8 MB of that thread's arena without, 9.4 MB with a trim at each commit)."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            import ctypes
-
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
 
 
 def _stack_size(ckpts: Sequence[Checkpoint], frame_stack: int | None) -> int:
