@@ -595,10 +595,13 @@ def test_a_sampler_stages_every_batch_into_the_same_buffer(tmp_path):
     with make_store(str(tmp_path / "s"), rgb_frames(), "delta-zstd") as store, \
             store.sampler(16, mmreplay.NStep(3, 0.9), seed=3, decode="device") as dev:
         bases = set()
-        for _ in range(12):
+        for _ in range(30):
             next(dev)
             bases.add(dev._device_draw.pending.staged.host.__array_interface__["data"][0])
-        assert len(bases) <= 3  # grown a few times (by a quarter at least), never one buffer a batch
+        # 3 buffers in turn, each replaced only when a batch needs more (by a quarter at least). How many times
+        # depends on where the batch's chunks are (the writer's RAM or the files: its encoder's timing): a clean
+        # clone under load 14 saw 4 buffers in 12 batches. One a batch would be 30.
+        assert len(bases) <= 15, len(bases)
 
 
 @pytest.mark.parametrize("damage", ["intact", "reference-out-of-run", "cycle", "ends-decreasing", "ends-short",
