@@ -109,6 +109,10 @@ READER = textwrap.dedent("""
             if "larger than the store" not in str(exc):
                 raise
             continue
+        except RuntimeError as exc:  # a reader slower than its writer gave up a batch (seen under load 27): a clear
+            if "kept overwriting" not in str(exc):  # error, not wrong data; the rows it does return are checked
+                raise
+            continue
         syn.check_batch(batch)
         batches += 1
     print("ok", batches, len(heads), flush=True)
