@@ -6,7 +6,7 @@ Invariant: the store's transition ``i`` (its index, the store never wraps) is da
 every frame, reward and action of it can be rebuilt from ``i`` and the pools alone, so each sampled row is
 checked against the real frames.
 
-    python -m benchmarks.ltr_data atari10m|dmc [--n N] [--codec delta-zstd|JSON spec]   (from scripts/; builds the store)
+    python -m benchmarks.ltr_data atari10m|dmc [--n N] [--codec auto|delta-zstd|JSON spec]   (from scripts/; builds the store)
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ WORKLOADS = {"atari10m": 10_000_000, "dmc": 1_000_000}
 
 
 def frame_codec(codec: str):
-    """The ``frame_codec`` to create with: a name (``delta-zstd``), or a JSON codec spec
+    """The ``frame_codec`` to create with: a name (``delta-zstd``; ``auto``: the library's default), or a JSON codec spec
     (``'{"name": "temporal", "layout": 3, "lz4_depth": 1, "level": 12, "run": 16, "search": 8}'``)."""
     return json.loads(codec) if codec.lstrip().startswith("{") else codec
 
@@ -155,10 +155,12 @@ def build(workload: str, path: str, n: int, codec: str, step: int = 4096) -> dic
     build_s = time.perf_counter() - t0
     s = mmreplay.Store.open(path, mode="r")
     stored = len(s)
+    stored_codec = {c.name: dict(c.codec) for c in s.schema.observations}  # what the store recorded ("auto" resolved)
     s.close()
     disk = dir_bytes(path)
     frames = dir_bytes(os.path.join(path, "frames"))
-    out = {"workload": workload, "n": n, "stored": stored, "codec": codec, "build_s": build_s,
+    out = {"workload": workload, "n": n, "stored": stored, "codec": codec, "stored_codec": stored_codec,
+           "build_s": build_s,
            "add_per_s": added / build_s, "store_bytes": disk, "frames_bytes": frames,
            "bytes_per_transition": disk / max(1, stored), "frame_bytes_per_transition": frames / max(1, stored)}
     with open(os.path.join(path, BUILD_MARKER), "w") as f:

@@ -357,7 +357,7 @@ class LargerThanRamMode(Mode):
                        help="--larger-than-ram: atari1m (issue #11; default), atari10m (10M Atari in 2 GB vs SB3 "
                        "100k) or dmc (1M DMC RGB in 4 GB, batch 256 n-step 3, vs a DrQ-v2-style loader); issue #21")
         p.add_argument("--frame-codec", default=None, help="--larger-than-ram: the big store's frame_codec, a name or (atari10m, dmc) a JSON "
-                       "codec spec (default: the library's for atari1m, delta-zstd for atari10m and dmc)")
+                       "codec spec (default: the library's for atari1m and dmc, delta-zstd for atari10m)")
         p.add_argument("--ltr-n", type=int, default=None, help="transitions of the big store (default 1000000; "
                        "atari10m 10000000)")
         p.add_argument("--ltr-limit", type=lambda v: int(float(v)), default=None,
