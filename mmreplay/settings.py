@@ -4,8 +4,8 @@ Invariant: a ``Settings`` is validated when made, is never stored on disk, and t
 passed to ``Store.create`` and ``Store.open``; the schema and ring geometry (what the store is) live in
 the store's metadata instead.
 
-Thread and process knobs (``codec_threads``, ``encoder``) have environment variables as overrides, for
-changing a deployed script without editing it. Precedence, highest first: the environment variable when it
+Thread and process knobs (``codec_threads``, ``encoder``), ``partial_reads`` and ``device_cache_bytes`` have
+environment variables as overrides, for changing a deployed script without editing it. Precedence, highest first: the environment variable when it
 is set, then the field (given to ``Settings`` or as a keyword to ``Store.create``/``open``), then the
 automatic default. ``Settings.resolve`` (what ``Store.create``/``open`` call) applies the environment, so
 ``store.settings`` shows the values in effect. Nothing below ``state.py`` reads settings from a process
@@ -56,6 +56,7 @@ DEFAULT_COMMIT_SECONDS = 30.0
 CODEC_THREADS_ENV = "MMREPLAY_CODEC_THREADS"
 ENCODER_ENV = "MMREPLAY_ENCODER"
 PARTIAL_READS_ENV = "MMREPLAY_PARTIAL_READS"
+DEVICE_CACHE_BYTES_ENV = "MMREPLAY_DEVICE_CACHE_BYTES"
 ENCODERS = ("process", "thread")
 DEFAULT_IO_DEPTH = 32
 MAX_IO_DEPTH = 1024
@@ -189,6 +190,14 @@ class Settings:
     - ``preload``: at open, a background pass reads the compressed shards the RAM tier holds (default).
       ``False`` leaves them to be read as batches need them: for a process that reads no frames, or few
       (``mmreplay info``, ``verify``), which would otherwise pay for reading the tier and then wait for it.
+    - ``device_cache_bytes``: device memory that each sampler decoding on the device (``decode="device"``, or
+      ``"auto"`` on CUDA with nvCOMP) holds checked compressed chunks in (``device/resident.py``): a batch then
+      stages and copies only the chunks that pool lacks. Allocated whole when the sampler is made; filled as
+      batches read chunks, never evicted (once full, the rest is staged batch by batch). Not counted in
+      ``cache_bytes``; ignored by samplers that decode on the CPU. ``0`` (default): none, since device memory is
+      the model's and a pool the store's frames do not fill is wasted; where the compressed frames fit beside
+      the model, pass about their size on disk (``mmreplay info``). Overridden by
+      ``MMREPLAY_DEVICE_CACHE_BYTES`` (a number of bytes).
 
     An environment variable, when set, wins over the field (see the module docstring).
     """
@@ -202,6 +211,7 @@ class Settings:
     io_depth: int = DEFAULT_IO_DEPTH
     preload: bool = True
     partial_reads: bool = True
+    device_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("cache_bytes", "commit_every"):
@@ -232,10 +242,12 @@ class Settings:
             object.__setattr__(self, "codec_threads", int(threads))
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        object.__setattr__(self, "device_cache_bytes", check_device_cache_bytes(self.device_cache_bytes))
 
     def with_environment(self) -> "Settings":
         """These settings with the environment's overrides applied (``MMREPLAY_CODEC_THREADS``,
-        ``MMREPLAY_ENCODER``, ``MMREPLAY_PARTIAL_READS``); a value there that is not valid is a ``ValueError`` naming the variable."""
+        ``MMREPLAY_ENCODER``, ``MMREPLAY_PARTIAL_READS``, ``MMREPLAY_DEVICE_CACHE_BYTES``); a value there that is
+        not valid is a ``ValueError`` naming the variable."""
         overrides: dict[str, Any] = {}
         threads = codec_threads_override()
         if threads is not None:
@@ -250,6 +262,16 @@ class Settings:
             if partial not in ("0", "1"):
                 raise ValueError(f"{PARTIAL_READS_ENV} must be 0 or 1, got {partial!r}")
             overrides["partial_reads"] = partial == "1"
+        device = os.environ.get(DEVICE_CACHE_BYTES_ENV)
+        if device is not None:
+            try:
+                nbytes = int(device)
+            except ValueError:
+                nbytes = -1
+            if nbytes < 0:
+                raise ValueError(f"{DEVICE_CACHE_BYTES_ENV} must be a number of bytes >= 0 (0: no device tier), "
+                                 f"got {device!r}")
+            overrides["device_cache_bytes"] = nbytes
         return dataclasses.replace(self, **overrides) if overrides else self
 
     @classmethod
@@ -265,6 +287,13 @@ class Settings:
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {unknown}; session settings are {sorted(known)}")
         return (dataclasses.replace(base, **overrides) if overrides else base).with_environment()
+
+
+def check_device_cache_bytes(value) -> int:
+    """``value`` as an int, if it is a number of bytes >= 0 (``Settings.device_cache_bytes``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"device_cache_bytes must be a number of bytes >= 0 (0: no device tier), got {value!r}")
+    return int(value)
 
 
 def codec_threads_override() -> int | None:

@@ -256,9 +256,10 @@ class Store:
         training). ``seed=None`` continues the committed RNG state of sampler ``name`` (default
         ``"default"``, sequences ``"sequence"``; one open sampler per name; a prioritized draw uses the
         priority set of that name, committed with the store). ``pin_memory`` defaults to True for CUDA.
-        ``decode``: where frames are decoded, ``"auto"`` / ``"cpu"`` / ``"device"`` (``Sampler``)."""
+        ``decode``: where frames are decoded, ``"auto"`` / ``"cpu"`` / ``"device"`` (``Sampler``); a device
+        path holds up to ``settings.device_cache_bytes`` of compressed chunks on the device."""
         return Sampler(self._view, batch_size, draw, device=device, prefetch=prefetch, seed=seed, name=name,
-                       pin_memory=pin_memory, decode=decode)
+                       pin_memory=pin_memory, decode=decode, device_cache_bytes=self.settings.device_cache_bytes)
 
     def sample(self, batch_size: int, draw: DrawStrategy | None = None, *,
                seed: int | np.random.Generator | None = None) -> Batch:

@@ -80,10 +80,10 @@ def fill(store, frames, adds=ADDS, episode=5):
                   step == episode - 1 and t % 2 == 1)
 
 
-def make_store(path, frames, codec, padding="first", adds=ADDS):
+def make_store(path, frames, codec, padding="first", adds=ADDS, **settings):
     store = mmreplay.Store.create(path, spaces.Box(0, 255, frames.shape[1:], np.uint8), spaces.Discrete(6),
                                   capacity=CAPACITY, frame_stack=3, reward_values=(-1, 0, 1), frame_codec=codec,
-                                  stack_padding=padding, durable=False)
+                                  stack_padding=padding, durable=False, **settings)
     fill(store, frames, adds)
     return store
 
@@ -649,17 +649,18 @@ def test_the_compiled_cut_of_runs_refuses_what_the_loop_refuses(damage):
 
 
 def tier_batches_equal(store, room, batches=12, between=None) -> dict:
-    """Batches of the device path with a device tier of ``room`` bytes equal the CPU path's; the tier's stats."""
+    """Batches of the device path with a device tier of ``room`` bytes (the store's ``device_cache_bytes``) equal the
+    CPU path's; the tier's stats."""
     with store.sampler(24, mmreplay.NStep(3, 0.9), seed=5, decode="cpu", name="cpu_path") as cpu, \
             store.sampler(24, mmreplay.NStep(3, 0.9), seed=5, decode="device", name="device_path") as dev:
-        dev._device_path.hold_on_device(room)
+        assert cpu.device_tier is None and dev.device_tier["capacity_bytes"] == room
         for i in range(batches):
             if between is not None:
                 between(i)
             want, got = fields(next(cpu)), fields(next(dev))
             for key in want:
                 assert torch.equal(want[key], got[key]), f"batch {i}: {key} differs"
-        stats = dev._device_path.tier.stats()
+        stats = dev.device_tier
     assert stats["bytes"] <= room
     return stats
 
@@ -667,12 +668,12 @@ def tier_batches_equal(store, room, batches=12, between=None) -> dict:
 @pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd", "temporal-3", "rgb-temporal-3-run16"])
 @pytest.mark.parametrize("room", [1 << 30, 6_000])
 def test_a_device_tier_serves_held_chunks_equal_to_the_cpu_path(tmp_path, codec, room):
-    """Chunks held by the device-resident tier (``hold_on_device``; the CPU stands in for the device) give the CPU
+    """Chunks held by the device-resident tier (``device_cache_bytes``; the CPU stands in for the device) give the CPU
     path's batches bit for bit, whole or with a pool too small for all (the rest staged as before)."""
     rgb = codec.startswith("rgb-")
     frames = rgb_frames() if rgb else grey_frames()
     make_store(str(tmp_path / "s"), frames, (RGB if rgb else GREY)[codec.removeprefix("rgb-")]).close()
-    with mmreplay.Store.open(str(tmp_path / "s"), mode="r") as store:
+    with mmreplay.Store.open(str(tmp_path / "s"), mode="r", device_cache_bytes=room) as store:
         stats = tier_batches_equal(store, room)
     assert stats["hits"] > 0 and stats["chunks"] > 0
     if room < 1 << 30:
@@ -684,7 +685,7 @@ def test_a_device_tier_never_serves_a_chunk_of_the_previous_lap(tmp_path, codec)
     """While the store is written and its ring wraps, a rewritten chunk has a new first frame id: its old entry is
     never served (rows equal the CPU path's across the laps)."""
     frames = grey_frames()
-    with make_store(str(tmp_path / "s"), frames, GREY[codec]) as store:
+    with make_store(str(tmp_path / "s"), frames, GREY[codec], device_cache_bytes=1 << 30) as store:
         def more(i):
             if i % 4 == 3:
                 fill(store, frames[i:], adds=CAPACITY // 2)
@@ -695,9 +696,8 @@ def test_a_device_tier_never_serves_a_chunk_of_the_previous_lap(tmp_path, codec)
 
 def test_held_chunks_are_not_staged_again(tmp_path):
     make_store(str(tmp_path / "s"), grey_frames(), "zstd").close()
-    with mmreplay.Store.open(str(tmp_path / "s"), mode="r") as store, \
+    with mmreplay.Store.open(str(tmp_path / "s"), mode="r", device_cache_bytes=1 << 30) as store, \
             store.sampler(32, seed=2, decode="device") as dev:
-        dev._device_path.hold_on_device(1 << 30)
         next(dev)
         first = dev._device_draw.pending.staged.nbytes
         later = []

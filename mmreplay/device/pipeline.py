@@ -144,9 +144,10 @@ class DeviceDraw:
 
 class DevicePath:
     """A sampler's device decode path on ``device`` (a ``torch.device``: CUDA, or the CPU with the stand-in
-    decoder) for a store of ``schema``."""
+    decoder) for a store of ``schema``, with a device tier of ``cache_bytes`` (``Settings.device_cache_bytes``;
+    0: none), made here, before the first batch: a batch's staging consults it from the first batch on."""
 
-    def __init__(self, device, schema, decoder=None):
+    def __init__(self, device, schema, decoder=None, cache_bytes: int = 0):
         import torch
 
         self.device = device if device is not None else torch.device("cpu")
@@ -155,28 +156,25 @@ class DevicePath:
         self.cuda = self.device.type == "cuda"
         self.zero_pad = schema.stack_padding == "zeros" and schema.frame_stack > 1
         self._decoded = None  # the CPU's reused decode buffer
-        self.tier: DeviceTier | None = None  # compressed chunks held on the device (``hold_on_device``)
+        # compressed chunks held on the device (``device/resident.py``); never replaced once batches were staged
+        self.tier: DeviceTier | None = DeviceTier(self.device, cache_bytes) if cache_bytes else None
 
     @classmethod
-    def select(cls, decode: str, device, schema):
-        """The path ``decode`` asks for on ``device`` (None: the CPU path), or an error saying why it cannot be."""
+    def select(cls, decode: str, device, schema, cache_bytes: int = 0):
+        """The path ``decode`` asks for on ``device`` (None: the CPU path, where ``cache_bytes`` is ignored), or an
+        error saying why it cannot be."""
         decode = check_decode(decode)
         if decode == "cpu":
             return None
         cuda = device is not None and device.type == "cuda"
         bad = unsupported_codecs(schema)
         if decode == "auto":
-            return cls(device, schema) if cuda and not bad and nvcomp_available() else None
+            return cls(device, schema, cache_bytes=cache_bytes) if cuda and not bad and nvcomp_available() else None
         if bad:
             raise ValueError(f"decode='device': no device decoder for the frame codec of {', '.join(bad)}; "
                              "device decoders exist for zstd, blosc (lz4, lz4hc, zstd over bytes) and the temporal "
                              "codec (decode='cpu' reads any)")
-        return cls(device, schema)
-
-    def hold_on_device(self, nbytes: int) -> None:
-        """Hold up to ``nbytes`` of checked compressed chunks on the device (``device/resident.py``): from then on a
-        batch stages only the chunks the pool lacks (0: none held)."""
-        self.tier = DeviceTier(self.device, nbytes) if nbytes else None
+        return cls(device, schema, cache_bytes=cache_bytes)
 
     def _decode_buffer(self, nbytes: int):
         """On the CPU the decode buffer is reused (its tables are gathered into the batch's own buffers before the

@@ -10,6 +10,10 @@ one device copy from the batch's staging buffer (``upload``, on the stream of th
 is looked up only after that copy was queued (``commit``). Entries are never evicted: the pool fills up to its
 capacity, then chunks that do not fit are staged batch by batch as before.
 
+The pool is allocated whole when the tier is made (``Settings.device_cache_bytes``, when the sampler is made): device
+memory the trainer would take later is claimed up front, and a size the device cannot hold is an error then, naming
+the setting, not an out-of-memory error at some later batch.
+
 Cost a batch, for the chunks held: one ``searchsorted`` per key and one compiled pass choosing the pieces of the
 rows asked for and of the rows their references lead to (no crc32c, no header parsed, no byte copied on the CPU).
 """
@@ -91,11 +95,18 @@ class DeviceTier:
     """Compressed chunks in ``capacity_bytes`` of device memory on ``device`` (module invariant)."""
 
     def __init__(self, device, capacity_bytes: int):
-        if int(capacity_bytes) < 0:
-            raise ValueError(f"device_cache_bytes must be >= 0, got {capacity_bytes}")
+        import torch
+
+        if int(capacity_bytes) < 1:
+            raise ValueError(f"device_cache_bytes must be > 0 for a device tier, got {capacity_bytes}")
         self.device = device
         self.capacity = int(capacity_bytes)
-        self.pool = None  # allocated whole at the first upload
+        try:
+            self.pool = torch.empty(self.capacity, dtype=torch.uint8, device=self.device)
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeError(f"device_cache_bytes={self.capacity:,}: {self.device} cannot hold a device tier "
+                               f"that large ({str(exc).splitlines()[0]}); pass a smaller device_cache_bytes, or "
+                               "0 for none") from None
         self.used = 0  # bytes reserved (committed or queued)
         self._keys: dict[str, _Key] = {}
         self.hits = self.misses = 0
@@ -143,12 +154,8 @@ class DeviceTier:
     def upload(self, data, uploads: list[Upload]) -> None:
         """Copy each upload's chunks from the batch's staging buffer ``data`` (on the device) into the pool, then
         make them visible to lookups."""
-        import torch
-
         if not uploads:
             return
-        if self.pool is None:
-            self.pool = torch.empty(self.capacity, dtype=torch.uint8, device=self.device)
         for up in uploads:
             copy_ranges(data, up.src, up.length, self.pool, up.dst)
             self.commit(up)

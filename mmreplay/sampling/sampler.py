@@ -29,6 +29,7 @@ from mmreplay.device.pipeline import DevicePath
 from mmreplay.sampling.batch import Batch
 from mmreplay.sampling.priorities import Priorities, check_exponent, check_name
 from mmreplay.sampling.strategy import DrawStrategy, Picked, Prioritized, check_strategy
+from mmreplay.settings import check_device_cache_bytes
 from mmreplay.storage.public import register_for_fork
 
 DEFAULT_ACCELERATOR_PREFETCH = 2
@@ -91,17 +92,23 @@ class Sampler:
       when it is CUDA, nvCOMP is installed (``mmreplay[gpu]``) and every frame codec has a device decoder, else
       on the CPU; ``"cpu"`` always on the CPU; ``"device"`` on the device or an error saying why not (on a CPU
       device, a CPU decoder stands in for nvCOMP). ``sample_into`` / ``draw_into`` always decode on the CPU.
+      ``sampler.decode`` says which was taken (``"cpu"`` or ``"device"``). A device path holds compressed chunks
+      in ``device_cache_bytes`` of device memory (the store's ``Settings``; made with the sampler; stats:
+      ``device_tier``).
     - Close it (or use ``with``) to stop its prefetch thread; closing the store closes it too.
     """
 
     def __init__(self, source: SamplerSource, batch_size: int, draw: DrawStrategy | None = None, *, device=None,
                  prefetch: int | None = None, seed: int | None = None, name: str | None = None,
-                 pin_memory: bool | None = None, decode: str = "auto"):
+                 pin_memory: bool | None = None, decode: str = "auto", device_cache_bytes: int = 0):
         """A sampler of ``batch_size`` rows drawn by ``draw`` (default ``Uniform()``) from ``source``;
-        ``name`` defaults to the strategy's (``"default"``, sequences ``"sequence"``)."""
+        ``name`` defaults to the strategy's (``"default"``, sequences ``"sequence"``). ``device_cache_bytes``
+        (``Store.sampler`` passes its ``Settings``'): the device tier of a device decode path (ignored without
+        one)."""
         import torch  # here, not at module level: a store opened without sampling never loads torch
 
         self.batch_size = check_batch_size_arg(batch_size)
+        device_cache_bytes = check_device_cache_bytes(device_cache_bytes)
         draw = check_strategy(draw)
         self.name = check_name(draw.default_name if name is None else name)
         draw.validate(source.schema)
@@ -133,7 +140,8 @@ class Sampler:
         n_slots = prefetch + 2 if prefetch else 1
         self._slots = [_Slot(self.draw.new_buffers(self.schema, self.batch_size, pin)) for _ in range(n_slots)]
         self._cuda = cuda
-        self._device_path = DevicePath.select(decode, self.device, self.schema)
+        self._device_path = DevicePath.select(decode, self.device, self.schema, device_cache_bytes)
+        self.decode = "cpu" if self._device_path is None else "device"  # the path taken (``decode="auto"``)
         self._device_draw = None if self._device_path is None else self._device_path.wrap(self.draw)
         self._free: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
@@ -153,6 +161,14 @@ class Sampler:
     def _draw_into(self, buffers) -> Picked:
         """Draw the next batch of this sampler's sequence into ``buffers`` (advances ``rng``)."""
         return self._source.read(self.draw, buffers.batch_size, self.rng, buffers)
+
+    @property
+    def device_tier(self) -> dict | None:
+        """The device-resident tier's figures (``capacity_bytes``, ``bytes`` reserved, ``chunks`` held, chunk
+        ``hits`` and ``misses``), or None where there is none (``decode`` is ``"cpu"``, or
+        ``device_cache_bytes`` is 0)."""
+        tier = None if self._device_path is None else self._device_path.tier
+        return None if tier is None else tier.stats()
 
     @property
     def beta(self) -> float:
