@@ -136,7 +136,7 @@ def child_fill(spec: dict) -> dict:
 
     import mmreplay as mm
     from benchmarks.measure import dir_bytes
-    from benchmarks.sources import ATARI_ACTIONS, AtariSource, atari_chunks
+    from benchmarks.sources import ATARI_ACTIONS, add_atari_transitions
     assert mm.__file__.startswith(spec["src"]), (mm.__file__, spec["src"])
     n, path = spec["n"], spec["path"]
     if spec["workload"] == "dmc":  # one stream, an episode an ``extend`` (the pool's frames, ~4 KB coded)
@@ -157,12 +157,7 @@ def child_fill(spec: dict) -> dict:
     else:
         store = mm.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(ATARI_ACTIONS),
                                 capacity=n, frame_stack=4, reward_values=(-1, 0, 1))
-        for steps, d in atari_chunks(AtariSource(), n, 1, stacks=False):
-            o, no = d["obs"][:, 0], d["next_obs"][:, 0]
-            a, r = d["action"][:, 0].tolist(), d["reward"][:, 0].tolist()
-            te, tr = d["terminated"][:, 0].tolist(), d["truncated"][:, 0].tolist()
-            for t in range(steps):
-                store.add(o[t], a[t], r[t], no[t], te[t], tr[t])
+        add_atari_transitions(store, n)
     store.close()
     with open(os.path.join(path, "zarr.json")) as f:  # the frame codec the store was created with
         codec = json.load(f)["attributes"]["mmreplay"]["schema"]["observations"][0]["codec"]

@@ -104,15 +104,10 @@ def child(spec: dict) -> dict:
     path, out = spec["path"], {}
     if not os.path.exists(os.path.join(path, ".built")):
         from gymnasium import spaces
-        from benchmarks.sources import ATARI_ACTIONS, AtariSource, atari_chunks
+        from benchmarks.sources import ATARI_ACTIONS, add_atari_transitions
         store = mm.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(ATARI_ACTIONS),
                                 capacity=spec["n"], frame_stack=4, reward_values=(-1, 0, 1), frame_codec="delta-zstd")
-        for steps, d in atari_chunks(AtariSource(), spec["n"], 1, stacks=False):
-            o, no = d["obs"][:, 0], d["next_obs"][:, 0]
-            a, r = d["action"][:, 0].tolist(), d["reward"][:, 0].tolist()
-            te, tr = d["terminated"][:, 0].tolist(), d["truncated"][:, 0].tolist()
-            for t in range(steps):
-                store.add(o[t], a[t], r[t], no[t], te[t], tr[t])
+        add_atari_transitions(store, spec["n"])
         store.close()
         open(os.path.join(path, ".built"), "w").close()
     with mm.Store.open(path, mode="r", cache_bytes=256 << 20) as store:

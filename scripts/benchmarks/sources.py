@@ -95,6 +95,17 @@ def atari_chunks(src: AtariSource, n: int, n_envs: int, stacks: bool, chunk_tran
         yield v - u, {key: np.stack([p[key] for p in parts], axis=1) for key in parts[0]}
 
 
+def add_atari_transitions(store, n: int) -> None:
+    """The first ``n`` transitions of the Atari dataset, one ``store.add`` each (one env), as a user's loop adds
+    them; only the public ``add`` is used, so any revision's ``Store`` takes them (``bench_ab`` builds old ones)."""
+    for steps, d in atari_chunks(AtariSource(), n, 1, stacks=False):
+        o, no = d["obs"][:, 0], d["next_obs"][:, 0]
+        a, r = d["action"][:, 0].tolist(), d["reward"][:, 0].tolist()
+        te, tr = d["terminated"][:, 0].tolist(), d["truncated"][:, 0].tolist()
+        for t in range(steps):
+            store.add(o[t], a[t], r[t], no[t], te[t], tr[t])
+
+
 def lowdim_path(workdir: str, n: int, n_envs: int) -> str:
     return os.path.join(workdir, f"cartpole_{n}_{n_envs}.npz")
 
