@@ -28,7 +28,9 @@ What it checks, on a store filled with the packaged real Atari fixture (stack 4,
    CPU path's for the same seed (rows compared on the host), then batches/s and the process's CPU ms a batch
    (``time.process_time`` over the batches) of ``decode="device"`` against ``decode="cpu"`` on the same device.
    ``--decode-only`` runs just this part (a few minutes on a GPU); ``--on cpu`` runs it on this machine's CPU
-   with the CPU decoder standing in for nvCOMP (the logic and its CPU cost, not a speed target).
+   with the CPU decoder standing in for nvCOMP (the logic and its CPU cost, not a speed target). Then n-step-3
+   b256 again with the device-resident tier on (``Settings.device_cache_bytes``, ``--device-cache-mb``): its rows
+   compared the same way, its rate and CPU ms, and the tier's figures (chunks held, hits, misses).
 
 Prints a JSON summary and exits 1 when any row is wrong or a check fails (2 when it cannot run: no CUDA device, or
 nvCOMP missing for 6.).
@@ -47,7 +49,8 @@ no package index, so the packages it lacks travel as wheels; ~43 MB)::
         PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 python3 scripts/cuda_check.py --json $OUT/cuda_check.json
 
 (``mmreplay[gpu]`` names the CUDA 12 wheel, ``nvidia-nvcomp-cu12``; a CUDA 13 torch takes ``mmreplay[gpu-cu13]``, the same API.)
-``--decode-only`` runs 6. alone. Here, ``--decode-only --on cpu`` is its dry run (8,960 rows compared in ~4 min).
+``--decode-only`` runs 6. alone. Here, ``--decode-only --on cpu`` is its dry run (8,960 rows compared in ~4 min before the
+tier case; ``--n 2000 --decode-batches 2 --seconds 0.3``: 6,528 rows, 2,048 of them with the tier, ~30 s).
 """
 
 from __future__ import annotations
@@ -241,7 +244,7 @@ def compare_paths(store: Store, draw, batch_size: int, batches: int, on: str, la
     name = label.replace("/", "-")
     with store.sampler(batch_size, draw, seed=4, decode="cpu", name=f"cmp-cpu-{name}") as cpu, \
             store.sampler(batch_size, draw, seed=4, decode="device", device=on, name=f"cmp-dev-{name}") as dev:
-        assert dev._device_path is not None  # noqa: SLF001 (the path under test must be the one taken)
+        assert dev.decode == "device"  # the path under test must be the one taken
         for i in range(batches):
             want, got = batch_fields(next(cpu)), batch_fields(next(dev))
             if want.keys() != got.keys():
@@ -258,7 +261,8 @@ def compare_paths(store: Store, draw, batch_size: int, batches: int, on: str, la
                 bad |= differs.reshape(batch_size, -1).any(axis=1)
             wrong += [f"{label} batch {i}: row {r}" for r in np.flatnonzero(bad)[:3]]
             rows += batch_size
-    return {"rows": rows, "wrong": wrong}
+        tier = dev.device_tier
+    return {"rows": rows, "wrong": wrong, "tier": tier}
 
 
 def path_rate(store: Store, draw_factory, batch_size: int, on: str, decode: str, seconds: float) -> dict:
@@ -281,7 +285,8 @@ def path_rate(store: Store, draw_factory, batch_size: int, on: str, decode: str,
     return {"batches_per_s": round(n / wall, 2), "cpu_ms_per_batch": round(1e3 * cpu / n, 3), "batches": n}
 
 
-def check_device_decode(fx: dict, root: str, n: int, batches: int, on: str, seconds: float, out: dict) -> None:
+def check_device_decode(fx: dict, root: str, n: int, batches: int, on: str, seconds: float, out: dict,
+                        tier_bytes: int = 0) -> None:
     stores = {}
     for codec in ("lz4hc", "zstd", "delta-zstd"):
         path = os.path.join(root, f"atari-{codec}")
@@ -310,6 +315,17 @@ def check_device_decode(fx: dict, root: str, n: int, batches: int, on: str, seco
                 make, b = cases[case]
                 entry[f"{case}_device"] = path_rate(store, make, b, on, "device", seconds)
                 entry[f"{case}_cpu_path"] = path_rate(store, make, b, on, "cpu", seconds)
+        if tier_bytes:  # the device-resident tier, sized by the store's settings when each sampler is made
+            with Store.open(path, "r", device_cache_bytes=tier_bytes) as store:
+                make, b = cases["nstep3-b256"]
+                got = compare_paths(store, make(), b, batches, on, f"{label}/nstep3-b256-tier")
+                if got["tier"] is None or not got["tier"]["hits"]:  # the tier was not used: a failed check
+                    got["wrong"].append(f"{label}/nstep3-b256-tier: no chunk served by the tier ({got['tier']})")
+                entry["nstep3-b256-tier_rows"], entry["nstep3-b256-tier_wrong"] = got["rows"], got["wrong"]
+                entry["nstep3-b256-tier_stats"] = got["tier"]
+                wrong_total += len(got["wrong"])
+                rows_total += got["rows"]
+                entry["nstep3-b256-tier_device"] = path_rate(store, make, b, on, "device", seconds)
         result[label] = entry
     result["rows_checked"], result["rows_wrong"] = rows_total, wrong_total
     out["device_decode"] = result
@@ -326,6 +342,8 @@ def main() -> int:
                    help="where --decode-only decodes (cpu: the CPU stand-in for nvCOMP)")
     p.add_argument("--decode-batches", type=int, default=20, help="batches compared per case in 6.")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per timed rate in 6.")
+    p.add_argument("--device-cache-mb", type=float, default=256.0, help="the device tier of 6.'s tier case "
+                   "(Settings.device_cache_bytes; more than these stores' compressed frames); 0 skips the case")
     a = p.parse_args()
     if a.decode_only:
         if a.on == "cuda" and not torch.cuda.is_available():
@@ -337,7 +355,8 @@ def main() -> int:
         root = tempfile.mkdtemp(prefix="mmreplay-decode-")
         out = {"device": torch.cuda.get_device_name(0) if a.on == "cuda" else "cpu", "torch": torch.__version__}
         try:
-            check_device_decode(atari_fixture(), root, a.n, a.decode_batches, a.on, a.seconds, out)
+            check_device_decode(atari_fixture(), root, a.n, a.decode_batches, a.on, a.seconds, out,
+                                int(a.device_cache_mb * 1e6))
         finally:
             shutil.rmtree(root, ignore_errors=True)
         out["ok"] = out["device_decode"]["rows_wrong"] == 0 and out["device_decode"]["rows_checked"] > 0
@@ -374,7 +393,7 @@ def main() -> int:
                 out[f"b{b}_per_s_cpu"] = rate(store, None, b)
                 out[f"b{b}_learner"] = learner_rate(store, b)
         if nvcomp_available():
-            check_device_decode(fx, root, a.n, a.decode_batches, "cuda", a.seconds, out)
+            check_device_decode(fx, root, a.n, a.decode_batches, "cuda", a.seconds, out, int(a.device_cache_mb * 1e6))
         else:  # the CUDA path's checks above still count; the device decode's cannot run
             out["device_decode"] = {"error": NO_NVCOMP, "rows_checked": 0, "rows_wrong": 0}
     finally:

@@ -40,28 +40,25 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--nstep", type=int, default=3)
     p.add_argument("--device-cache-mb", type=float, default=0.0, help="hold up to this many MB of checked chunks in "
-                   "a device tier (device/resident.py; the CPU stands in for the device), warmed until full or every "
-                   "chunk is held, before timing")
+                   "a device tier (Settings.device_cache_bytes, device/resident.py; the CPU stands in for the "
+                   "device), warmed until full or every chunk is held, before timing")
     a = p.parse_args()
     pipeline.rebuild_chains = lambda *args, **kw: None  # the device's work, not the host's
     pipeline.gather_rows = lambda table, rows, out=None: out
     pipeline._copy_pieces = lambda *args, **kw: None
-    store = mmreplay.Store.open(a.store, mode="r")
+    store = mmreplay.Store.open(a.store, mode="r", device_cache_bytes=int(a.device_cache_mb * 1e6))
     draw = mmreplay.NStep(a.nstep, 0.99) if a.nstep > 1 else mmreplay.Uniform()
     smp = store.sampler(a.batch, draw, seed=1, decode="device", name="host-cost")
-    smp._device_path.decoder = NothingDecoder()
-    if a.device_cache_mb:
-        smp._device_path.hold_on_device(int(a.device_cache_mb * 1e6))
+    smp._device_path.decoder = NothingDecoder()  # instrumentation: the device's decode left out of the timing
     for _ in range(30):
         next(smp)
     while store.inspect.cache_stats()["obs"].get("compressed", {}).get("loading"):
         next(smp)
-    tier = getattr(smp._device_path, "tier", None)  # None: none held, or a version without tiers
-    while tier is not None:  # warm: until the tier is full or a window adds no chunk
-        before = tier.stats()["chunks"]
+    while smp.device_tier is not None:  # warm: until the tier is full or a window adds no chunk
+        before = smp.device_tier["chunks"]
         for _ in range(50):
             next(smp)
-        if tier.stats()["chunks"] == before:
+        if smp.device_tier["chunks"] == before:
             break
     read, staging = smp._source.read, [0.0]
 
@@ -81,7 +78,7 @@ def main() -> int:
     print(f"host side: {1e3 * cpu / a.batches:.2f} ms CPU a batch (staging {1e3 * staging[0] / a.batches:.2f}), "
           f"wall {1e3 * wall / a.batches:.2f} ms; a batch: {st.chunks} chunks, {st.src.shape[0]} pieces, "
           f"{st.nbytes / 1e6:.1f} MB staged, {st.decoded_nbytes / 1e6:.1f} MB decoded; load {os.getloadavg()[0]:.1f}"
-          + (f"; device tier {tier.stats()}" if tier is not None else ""))
+          + (f"; device tier {smp.device_tier}" if smp.device_tier is not None else ""))
     smp.close()
     store.close()
     return 0

@@ -9,7 +9,7 @@ fresh children:
 
 ``mmreplay device``  ``store.sampler(B, draw, device=D, decode="device")``: compressed bytes staged on the CPU,
                      decoded on the device (nvCOMP on CUDA; the CPU stand-in decoder on ``--device cpu``);
-``mmreplay tier``    the same, with a device-resident tier as big as the store's frames (``hold_on_device``,
+``mmreplay tier``    the same, with a device-resident tier as big as the store's frames (``device_cache_bytes``,
                      ``device/resident.py``), warmed until full: held chunks cross as offsets, not bytes;
 ``mmreplay cpu``     the same sampler with ``decode="cpu"``: frames decoded by the CPU, batches copied to ``D``;
 ``peer``             the same loader as ``--larger-than-ram`` (SB3 holding 100k transitions for atari10m, the
@@ -139,12 +139,13 @@ def rows_differing(store, draw_factory, batch: int, batches: int, device, device
     field, from ``decode="cpu"`` for the same seed."""
     wrong = rows = 0
     dev_arg = device if device.type == "cuda" else None
+    if (store.settings.device_cache_bytes or 0) != (device_cache_bytes or 0):
+        raise RuntimeError(f"the store was opened with device_cache_bytes={store.settings.device_cache_bytes}, "
+                           f"not {device_cache_bytes}")
     with store.sampler(batch, draw_factory(), seed=99, decode="cpu", name="verify-cpu") as cpu, \
             store.sampler(batch, draw_factory(), seed=99, decode="device", device=dev_arg, name="verify-dev") as dev:
-        if dev._device_path is None:
+        if dev.decode != "device":
             raise RuntimeError("decode='device' did not take the device path")
-        if device_cache_bytes:
-            dev._device_path.hold_on_device(device_cache_bytes)
         for _ in range(batches):
             want, got = batch_fields(next(cpu)), batch_fields(next(dev))
             bad = np.zeros(batch, dtype=bool) if want.keys() == got.keys() else np.ones(batch, dtype=bool)
@@ -167,34 +168,31 @@ def task_mmreplay(spec: dict) -> dict:
     wl = spec["workload"]
     draw = (lambda: mmreplay.NStep(3, GAMMA)) if wl == "dmc" else (lambda: mmreplay.Uniform())
     t0 = time.perf_counter()
-    s = mmreplay.Store.open(spec["path"], mode="r")
+    # the device-resident tier (device/resident.py): one a sampler that decodes on the device
+    s = mmreplay.Store.open(spec["path"], mode="r", device_cache_bytes=spec.get("device_cache_bytes") or 0)
     res = {"open_s": time.perf_counter() - t0, "stored": len(s), "decode": spec["decode"]}
     dev_arg = device if device.type == "cuda" else None
     smps = {B: s.sampler(B, draw(), seed=B, name=f"b{B}", device=dev_arg, decode=spec["decode"])
             for B in BATCHES[wl]}
-    if spec.get("device_cache_bytes"):  # the device-resident tier (device/resident.py), one a sampler
-        for smp in smps.values():
-            smp._device_path.hold_on_device(spec["device_cache_bytes"])
     first = smps[BATCHES[wl][0]]
-    res["device_path"] = first._device_path is not None
+    res["device_path"] = first.decode == "device"
     t_end = time.perf_counter() + spec["warm_max_s"]  # warm: the compressed tier's background pass has ended
     while s.inspect.cache_stats()["obs"].get("compressed", {}).get("loading") and time.perf_counter() < t_end:
         next(first)
     for smp in smps.values():  # warm the device tiers: until full, or a window adds no chunk
-        tier = None if smp._device_path is None else smp._device_path.tier
-        while tier is not None and time.perf_counter() < t_end:
-            before = tier.stats()["chunks"]
+        while smp.device_tier is not None and time.perf_counter() < t_end:
+            before = smp.device_tier["chunks"]
             for _ in range(20):
                 next(smp)
-            if tier.stats()["chunks"] == before:
+            if smp.device_tier["chunks"] == before:
                 break
     res["warm_s"] = time.perf_counter() - t0
     for B, smp in smps.items():
         got = timed(smp.__next__, _sync(device), spec["windows"], spec["window_s"], spec["warmup_s"])
         res[f"b{B}_per_s"], res[f"b{B}_windows"] = got["per_s"], got["windows"]
         res[f"b{B}_cpu_ms"] = got["cpu_ms_per_batch"]
-        if smp._device_path is not None and smp._device_path.tier is not None:
-            res[f"b{B}_tier"] = smp._device_path.tier.stats()
+        if smp.device_tier is not None:
+            res[f"b{B}_tier"] = smp.device_tier
         if smp._device_draw is not None and smp._device_draw.pending is not None:
             staged = smp._device_draw.pending.staged
             res[f"b{B}_staged_bytes"] = staged.nbytes
