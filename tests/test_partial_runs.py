@@ -323,11 +323,11 @@ def test_a_failed_tier_decode_waits_for_the_file_reads_beside_it(recorded, monke
         assert 0 < held < CAPACITY // 8, held  # some runs held, some read from their files
         real, calls = Decoder.decode_run_groups, []
 
-        def failing(self, *args):
+        def failing(self, *args, **kwargs):
             calls.append(self)
             if len(calls) == 1:
                 raise CorruptDataError("injected: the tier's decode failed")
-            return real(self, *args)
+            return real(self, *args, **kwargs)
 
         monkeypatch.setattr(Decoder, "decode_run_groups", failing)
         reads = s.inspect.cache_stats()["obs"]["disk"]["reads"]

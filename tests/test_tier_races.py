@@ -216,14 +216,15 @@ WINDOW = textwrap.dedent("""
     decode_held, decode_go = threading.Event(), threading.Event()
     real_decode_stacks = native._decode_stacks_checked
 
-    def decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, addr, size, codec, status):
+    def decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, addr, size, codec, status,
+                      verified):
         rows, src, sizes, dst, copies, absent = stack_plan.plan_stack_decodes(
             obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, addr, size)
         if absent:
             return -1, rows
         decode_held.set()
         assert decode_go.wait(WAIT)
-        return chunk_decode.decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size]), rows
+        return chunk_decode.decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size], verified), rows
 
     # Someone waiting for the tier while the decode holds it (the writer thread, if the tier makes it wait).
     blocked = threading.Event()

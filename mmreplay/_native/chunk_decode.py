@@ -1,7 +1,9 @@
 """Compiled chunk decoding: checksum and decompress many chunks in one call, with the GIL released.
 
 Invariant: ``decode_chunks`` writes chunk ``i`` into ``dst_addrs[i]`` only after its crc32c matched the
-4 checksum bytes that end it, and sets ``status[i]`` to ``OK`` only when the codec produced exactly
+4 checksum bytes that end it (with ``verified``: after ``verify_chunks`` found it matched where the bytes came
+into this process, the compressed tier's install, ``reading/resident.py``; held bytes are not re-checked, as
+decoded frames are not), and sets ``status[i]`` to ``OK`` only when the codec produced exactly
 ``dst_nbytes`` bytes; any other outcome is a nonzero status and the caller raises (never returns the
 destination as data). The bytes are the same ``compressor(bytes) + crc32c`` chunks that zarr writes
 (see ``storage/format/shardfile.py``), so nothing about the format changes. Every destination is checked
@@ -39,15 +41,18 @@ def copy_rows_to(base, rows, row_nbytes, dsts):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode_one(src, size, dst, dst_nbytes, codec, scratch, header, dctx, work, ends):  # pragma: no cover
+def _decode_one(src, size, dst, dst_nbytes, codec, scratch, header, dctx, work, ends,
+                verified):  # pragma: no cover (compiled)
     """One chunk of ``codec`` (``size`` bytes at ``src``, checksum included) into the ``dst_nbytes`` bytes at
-    ``dst``, only after its crc32c matched; a status. A new codec kind is a branch here."""
+    ``dst``, only after its crc32c matched (``verified``: it did, when the bytes came in); a status. A new codec
+    kind is a branch here."""
     if size < 4:
         return BAD_SIZE
     body = size - 4
-    memcpy(scratch.ctypes.data, src + body, 4)
-    if crc32c(src, body) != (scratch[0] & np.uint64(0xFFFFFFFF)):
-        return BAD_CHECKSUM
+    if not verified:
+        memcpy(scratch.ctypes.data, src + body, 4)
+        if crc32c(src, body) != (scratch[0] & np.uint64(0xFFFFFFFF)):
+            return BAD_CHECKSUM
     if codec == CODEC_TEMPORAL:
         return decode_temporal_run(src, body, dst, dst_nbytes, header, dctx, work, ends)
     if codec == CODEC_DELTA_LZ4:
@@ -78,11 +83,13 @@ def _prefetch_chunk(src, size):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, status):  # pragma: no cover
+def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, status,
+                  verified=False):  # pragma: no cover (compiled)
     """Decode chunk i (``sizes[i]`` bytes at address ``src_addrs[i]``, checksum included) to address
     ``dst_addrs[i]``, and copy it on to ``copy_addrs[i]`` unless that is 0 (while the bytes are still in
     the core's cache: a frame that two outputs need is decoded once); ``status[i]`` says how it went.
-    Returns the number of failures."""
+    Returns the number of failures. ``verified``: every chunk's checksum matched already (``verify_chunks``
+    when its bytes came into this process): not computed again."""
     scratch = np.zeros(1, dtype=np.uint64)
     header = np.zeros(TEMPORAL_HEADER + TEMPORAL_MAX_RUN + 1, dtype=np.uint8)
     work = np.zeros(7 * RUN2_MAX + 1, dtype=np.int64)  # js, dsts and ``_decode_frames2``'s workspace
@@ -98,7 +105,7 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
         if i + PREFETCH_AHEAD < n:
             _prefetch_chunk(src_addrs[i + PREFETCH_AHEAD], sizes[i + PREFETCH_AHEAD])
         status[i] = _decode_one(src_addrs[i], sizes[i], dst_addrs[i], dst_nbytes, codec, scratch, header, dctx,
-                                work, ends)
+                                work, ends, verified)
         if status[i] != OK:
             bad += 1
         elif copy_addrs[i] != 0:
@@ -107,3 +114,22 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
         zstd_free_dctx(dctx)
     return bad
 
+
+
+@numba.njit(cache=True, nogil=True)
+def verify_chunks(src_addrs, sizes, ok):  # pragma: no cover (compiled)
+    """``ok[i]``: chunk ``i`` (``sizes[i]`` bytes at ``src_addrs[i]``) ends with the crc32c of the bytes before
+    those 4. Where bytes come into this process once and are then held (the compressed tier), this is their
+    one check; ``decode_chunks`` and ``run_decode.decode_frame_groups`` are told so (``verified``). Returns
+    how many failed."""
+    word = np.zeros(1, dtype=np.uint64)
+    bad = 0
+    for i in range(src_addrs.size):
+        size = sizes[i]
+        ok[i] = False
+        if size >= 4:
+            memcpy(word.ctypes.data, src_addrs[i] + size - 4, 4)
+            ok[i] = crc32c(src_addrs[i], size - 4) == (word[0] & np.uint64(0xFFFFFFFF))
+        if not ok[i]:
+            bad += 1
+    return bad

@@ -2,16 +2,20 @@
 here, in Python or in one compiled read-only pass, before the kernel runs.
 
 Invariant: the package outside ``_native`` decodes frames only through the ``checked_*`` functions here; each
-returns only after checking that every destination (and copy) address has room for what the kernel writes
-inside the arrays the caller names (``into``), or that the addresses were computed from outputs checked to
-hold the batch (``StackPlan``), and after the linked C symbols passed their self-test once a process
+returns only after checking that every destination (and copy) address has room for what the kernel writes inside
+the arrays the caller names (``into``), or that the addresses were computed from outputs checked to hold the
+batch (``StackPlan``), and after the linked C symbols passed their self-test once a process
 (``selftest.ensure_linked``); otherwise it raises ``ValueError`` naming the values and what was expected, and
-nothing is written. A decode's result is its number of failed chunks, with ``status`` saying which: ``OK``,
-or a status that ``STATUS_TEXT`` names. If a build of numcodecs or google-crc32c does not export the symbols,
-``AVAILABLE`` is False and the reader keeps the Python path.
+nothing is written. A decode's result is its number of failed chunks, with ``status`` saying which: ``OK``, or a
+status that ``STATUS_TEXT`` names. A decode checks each chunk's crc32c unless its caller says, with
+``verified=True``, that ``checked_verify_chunks`` found it matching when the bytes came into this process and
+they have been held since (the compressed tier, ``reading/resident.py``); bytes read from files (whole or in
+part) or from shared memory are checked by every decode. If a build of numcodecs or google-crc32c does not
+export the symbols, ``AVAILABLE`` is False and the reader keeps the Python path.
 
 Where the kernels are (all compiled, the GIL released):
-  ``chunk_decode.py``  checksum and decompress whole chunks (``decode_chunks``), copy rows (``copy_rows_to``)
+  ``chunk_decode.py``  checksum and decompress whole chunks (``decode_chunks``), copy rows (``copy_rows_to``),
+                       checksums alone (``verify_chunks``)
   ``run_decode.py``    temporal runs: whole, or the frames a batch asks for (``decode_frame_groups``)
   ``stack_plan.py``    which held chunk fills which row of a batch's stacks (``plan_stack_decodes``)
   ``linked.py``        the C functions they call (c-blosc, zstd, LZ4, crc32c) and the statuses
@@ -28,12 +32,12 @@ import numpy as np
 from mmreplay._native import chunk_decode, codec_kinds, intrinsics, kernel_cache, linked, run_decode, stack_plan
 from mmreplay._native import temporal_header as temporal
 from mmreplay._native.bounds import check_addresses, check_array, check_indices, span
-from mmreplay._native.chunk_decode import copy_rows_to, decode_chunks
+from mmreplay._native.chunk_decode import copy_rows_to, decode_chunks, verify_chunks
 from mmreplay._native.codec_kinds import CODEC_BLOSC, CODEC_TEMPORAL, CODEC_ZSTD, CODECS
 from mmreplay._native.linked import AVAILABLE, OK, STATUS_TEXT
 from mmreplay._native.run_decode import decode_frame_groups, group_frame_requests, locate_chunks, stack_frame_requests
 from mmreplay._native.selftest import ensure_linked
-from mmreplay._native.stack_plan import decode_stacks, plan_stack_decodes
+from mmreplay._native.stack_plan import plan_stack_decodes
 
 # the compiled checks call the planning and decode kernels (see kernel_cache)
 kernel_cache.follow(__file__, intrinsics, temporal, codec_kinds, linked, run_decode, chunk_decode, stack_plan)
@@ -42,7 +46,7 @@ kernel_cache.follow(__file__, intrinsics, temporal, codec_kinds, linked, run_dec
 __all__ = ["AVAILABLE", "OK", "STATUS_TEXT", "StackPlan", "check_decodes", "check_frame_decodes", "check_plan",
            "checked_copy_rows_to", "checked_decode_chunks", "checked_decode_frame_groups", "checked_decode_plan",
            "checked_decode_stacks", "checked_group_frame_requests", "checked_locate_chunks",
-           "checked_plan_stack_decodes", "checked_stack_frame_requests"]
+           "checked_plan_stack_decodes", "checked_stack_frame_requests", "checked_verify_chunks"]
 
 
 def check_decodes(src, sizes, dst, copies, nbytes, codec, status, into) -> None:
@@ -119,11 +123,13 @@ def check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, st
     check_addresses("dsts", dsts, frame_nbytes, into)
 
 
-def checked_decode_frame_groups(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into) -> int:
-    """``decode_frame_groups`` after ``check_frame_decodes`` (and the linking self-test)."""
+def checked_decode_frame_groups(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into,
+                                verified: bool = False) -> int:
+    """``decode_frame_groups`` after ``check_frame_decodes`` (and the linking self-test); ``verified``: the
+    chunks' checksums matched when their bytes came in (see the module invariant)."""
     check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into)
     ensure_linked()
-    return decode_frame_groups(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status)
+    return decode_frame_groups(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, bool(verified))
 
 
 def checked_group_frame_requests(ids, dsts, ring_rows, run_rows):
@@ -166,12 +172,28 @@ def checked_copy_rows_to(source: np.ndarray, rows, row_nbytes, dsts, into) -> No
     copy_rows_to(lo, rows, row_nbytes, dsts)
 
 
-def checked_decode_chunks(src, sizes, dst, copies, nbytes, codec, status, into) -> int:
+def checked_decode_chunks(src, sizes, dst, copies, nbytes, codec, status, into, verified: bool = False) -> int:
     """``decode_chunks`` after ``check_decodes`` (and, at the first call, the linking self-test); the
-    number of failed chunks."""
+    number of failed chunks. ``verified``: as ``checked_decode_frame_groups``'."""
     check_decodes(src, sizes, dst, copies, nbytes, codec, status, into)
     ensure_linked()
-    return decode_chunks(src, sizes, dst, copies, nbytes, codec, status)
+    return decode_chunks(src, sizes, dst, copies, nbytes, codec, status, bool(verified))
+
+
+def checked_verify_chunks(buffer: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Which chunks (``sizes[i]`` bytes at ``offsets[i]`` of ``buffer``, checksum included) end with the crc32c
+    of their other bytes, in one compiled pass (``chunk_decode.verify_chunks``), after checking each lies inside
+    ``buffer``: the check the compressed tier makes once, as it installs a shard."""
+    lo, hi = span(buffer, "buffer")
+    offsets, sizes = np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+    if offsets.shape != sizes.shape or offsets.ndim != 1:
+        raise ValueError(f"chunk offsets {offsets.shape} and sizes {sizes.shape}: expected two vectors of one length")
+    if offsets.size and ((offsets < 0).any() or (sizes < 0).any() or (sizes > (hi - lo) - offsets).any()):
+        raise ValueError(f"chunks outside the {hi - lo}-byte buffer: offsets {offsets[:4]}..., sizes {sizes[:4]}...")
+    ensure_linked()
+    ok = np.zeros(offsets.size, dtype=np.bool_)
+    verify_chunks(lo + offsets, sizes, ok)
+    return ok
 
 
 def _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, chunk_addr, chunk_size) -> int:
@@ -230,11 +252,12 @@ def check_plan(plan: StackPlan, codec, status) -> None:
         raise ValueError(f"codec {codec!r} is none of the compiled decoder's {CODECS}")
 
 
-def checked_decode_plan(plan: StackPlan, codec, status) -> int:
-    """``decode_chunks`` of a checked plan (``check_plan``); the number of failed chunks."""
+def checked_decode_plan(plan: StackPlan, codec, status, verified: bool = False) -> int:
+    """``decode_chunks`` of a checked plan (``check_plan``); the number of failed chunks. ``verified``: as
+    ``checked_decode_frame_groups``'."""
     check_plan(plan, codec, status)
     ensure_linked()
-    return decode_chunks(plan.src, plan.sizes, plan.dst, plan.copies, plan.nbytes, codec, status)
+    return decode_chunks(plan.src, plan.sizes, plan.dst, plan.copies, plan.nbytes, codec, status, bool(verified))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -258,9 +281,21 @@ def _plan_stack_decodes_checked(obs_ids, next_ids, shifted, obs_out, next_out, n
 
 
 @numba.njit(cache=True, nogil=True)
+def _decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size, codec,
+                   status, verified):  # pragma: no cover (compiled)
+    """``stack_plan.decode_stacks`` with ``decode_chunks``' ``verified``: ``(failures, rows)``, ``failures == -1``
+    and nothing written when a chunk is not held."""
+    rows, src, sizes, dst, copies, absent = plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out,
+                                                               nbytes, ring_rows, chunk_addr, chunk_size)
+    if absent:
+        return -1, rows
+    return decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size], verified), rows
+
+
+@numba.njit(cache=True, nogil=True)
 def _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
-                           chunk_size, codec, status):  # pragma: no cover (compiled)
-    """``decode_stacks`` if the checks of ``checked_decode_stacks`` pass (they are tested here, in the one
+                           chunk_size, codec, status, verified):  # pragma: no cover (compiled)
+    """``_decode_stacks`` if the checks of ``checked_decode_stacks`` pass (they are tested here, in the one
     compiled call a batch makes), else ``(-2, rows)`` and nothing written: the entry point then names the
     fault."""
     n, k = obs_ids.shape
@@ -268,8 +303,8 @@ def _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes
     if not (_outputs_fit(obs_ids, next_ids, obs_out, next_out, nbytes, chunk_addr, chunk_size)
             and status.size >= total and (codec == CODEC_BLOSC or codec == CODEC_ZSTD or codec == CODEC_TEMPORAL)):
         return -2, np.empty(0, dtype=np.int64)
-    return decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
-                         codec, status)
+    return _decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
+                          codec, status, verified)
 
 
 _I64 = np.dtype(np.int64)
@@ -283,15 +318,16 @@ def _plain_stacks(obs_ids, next_ids, obs_out, next_out) -> bool:
 
 
 def checked_decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
-                          chunk_size, codec, status):
+                          chunk_size, codec, status, verified: bool = False):
     """``decode_stacks`` after checking the outputs hold the batch and ``status`` has an entry a decode.
     The types are tested here, the sizes inside the compiled call; a fault is then named by the checks
-    below."""
+    below. ``verified``: as ``checked_decode_frame_groups``'."""
+    verified = bool(verified)
     if (_plain_stacks(obs_ids, next_ids, obs_out, next_out) and type(status) is np.ndarray and status.ndim == 1
             and type(codec) is int):
         ensure_linked()
         bad, rows = _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows,
-                                           chunk_addr, chunk_size, codec, status)
+                                           chunk_addr, chunk_size, codec, status, verified)
         if bad != -2:
             return bad, rows
     total = _check_stack_outputs(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, chunk_addr, chunk_size)
@@ -299,6 +335,6 @@ def checked_decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes,
     if codec not in CODECS:
         raise ValueError(f"codec {codec!r} is none of the compiled decoder's {CODECS}")
     ensure_linked()
-    return decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
-                         codec, status)
+    return _decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
+                          codec, status, verified)
 

@@ -1,12 +1,14 @@
 """Compiled decoding of temporal-codec runs (``codecs/temporal.py``): whole runs, and the frames a batch asks
 for out of runs, each frame rebuilt from the frames its references lead to.
 
-Invariant: a kernel here writes a frame to its destination only after the run's crc32c matched the 4 bytes
-that end its chunk (``decode_frame_groups``; a whole run's caller, ``chunk_decode._decode_one``, checks it
-first), after the run's header was checked against the bytes asked for and every reference found to point
-inside the run, and reports ``OK`` only when every frame it decoded came to exactly the frame's bytes; a
-reference chain longer than the run (a cycle) is ``BAD_CODEC``, never a loop. Destinations are checked by
-the entry points (``decode.check_frame_decodes``) before these kernels run.
+Invariant: a kernel here writes a frame to its destination only after the run's crc32c matched the 4 bytes that
+end its chunk (``decode_frame_groups``; a whole run's caller, ``chunk_decode._decode_one``, checks it first),
+or, with ``verified``, after the caller's word that it matched where the bytes came into this process (the
+compressed tier checks every chunk once as it installs a shard: ``reading/resident.py``), after the run's header
+was checked against the bytes asked for and every reference found to point inside the run, and reports ``OK``
+only when every frame it decoded came to exactly the frame's bytes; a reference chain longer than the run (a
+cycle) is ``BAD_CODEC``, never a loop. Destinations are checked by the entry points
+(``decode.check_frame_decodes``) before these kernels run.
 
 Layouts (``_native/temporal_header.py``): 1 codes the run's residuals as one zstd frame; 2 and 3 code each
 frame alone (zstd, or an LZ4 block for layout 3's keys) behind a signed one-byte reference and its end, so
@@ -217,15 +219,17 @@ def decode_chains(base, n, refs, bounds, fcrc, first, last, js, dsts, fb, scratc
 
 @numba.njit(cache=True, nogil=True)
 def _decode_run_frames(src, size, js, dsts, frame_nbytes, run_nbytes, scratch, dctx, header, ends, loc,
-                       work, crc):  # pragma: no cover (compiled)
+                       work, crc, verified):  # pragma: no cover (compiled)
     """Frames ``js`` of one temporal chunk (``size`` bytes at ``src``, checksum included) to ``dsts``: only
-    after its crc32c matched; layouts 2 and 3 decode only what they need, layout 1 the whole run into ``scratch``."""
+    after its crc32c matched (``verified``: it matched already, where the bytes came into this process); layouts
+    2 and 3 decode only what they need, layout 1 the whole run into ``scratch``."""
     if size < 4 + TEMPORAL_HEADER:
         return BAD_SIZE
     body = size - 4
-    memcpy(crc.ctypes.data, src + body, 4)
-    if crc32c(src, body) != (crc[0] & np.uint64(0xFFFFFFFF)):
-        return BAD_CHECKSUM
+    if not verified:
+        memcpy(crc.ctypes.data, src + body, 4)
+        if crc32c(src, body) != (crc[0] & np.uint64(0xFFFFFFFF)):
+            return BAD_CHECKSUM
     memcpy(crc.ctypes.data, src, 4)
     if crc[0] & np.uint64(0xFFFFFFFF) == TEMPORAL_MAGIC2:
         return _decode_frames2(src, body, run_nbytes, frame_nbytes, js, dsts, scratch, dctx, header, ends, loc)
@@ -252,21 +256,25 @@ def _decode_run_frames(src, size, js, dsts, frame_nbytes, run_nbytes, scratch, d
 
 
 @numba.njit(cache=True, nogil=True)
-def decode_frame_groups(src_addrs, sizes, starts, js, dsts, frame_nbytes, run_rows, status):  # pragma: no cover
+def decode_frame_groups(src_addrs, sizes, starts, js, dsts, frame_nbytes, run_rows, status,
+                        verified=False):  # pragma: no cover (compiled)
     """Group ``g``: the temporal chunk of ``sizes[g]`` bytes (checksum included) at ``src_addrs[g]``, whose
     frames ``js[starts[g]:starts[g + 1]]`` go to addresses ``dsts[starts[g]:starts[g + 1]]`` (runs of
     ``run_rows`` frames of ``frame_nbytes``); ``status[g]`` says how it went. Returns the failures. Nothing
-    is written to a group's addresses before its checksum matched; a failed group may have written some."""
+    is written to a group's addresses before its checksum matched; a failed group may have written some.
+    ``verified``: every chunk's checksum matched already, where its bytes came into this process (the
+    compressed tier's install): not computed again."""
     dctx = zstd_create_dctx()
-    bad = decode_frame_groups_with(dctx, src_addrs, sizes, starts, js, dsts, frame_nbytes, run_rows, status)
+    bad = decode_frame_groups_with(dctx, src_addrs, sizes, starts, js, dsts, frame_nbytes, run_rows, status,
+                                   verified)
     if dctx != 0:
         zstd_free_dctx(dctx)
     return bad
 
 
 @numba.njit(cache=True, nogil=True)
-def decode_frame_groups_with(dctx, src_addrs, sizes, starts, js, dsts, frame_nbytes, run_rows,
-                             status):  # pragma: no cover (compiled)
+def decode_frame_groups_with(dctx, src_addrs, sizes, starts, js, dsts, frame_nbytes, run_rows, status,
+                             verified=False):  # pragma: no cover (compiled)
     """``decode_frame_groups`` with the caller's zstd context (0: none): a codec helper keeps one while it
     works, since making one per piece of a batch cost ~3% of a pixel batch's time."""
     run_nbytes = run_rows * frame_nbytes
@@ -280,7 +288,8 @@ def decode_frame_groups_with(dctx, src_addrs, sizes, starts, js, dsts, frame_nby
     for g in range(src_addrs.size):
         lo, hi = starts[g], starts[g + 1]
         status[g] = _decode_run_frames(src_addrs[g], sizes[g], js[lo:hi], dsts[lo:hi], frame_nbytes, run_nbytes,
-                                       np.int64(scratch.ctypes.data), dctx, header, ends, loc, work, crc)
+                                       np.int64(scratch.ctypes.data), dctx, header, ends, loc, work, crc,
+                                       verified)
         if status[g] != OK:
             bad += 1
     return bad

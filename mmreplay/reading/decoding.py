@@ -3,10 +3,13 @@ reads): the one way every source of frames (``reading/sources/``) turns bytes in
 
 Invariant: every call's requests are checked (addresses inside the arrays ``into``, sizes, codec kind) before
 the first byte is written (the ``checked_*`` entry points of ``_native/decode.py``); a failed decode raises
-``CorruptDataError`` naming the shard file and chunk of the first failure, after every decode of the call
-ended, so no helper thread writes into a batch after the error. From ``SHARED_MIN_*`` requests a call is
-shared with the codec helpers (``_native/helpers.py``: a piece of ~10-20 us costs two atomic operations to
-hand over); below, one compiled call in the caller's thread is cheaper.
+``CorruptDataError`` naming the shard file and chunk of the first failure, after every decode of the call ended,
+so no helper thread writes into a batch after the error. A chunk's crc32c is checked by its decode unless the
+caller passes ``verified=True``: the compressed tier's chunks, checked once as the tier installed their shard
+(``reading/resident.py``: where bytes come into this process is the integrity boundary; held bytes are trusted
+as the decoded cache's frames are). The codec helpers' share of a call still checks every chunk. From
+``SHARED_MIN_*`` requests a call is shared with the codec helpers (``_native/helpers.py``: a piece of ~10-20 us
+costs two atomic operations to hand over); below, one compiled call in the caller's thread is cheaper.
 """
 
 from __future__ import annotations
@@ -38,28 +41,31 @@ class Decoder:
         """The codec helpers (None where there are none) when ``requests`` reach ``threshold``, else None."""
         return codec_helpers(self.codec_threads) if requests >= threshold else None
 
-    def decode_chunks(self, col: "ColumnReader", chunks, src, sizes, dst, copies, nbytes, into) -> None:
+    def decode_chunks(self, col: "ColumnReader", chunks, src, sizes, dst, copies, nbytes, into,
+                      verified: bool = False) -> None:
         """Chunks (``sizes`` bytes at addresses ``src``) decoded to addresses ``dst`` / ``copies`` inside the arrays
-        ``into``; raises on the first bad one (``chunks``: their chunk numbers, for the error)."""
+        ``into``; raises on the first bad one (``chunks``: their chunk numbers, for the error). ``verified``: see
+        the module invariant."""
         status = np.empty(src.size, dtype=np.int8)
         helpers = self.helpers(src.size, SHARED_MIN_DECODES)
         bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status, into)
         if bad is None:
-            bad = native.checked_decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status, into)
+            bad = native.checked_decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status, into, verified)
         if bad:
             raise_bad_chunk(col, chunks, status)
 
-    def decode_stack_plan(self, col: "ColumnReader", plan) -> None:
+    def decode_stack_plan(self, col: "ColumnReader", plan, verified: bool = False) -> None:
         """``decode_chunks`` of a batch's checked ``native.StackPlan`` (every chunk held)."""
         status = np.empty(plan.src.size, dtype=np.int8)
         helpers = codec_helpers(self.codec_threads)
         bad = None if helpers is None else helpers.decode_plan(plan, col.codec, status)
         if bad is None:
-            bad = native.checked_decode_plan(plan, col.codec, status)
+            bad = native.checked_decode_plan(plan, col.codec, status, verified)
         if bad:
             raise_bad_chunk(col, plan.rows, status)
 
-    def decode_run_groups(self, col: "ColumnReader", req: "RunRequests", src, sizes, groups) -> None:
+    def decode_run_groups(self, col: "ColumnReader", req: "RunRequests", src, sizes, groups,
+                          verified: bool = False) -> None:
         """``native.decode_frame_groups`` over the runs ``groups`` of ``req`` (``sizes`` bytes at ``src``): each
         decodes only the frames asked of it and those their references lead to. All groups (``groups`` None, or
         all of them listed), or those given: then their requests are regrouped. Raises on the first bad run."""
@@ -75,7 +81,7 @@ class Decoder:
                                                                  req.run_rows, status, req.into)
         if bad is None:
             bad = native.checked_decode_frame_groups(src, sizes, starts, js, dsts, req.nbytes, req.run_rows, status,
-                                                     req.into)
+                                                     req.into, verified)
         if bad:
             raise_bad_chunk(col, chunks, status)
 

@@ -1,12 +1,14 @@
 """The compressed tier: whole shard files of one frame column held in RAM, and where each chunk lies.
 
-Invariant: ``chunk_addr[c] > 0`` iff the bytes of chunk ``c`` (``chunk_size[c]`` of them, checksum
-included) are at that address inside ``buffers[c // chunks_per_shard]``, a copy of that shard's file
-as it was when loaded or written; ``chunk_addr[c] == EMPTY_CHUNK`` iff that resident shard's index
-marks the chunk empty (zarr's fill value, zeros); 0 = not resident. Every index entry held points
-inside its buffer (checked without overflow when the shard is installed). A ``load`` never takes the tier
-past the budget it is given (checked again under the lock as it installs: the background loader and a
-batch may load at once, and a partial tier is full well before the store is held).
+Invariant: ``chunk_addr[c] > 0`` iff the bytes of chunk ``c`` (``chunk_size[c]`` of them, checksum included) are
+at that address inside ``buffers[c // chunks_per_shard]``, a copy of that shard's file as it was when loaded or
+written, and they matched their crc32c when the shard was installed; ``chunk_addr[c] == EMPTY_CHUNK`` iff that
+resident shard's index marks the chunk empty (zarr's fill value, zeros); 0 = not resident, which a held shard's
+chunk whose checksum failed is too (the files path reads it again and raises ``CorruptDataError`` naming it: a
+damaged chunk is an error, never frames). Every index entry held points inside its buffer (checked without
+overflow when the shard is installed). A ``load`` never takes the tier past the budget it is given (checked
+again under the lock as it installs: the background loader and a batch may load at once, and a partial tier is
+full well before the store is held).
 
 Who may change what, and why no decode ever reads a freed or half-installed buffer:
 - ``chunk_addr``, ``chunk_size`` and ``buffers`` change only under ``_lock`` (installs, drops, growth),
@@ -20,6 +22,13 @@ Who may change what, and why no decode ever reads a freed or half-installed buff
   that shard's generation, ``drop()`` of everything bumps the epoch, and a load installs only if both
   still equal what the caller saw when it decided to read the file (``generations``, taken by the
   background loader when it lists the shards, before the writer can enter any of them).
+
+Why each chunk's checksum once, at install (``decode.checked_verify_chunks``: one compiled pass a shard), and
+decodes of held bytes then told so (``verified``): the integrity boundary is where bytes come into this
+process, from a file or another process. Held here, they are trusted as the decoded cache's frames are, never
+re-checked; a decode that needs 6 frames of a 16-frame DMC run (~70 KB) no longer computes the crc of the
+whole run (12-14% of a DMC batch's CPU). Reads from files, whole or partial, and shared memory check on
+every decode.
 
 Why whole shards: a cache miss that goes to a file is a small random read (a few hundred bytes of one
 84x84 frame); right after a restart, with a cold page cache, thousands of them per second are what made
@@ -38,6 +47,7 @@ import numpy as np
 
 from mmreplay.errors import CorruptDataError, UnsafeEntryError
 from mmreplay._native import bulk
+from mmreplay._native import decode as native
 from mmreplay.storage.files import open_regular
 from mmreplay.storage.format.layout import ArrayLayout
 from mmreplay.storage.format.shardfile import EMPTY, index_nbytes, parse_index
@@ -92,6 +102,7 @@ class ResidentShards:
         self.nbytes = 0
         self.loads = 0  # shards read from their files
         self.refused = 0  # size of the last file refused for want of room (a partial tier is full)
+        self.bad_chunks = 0  # chunks of installed shards not held: their checksum failed (the files path reports them)
         # shard -> (mapping, offset, bytes) of a shard read by ``read_many`` into a mapping it shares with
         # others of its group: released, its own pages are given back at once (``_release``)
         self._spans: dict[int, tuple[mmap.mmap, int, int]] = {}
@@ -154,6 +165,9 @@ class ResidentShards:
                 index = self._parse(shard, buf)
             except CorruptDataError:
                 return False
+        used = index[:, 0] != EMPTY
+        offsets, sizes = index[used, 0].astype(np.int64), index[used, 1].astype(np.int64)
+        sound = native.checked_verify_chunks(buf, offsets, sizes)  # the one check of these bytes (module doc)
         with self._lock:
             if self._generation.get(shard, 0) != generation or self._epoch != epoch:
                 return False  # the writer changed the shard since the caller looked: these bytes may be stale
@@ -168,12 +182,12 @@ class ResidentShards:
             if replace:  # a load of the older file that is still in flight must not follow these bytes
                 self._generation[shard] = generation + 1
             self._release(shard)
-            used = index[:, 0] != EMPTY
-            base = buf.ctypes.data
             addr = np.full(self.per_shard, EMPTY_CHUNK, dtype=np.int64)
-            addr[used] = base + index[used, 0].astype(np.int64)
-            self.chunk_size[lo:lo + self.per_shard] = np.where(used, index[:, 1], 0).astype(np.int64)
+            addr[used] = np.where(sound, buf.ctypes.data + offsets, 0)  # 0: checksum failed, not resident
+            self.chunk_size[lo:lo + self.per_shard] = 0
+            self.chunk_size[lo:lo + self.per_shard][used] = np.where(sound, sizes, 0)
             self.chunk_addr[lo:lo + self.per_shard] = addr
+            self.bad_chunks += int(sound.size - np.count_nonzero(sound))
             self.buffers[shard] = buf
             self.nbytes += buf.nbytes
             if span is not None:

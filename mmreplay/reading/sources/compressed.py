@@ -2,10 +2,12 @@
 compiled code (``reading/decoding.py``) straight into a batch or into the decoded cache's slots.
 
 Invariant: every decode of held bytes runs while the caller holds the column's tier still (``holding``:
-``ResidentShards.reading``), so no buffer is freed or moved under it; a chunk the tier lacks is loaded with its
-whole shard only while the tier has room, the background pass is not running and the writer is not in that shard
-(its rows are the writer's RAM's); what is still not held is left to the caller (the router sends it to the
-decoded cache or the files), never guessed. Hits count the chunks decoded from here (``TierStats.hits``).
+``ResidentShards.reading``), so no buffer is freed or moved under it, and is told the bytes are ``verified``
+(every chunk the tier holds matched its crc32c when the tier installed it: ``reading/resident.py``); a chunk the
+tier lacks is loaded with its whole shard only while the tier has room, the background pass is not running and
+the writer is not in that shard (its rows are the writer's RAM's); what is still not held is left to the caller
+(the router sends it to the decoded cache or the files), never guessed. Hits count the chunks decoded from here
+(``TierStats.hits``).
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class CompressedTierSource:
             return
         res, in_ram = col.resident, self.writer_ram.shards(col)
         for shard in np.unique(chunks // res.per_shard).tolist():
-            if shard in in_ram:
-                continue
+            if shard in in_ram or shard in res.buffers:
+                continue  # a held shard's chunk not held failed its checksum there: the files path reports it
             if res.full(col.tier.capacity_bytes) or not res.load(shard, col.tier.capacity_bytes):
                 break  # full: the rest is read from the files
 
@@ -87,7 +89,8 @@ class CompressedTierSource:
         if decodes < SHARED_MIN_DECODES or self.decoder.helpers() is None:
             status = np.empty(decodes, dtype=np.int8)
             bad, rows = native.checked_decode_stacks(obs_ids, next_ids, shifted, obs_words, next_words, nbytes,
-                                                     ring_rows, res.chunk_addr, res.chunk_size, col.codec, status)
+                                                     ring_rows, res.chunk_addr, res.chunk_size, col.codec, status,
+                                                     verified=True)
             if bad > 0:
                 raise_bad_chunk(col, rows, status)
             done = bad == 0
@@ -95,7 +98,7 @@ class CompressedTierSource:
             plan = native.checked_plan_stack_decodes(obs_ids, next_ids, shifted, obs_words, next_words, nbytes,
                                                      ring_rows, res.chunk_addr, res.chunk_size)
             if plan.absent == 0:
-                self.decoder.decode_stack_plan(col, plan)
+                self.decoder.decode_stack_plan(col, plan, verified=True)
             done = plan.absent == 0
         if done:
             col.tier.hits += decodes
@@ -114,7 +117,7 @@ class CompressedTierSource:
     def decode_frames(self, col: "ColumnReader", chunks, addr, dst, copies, into) -> None:
         """Held one-frame ``chunks`` (at ``addr``) decoded to ``dst`` (and copied to ``copies``) inside ``into``."""
         self.decoder.decode_chunks(col, chunks, addr, col.resident.chunk_size[chunks], dst, copies, col.row_nbytes,
-                                   into)
+                                   into, verified=True)
         col.tier.hits += int(addr.size)
 
     # -- runs of frames (the temporal codec) -----------------------------------------------------------
@@ -134,7 +137,7 @@ class CompressedTierSource:
     def decode_runs(self, col: "ColumnReader", req: "RunRequests", src, sizes, groups) -> None:
         """The frames ``req`` asks of the held runs ``groups`` (None: every run of ``req``) decoded into place."""
         if groups is None or groups.size:
-            self.decoder.decode_run_groups(col, req, src, sizes, groups)
+            self.decoder.decode_run_groups(col, req, src, sizes, groups, verified=True)
 
     # -- into the decoded cache ---------------------------------------------------------------------------
     def decode_into_slots(self, col: "ColumnReader", chunks: np.ndarray, slots: np.ndarray) -> np.ndarray:
@@ -159,6 +162,6 @@ class CompressedTierSource:
             cache = col.cache
             dst = address_of(cache.slab) + slots[held].astype(np.int64) * cache.chunk_nbytes
             self.decoder.decode_chunks(col, chunks[held], addr[held], res.chunk_size[chunks[held]], dst,
-                                       np.zeros_like(dst), cache.chunk_nbytes, (cache.slab,))
+                                       np.zeros_like(dst), cache.chunk_nbytes, (cache.slab,), verified=True)
         col.tier.hits += n_held
         return absent
