@@ -112,6 +112,14 @@ def _column(store):
     return store._state.reader.columns["obs"]
 
 
+def _budget(path: str, direct: bool) -> int:
+    """A budget that holds the whole store in the compressed tier, with a decoded cache the tier's decodes fill
+    (``decode_into_slots``), or without one: frames decoded straight into batches (``decode_runs``)."""
+    root = os.path.join(path, "frames", "obs")
+    files = sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(root) for f in names)
+    return 4 * files if direct else 1 << 30
+
+
 def _chunk_span(path: str, per: int, inner: int) -> tuple[int, int]:
     """Offset and size of chunk ``inner`` in the shard file at ``path`` (its index)."""
     with open(path, "rb") as f:
@@ -135,7 +143,8 @@ def _every_transition(store, ref):
     return out
 
 
-def test_a_chunk_damaged_in_its_file_is_not_held_and_reads_as_an_error_naming_it(tmp_path, recorded):
+@pytest.mark.parametrize("direct", [True, False], ids=["into-batches", "into-decoded-cache"])
+def test_a_chunk_damaged_in_its_file_is_not_held_and_reads_as_an_error_naming_it(tmp_path, recorded, direct):
     import shutil
 
     src, ref = recorded
@@ -153,9 +162,10 @@ def test_a_chunk_damaged_in_its_file_is_not_held_and_reads_as_an_error_naming_it
         f.seek(offset + size // 2)
         f.write(bytes([byte[0] ^ 0x5A]))
 
-    with mmreplay.Store.open(path, mode="r", cache_bytes=1 << 30) as s:
+    with mmreplay.Store.open(path, mode="r", cache_bytes=_budget(path, direct)) as s:
         wait_preloaded(s)
         res = _column(s).resident
+        assert _column(s).direct == direct
         assert shard in res.buffers  # the shard is held ...
         lo = shard * per
         addr = res.chunk_addr[lo:lo + per]
@@ -174,15 +184,17 @@ def test_a_chunk_damaged_in_its_file_is_not_held_and_reads_as_an_error_naming_it
         assert s.inspect.cache_stats()["obs"]["compressed"]["hits"] > 0
 
 
-def test_tier_decodes_do_not_check_held_chunks_again(recorded, monkeypatch):
+@pytest.mark.parametrize("direct", [True, False], ids=["into-batches", "into-decoded-cache"])
+def test_tier_decodes_do_not_check_held_chunks_again(recorded, monkeypatch, direct):
     """A held chunk's trailing crc made wrong in the tier's copy after it was checked at install: the tier's
     decodes (one compiled call, no codec helpers) still read its frames, as the decoded cache's frames are
     trusted; the checked path refuses the same bytes."""
     path, ref = recorded
     monkeypatch.setenv("MMREPLAY_CODEC_THREADS", "0")  # the helpers' share of a call checks (helpers.py)
-    with mmreplay.Store.open(path, mode="r", cache_bytes=1 << 30) as s:
+    with mmreplay.Store.open(path, mode="r", cache_bytes=_budget(path, direct)) as s:
         wait_preloaded(s)
         col = _column(s)
+        assert col.direct == direct
         res = col.resident
         chunk = 5
         assert res.chunk_addr[chunk] > 0 and res.bad_chunks == 0
