@@ -187,16 +187,20 @@ class ShardedArray:
         n = self.layout.chunks_per_shard
         if not tagged:
             raw = self.tagged(shard, raw)
-        index = _index_of(raw, n)  # the tag sits before the index: its place from the end is the same
         tail = raw[len(raw) - tail_nbytes(n):]
         path = self.layout.shard_file(self.root, shard)
         atomic_write(path, raw, root=self.root)  # its directories made inside the store, never through a link
         with self._lock:
             self._close_fd(shard)
-            self._indexes[shard] = _as_columns(index)
+            # Not cached: the first read of the shard (``_adopt``) reads its index from the file (one tail read,
+            # checked against the identity set here). A writer that kept every index it wrote held ~2 B a
+            # frame forever, allocated on the thread that installs shards between that thread's transient
+            # encoding buffers: those small live blocks pinned ~13 B a frame of freed heap that malloc_trim
+            # cannot return (the dqn-replay import's RSS grew ~25 instead of ~12 B a transition; 50M: +0.6 GB).
+            self._indexes.pop(shard, None)
             self.identities[shard] = identity(bytes(tail))
             self.written_ns[shard] = ShardTag.decode(bytes(tail[:tag_nbytes(n)]), n).written_ns
-            self._chunk_crcs[shard] = None  # re-read from the tag at the next open
+            self._chunk_crcs.pop(shard, None)  # read from the tag at the next open
         return path
 
     def tagged(self, shard: int, raw: bytes) -> bytes:
