@@ -79,3 +79,31 @@ def test_reader_error_is_raised_in_the_caller(tmp_path):
         for _ in read_ahead_blocks(ckpt, 0, buffers):
             pass
     assert not readers_alive()
+
+
+def test_a_block_is_inflated_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
+    """gzip's ``readinto`` inflates into a temporary of the size asked: a block read in one call would be held
+    twice (``npy_stream.READ_BYTES``). The rows read are the rows written, across the pieces' seams."""
+    from mmreplay.datasets import npy_stream
+
+    monkeypatch.setattr(npy_stream, "READ_BYTES", 1000)  # not a multiple of a row (84 * 84 = 7056 bytes)
+    frames = np.random.default_rng(3).integers(0, 255, (40, 84, 84), dtype=np.uint8)
+    path = str(tmp_path / "obs.gz")
+    with npy_stream.NpyWriter(path, frames.shape, np.uint8) as w:
+        w.write_rows(frames)
+    asked = []
+    with npy_stream.NpyReader(path, what="frames", kinds="u", row_ndim=2) as r:
+        inner = r._file
+
+        class Recording:
+            def readinto(self, view):
+                asked.append(len(view))
+                return inner.readinto(view)
+
+        r._file = Recording()
+        out = np.empty((40, 84, 84), np.uint8)
+        r.read_rows(out[:25])
+        r.read_rows(out[25:])
+        r._file = inner
+    np.testing.assert_array_equal(out, frames)
+    assert max(asked) == 1000 and len(asked) >= 40 * 84 * 84 // 1000
