@@ -68,8 +68,10 @@ from mmreplay.datasets.npy_stream import (
 
 ProgressFn = Callable[[int, int], None]
 
-#: frames a block holds at most, in bytes (``READ_AHEAD_BUFFERS`` blocks are most of the import's memory)
-BLOCK_BYTES = 32 << 20
+#: frames a block holds at most, in bytes (``READ_AHEAD_BUFFERS`` of them are held). 8 MiB (~1,190 Atari frames,
+#: several episodes): 32 MiB blocks cost 48 MB more of peak RSS, which a 50M-transition import has no room for
+#: (its index alone takes ~0.7 GB), and bought nothing measurable (the work a block does is per row)
+BLOCK_BYTES = 8 << 20
 #: blocks of frames in turn: one being written while the reading thread decompresses the next
 READ_AHEAD_BUFFERS = 2
 #: transitions between two commits (each names where a resumed import starts)
@@ -381,7 +383,7 @@ def _run(plan: _Plan, writer, cursor: Cursor, block_bytes: int, commit_rows: int
     before = 0
     try:
         for ckpt in plan.checkpoints:
-            report = lambda row, base=before: progress and progress(base + row, plan.rows)  # noqa: E731
+            report = lambda row, base=before: progress and progress(base + row, plan.rows)
             before += ckpt.rows
             if any(c["number"] == ckpt.number and c["done"] for c in cursor.checkpoints):
                 continue

@@ -22,8 +22,11 @@ from typing import Any
 import numpy as np
 
 from mmreplay.datasets.dopamine_files import STORE_PREFIX, invalid_range, unpack_frame
-from mmreplay.datasets.dqn_replay import BLOCK_BYTES, META_KEY, ProgressFn
+from mmreplay.datasets.dqn_replay import META_KEY, ProgressFn
 from mmreplay.datasets.npy_stream import NpyWriter, save_small
+
+#: stacks of frames an export block holds at most, in bytes (the import's blocks are smaller: see its ``BLOCK_BYTES``)
+EXPORT_BLOCK_BYTES = 32 << 20
 
 
 def export_dqn_replay(store, out, *, capacity: int | None = None, update_horizon: int = 1, block_rows: int = 1024,
@@ -41,7 +44,7 @@ def export_dqn_replay(store, out, *, capacity: int | None = None, update_horizon
         raise ValueError(f"Dopamine checkpoints hold integer actions; this store's action space is {store.action_space}")
     k = store.frame_stack
     # a block reads each transition's two stacks: bound it by bytes, whatever block_rows says
-    block_rows = max(1, min(block_rows, BLOCK_BYTES // (2 * k * max(1, int(np.prod(space.shape))))))
+    block_rows = max(1, min(block_rows, EXPORT_BLOCK_BYTES // (2 * k * max(1, int(np.prod(space.shape))))))
     meta = store.app_meta.get(META_KEY)
     notes: list[str] = []
     if meta and store.inspect.valid_range()[0] > 0:  # a bounded store dropped imported rows: no exact layout
