@@ -184,13 +184,14 @@ def test_a_chunk_damaged_in_its_file_is_not_held_and_reads_as_an_error_naming_it
         assert s.inspect.cache_stats()["obs"]["compressed"]["hits"] > 0
 
 
+@pytest.mark.parametrize("helpers", ["0", "1"], ids=["alone", "with-a-helper"])
 @pytest.mark.parametrize("direct", [True, False], ids=["into-batches", "into-decoded-cache"])
-def test_tier_decodes_do_not_check_held_chunks_again(recorded, monkeypatch, direct):
+def test_tier_decodes_do_not_check_held_chunks_again(recorded, monkeypatch, direct, helpers):
     """A held chunk's trailing crc made wrong in the tier's copy after it was checked at install: the tier's
-    decodes (one compiled call, no codec helpers) still read its frames, as the decoded cache's frames are
-    trusted; the checked path refuses the same bytes."""
+    decodes (one compiled call, or shared with a codec helper) still read its frames, as the decoded cache's
+    frames are trusted; the checked path refuses the same bytes."""
     path, ref = recorded
-    monkeypatch.setenv("MMREPLAY_CODEC_THREADS", "0")  # the helpers' share of a call checks (helpers.py)
+    monkeypatch.setenv("MMREPLAY_CODEC_THREADS", helpers)
     with mmreplay.Store.open(path, mode="r", cache_bytes=_budget(path, direct)) as s:
         wait_preloaded(s)
         col = _column(s)
@@ -204,7 +205,8 @@ def test_tier_decodes_do_not_check_held_chunks_again(recorded, monkeypatch, dire
             buf = res.buffers[shard]
             at = addr - buf.ctypes.data + size - 1
             buf[at] ^= 0x01  # the last byte of its checksum
-        ids = list(range(chunk * RUN + 2, (chunk + 1) * RUN - 1))
+        # with a helper: runs enough to share the call (``SHARED_MIN_RUNS``), the damaged one among them
+        ids = list(range(chunk * RUN + 2, (chunk + (1 if helpers == "0" else 6)) * RUN - 1))
         before = col.tier.hits
         batch = s.inspect.get(ids)
         assert_batch_matches(batch, ref, ids)

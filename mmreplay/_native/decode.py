@@ -281,21 +281,9 @@ def _plan_stack_decodes_checked(obs_ids, next_ids, shifted, obs_out, next_out, n
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size, codec,
-                   status, verified):  # pragma: no cover (compiled)
-    """``stack_plan.decode_stacks`` with ``decode_chunks``' ``verified``: ``(failures, rows)``, ``failures == -1``
-    and nothing written when a chunk is not held."""
-    rows, src, sizes, dst, copies, absent = plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out,
-                                                               nbytes, ring_rows, chunk_addr, chunk_size)
-    if absent:
-        return -1, rows
-    return decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size], verified), rows
-
-
-@numba.njit(cache=True, nogil=True)
 def _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
                            chunk_size, codec, status, verified):  # pragma: no cover (compiled)
-    """``_decode_stacks`` if the checks of ``checked_decode_stacks`` pass (they are tested here, in the one
+    """``stack_plan.decode_stacks`` if the checks of ``checked_decode_stacks`` pass (they are tested here, in the one
     compiled call a batch makes), else ``(-2, rows)`` and nothing written: the entry point then names the
     fault."""
     n, k = obs_ids.shape
@@ -303,8 +291,8 @@ def _decode_stacks_checked(obs_ids, next_ids, shifted, obs_out, next_out, nbytes
     if not (_outputs_fit(obs_ids, next_ids, obs_out, next_out, nbytes, chunk_addr, chunk_size)
             and status.size >= total and (codec == CODEC_BLOSC or codec == CODEC_ZSTD or codec == CODEC_TEMPORAL)):
         return -2, np.empty(0, dtype=np.int64)
-    return _decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
-                          codec, status, verified)
+    return stack_plan.decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
+                                    chunk_size, codec, status, verified)
 
 
 _I64 = np.dtype(np.int64)
@@ -335,6 +323,6 @@ def checked_decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes,
     if codec not in CODECS:
         raise ValueError(f"codec {codec!r} is none of the compiled decoder's {CODECS}")
     ensure_linked()
-    return _decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size,
-                          codec, status, verified)
+    return stack_plan.decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr,
+                                    chunk_size, codec, status, verified)
 

@@ -88,7 +88,7 @@ def _run_piece(ctrl, piece, dctx):  # pragma: no cover (compiled)
         dsts = numba.carray(address(ctrl[ARG + 4]), (n_requests,), np.int64)
         status = numba.carray(address(ctrl[ARG + 5]), (total,), np.int8)
         bad = decode_frame_groups_with(dctx, src[lo:hi], sizes[lo:hi], starts[lo:hi + 1], js, dsts, ctrl[ARG + 6],
-                                       ctrl[ARG + 7], status[lo:hi])
+                                       ctrl[ARG + 7], status[lo:hi], ctrl[ARG + 8] != 0)
         if bad:
             atomic_add(ctrl, BAD, bad)
         return
@@ -120,7 +120,7 @@ def _run_piece(ctrl, piece, dctx):  # pragma: no cover (compiled)
         copies = numba.carray(address(ctrl[ARG + 3]), (total,), np.int64)
         status = numba.carray(address(ctrl[ARG + 4]), (total,), np.int8)
         bad = decode_chunks(src[lo:hi], sizes[lo:hi], dst[lo:hi], copies[lo:hi], ctrl[ARG + 5], ctrl[ARG + 6],
-                            status[lo:hi])
+                            status[lo:hi], ctrl[ARG + 7] != 0)
         if bad:
             atomic_add(ctrl, BAD, bad)
         return
@@ -235,28 +235,30 @@ class CodecHelpers:
         for event in self._wake:
             event.set()
 
-    def decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status, into) -> int | None:
+    def decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status, into,
+               verified: bool = False) -> int | None:
         """``chunk_decode.decode_chunks`` shared with the helpers; the number of failures, or None if the
         helpers are busy with another caller's job or the arrays are not plain (then decode alone).
         Every destination and copy address is first checked to have ``nbytes`` of room in ``into`` (the
-        arrays they point into; ``decode.check_decodes``): a ``ValueError`` then, and nothing written."""
+        arrays they point into; ``decode.check_decodes``): a ``ValueError`` then, and nothing written.
+        ``verified``: the chunks' checksums matched when their bytes came in (``decode.checked_verify_chunks``)."""
         check_decodes(src, sizes, dst, copies, nbytes, codec, status, into)
         ensure_linked()
-        return self._decode(src, sizes, dst, copies, nbytes, codec, status)
+        return self._decode(src, sizes, dst, copies, nbytes, codec, status, verified)
 
-    def decode_plan(self, plan, codec: int, status) -> int | None:
+    def decode_plan(self, plan, codec: int, status, verified: bool = False) -> int | None:
         """``decode`` of a batch's ``decode.StackPlan``, whose addresses its checked planning put inside the
         outputs (``decode.check_plan``)."""
         check_plan(plan, codec, status)
         ensure_linked()
-        return self._decode(plan.src, plan.sizes, plan.dst, plan.copies, plan.nbytes, codec, status)
+        return self._decode(plan.src, plan.sizes, plan.dst, plan.copies, plan.nbytes, codec, status, verified)
 
-    def _decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status) -> int | None:
+    def _decode(self, src, sizes, dst, copies, nbytes: int, codec: int, status, verified: bool) -> int | None:
         if not self._busy.acquire(blocking=False):
             return None
         try:
             try:
-                posted = _post_decode(self.ctrl, src, sizes, dst, copies, status, nbytes, codec, self.n)
+                posted = _post_decode(self.ctrl, src, sizes, dst, copies, status, nbytes, codec, int(verified), self.n)
             except TypeError:  # not C-contiguous int64 (int8 status) arrays: a helper could not rebuild them
                 return None
             return self._finish(posted)
@@ -264,7 +266,7 @@ class CodecHelpers:
             self._busy.release()
 
     def decode_frames(self, src, sizes, starts, js, dsts, frame_nbytes: int, run_rows: int, status,
-                      into) -> int | None:
+                      into, verified: bool = False) -> int | None:
         """``run_decode.decode_frame_groups`` shared with the helpers (as ``decode``; the requests first checked by
         ``decode.check_frame_decodes``)."""
         check_frame_decodes(src, sizes, starts, js, dsts, frame_nbytes, run_rows, status, into)
@@ -274,7 +276,7 @@ class CodecHelpers:
         try:
             try:
                 posted = _post_decode_frames(self.ctrl, src, sizes, starts, js, dsts, status, frame_nbytes, run_rows,
-                                             self.n)
+                                             int(verified), self.n)
             except TypeError:
                 return None
             return self._finish(posted)
@@ -344,8 +346,8 @@ def _typed(signatures):
     return wrap
 
 
-@_typed(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, int64)")
-def _post_decode(ctrl, src, sizes, dst, copies, status, nbytes, codec, n_helpers):  # pragma: no cover
+@_typed(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, int64, int64)")
+def _post_decode(ctrl, src, sizes, dst, copies, status, nbytes, codec, verified, n_helpers):  # pragma: no cover
     """Parameters of a ``decode_chunks`` job, then post it: 1 if a helper sleeps, 0 if not, -1 (nothing
     posted) if the arrays disagree in length."""
     total = src.size
@@ -355,11 +357,13 @@ def _post_decode(ctrl, src, sizes, dst, copies, status, nbytes, codec, n_helpers
     ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE] = DECODE, total, per
     ctrl[ARG], ctrl[ARG + 1], ctrl[ARG + 2] = src.ctypes.data, sizes.ctypes.data, dst.ctypes.data
     ctrl[ARG + 3], ctrl[ARG + 4], ctrl[ARG + 5], ctrl[ARG + 6] = copies.ctypes.data, status.ctypes.data, nbytes, codec
+    ctrl[ARG + 7] = verified
     return 1 if _post(ctrl, (total + per - 1) // per, n_helpers) else 0
 
 
-@_typed(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, int64)")
-def _post_decode_frames(ctrl, src, sizes, starts, js, dsts, status, frame_nbytes, run_rows, n_helpers):  # pragma: no cover
+@_typed(f"int64(int64[::1], {_I64}, {_I64}, {_I64}, {_I64}, {_I64}, int8[::1], int64, int64, int64, int64)")
+def _post_decode_frames(ctrl, src, sizes, starts, js, dsts, status, frame_nbytes, run_rows, verified,
+                        n_helpers):  # pragma: no cover
     """Parameters of a ``decode_frame_groups`` job, then post it (as ``_post_decode``)."""
     total = src.size
     if sizes.size != total or starts.size != total + 1 or status.size < total or js.size != dsts.size or \
@@ -369,7 +373,7 @@ def _post_decode_frames(ctrl, src, sizes, starts, js, dsts, status, frame_nbytes
     ctrl[KIND], ctrl[TOTAL], ctrl[PER_PIECE] = DECODE_FRAMES, total, per
     ctrl[ARG], ctrl[ARG + 1], ctrl[ARG + 2] = src.ctypes.data, sizes.ctypes.data, starts.ctypes.data
     ctrl[ARG + 3], ctrl[ARG + 4], ctrl[ARG + 5] = js.ctypes.data, dsts.ctypes.data, status.ctypes.data
-    ctrl[ARG + 6], ctrl[ARG + 7] = frame_nbytes, run_rows
+    ctrl[ARG + 6], ctrl[ARG + 7], ctrl[ARG + 8] = frame_nbytes, run_rows, verified
     return 1 if _post(ctrl, (total + per - 1) // per, n_helpers) else 0
 
 

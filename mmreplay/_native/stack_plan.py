@@ -88,13 +88,14 @@ def plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ri
 
 @numba.njit(cache=True, nogil=True)
 def decode_stacks(obs_ids, next_ids, shifted, obs_out, next_out, nbytes, ring_rows, chunk_addr, chunk_size, codec,
-                  status):  # pragma: no cover (compiled)
+                  status, verified=False):  # pragma: no cover (compiled)
     """``plan_stack_decodes`` and ``decode_chunks`` in one call (a batch too small to split over threads).
     Returns ``(failures, rows)``, with ``failures == -1`` and nothing written when a chunk is not held;
-    ``status`` (at least one entry per decode) and ``rows`` say which chunk failed."""
+    ``status`` (at least one entry per decode) and ``rows`` say which chunk failed. ``verified``: as
+    ``decode_chunks``' (the held chunks' checksums matched when the tier installed them)."""
     rows, src, sizes, dst, copies, absent = plan_stack_decodes(obs_ids, next_ids, shifted, obs_out, next_out,
                                                                nbytes, ring_rows, chunk_addr, chunk_size)
     if absent:
         return -1, rows
-    return decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size]), rows
+    return decode_chunks(src, sizes, dst, copies, nbytes, codec, status[:src.size], verified), rows
 

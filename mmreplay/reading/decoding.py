@@ -7,7 +7,7 @@ the first byte is written (the ``checked_*`` entry points of ``_native/decode.py
 so no helper thread writes into a batch after the error. A chunk's crc32c is checked by its decode unless the
 caller passes ``verified=True``: the compressed tier's chunks, checked once as the tier installed their shard
 (``reading/resident.py``: where bytes come into this process is the integrity boundary; held bytes are trusted
-as the decoded cache's frames are). The codec helpers' share of a call still checks every chunk. From
+as the decoded cache's frames are), whichever thread decodes them (the codec helpers are told too). From
 ``SHARED_MIN_*`` requests a call is shared with the codec helpers (``_native/helpers.py``: a piece of ~10-20 us
 costs two atomic operations to hand over); below, one compiled call in the caller's thread is cheaper.
 """
@@ -48,7 +48,8 @@ class Decoder:
         the module invariant."""
         status = np.empty(src.size, dtype=np.int8)
         helpers = self.helpers(src.size, SHARED_MIN_DECODES)
-        bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status, into)
+        bad = None if helpers is None else helpers.decode(src, sizes, dst, copies, nbytes, col.codec, status, into,
+                                                          verified)
         if bad is None:
             bad = native.checked_decode_chunks(src, sizes, dst, copies, nbytes, col.codec, status, into, verified)
         if bad:
@@ -58,7 +59,7 @@ class Decoder:
         """``decode_chunks`` of a batch's checked ``native.StackPlan`` (every chunk held)."""
         status = np.empty(plan.src.size, dtype=np.int8)
         helpers = codec_helpers(self.codec_threads)
-        bad = None if helpers is None else helpers.decode_plan(plan, col.codec, status)
+        bad = None if helpers is None else helpers.decode_plan(plan, col.codec, status, verified)
         if bad is None:
             bad = native.checked_decode_plan(plan, col.codec, status, verified)
         if bad:
@@ -78,7 +79,7 @@ class Decoder:
         status = np.empty(src.size, dtype=np.int8)
         helpers = self.helpers(src.size, SHARED_MIN_RUNS)
         bad = None if helpers is None else helpers.decode_frames(src, sizes, starts, js, dsts, req.nbytes,
-                                                                 req.run_rows, status, req.into)
+                                                                 req.run_rows, status, req.into, verified)
         if bad is None:
             bad = native.checked_decode_frame_groups(src, sizes, starts, js, dsts, req.nbytes, req.run_rows, status,
                                                      req.into, verified)
