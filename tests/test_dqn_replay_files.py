@@ -14,10 +14,13 @@ import numpy as np
 import pytest
 
 from mmreplay.datasets.dopamine_files import (
+    _narrow_actions,
+    _open_column,
     checkpoint_files,
     iter_frame_blocks,
     read_ahead_blocks,
     read_checkpoint,
+    read_small_columns,
 )
 from mmreplay.datasets.npy_stream import NpyFormatError
 
@@ -107,3 +110,49 @@ def test_a_block_is_inflated_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
         r._file = inner
     np.testing.assert_array_equal(out, frames)
     assert max(asked) == 1000 and len(asked) >= 40 * 84 * 84 // 1000
+
+
+def test_small_columns_are_held_compact_and_exact():
+    """A checkpoint's action/reward/terminal columns are held for all of its rows beside the store's index (issue
+    #42): Atari's actions in one byte, the reward as float32, terminal as bool, at most 6 bytes a row (int64
+    actions took 13), and the values are the files' own."""
+    for ckpt in checkpoints():
+        cols = read_small_columns(ckpt)
+        raw = {}
+        for name in ("action", "reward", "terminal"):
+            with _open_column(ckpt.files, name, ckpt.number) as r:
+                raw[name] = ckpt.in_order(r.read_all())
+        assert cols.action.dtype == np.uint8 and cols.reward.dtype == np.float32 and cols.terminal.dtype == bool
+        assert cols.action.nbytes + cols.reward.nbytes + cols.terminal.nbytes <= 6 * ckpt.rows
+        np.testing.assert_array_equal(cols.action, raw["action"])
+        np.testing.assert_array_equal(cols.reward, raw["reward"].astype(np.float32))
+        np.testing.assert_array_equal(cols.terminal, raw["terminal"] != 0)
+
+
+@pytest.mark.parametrize("top, dtype", [(0, np.uint8), (255, np.uint8), (256, np.uint16), (70_000, np.uint32),
+                                        (2**33, np.int64)])
+def test_actions_keep_their_values_in_the_narrowest_type(top, dtype):
+    action = np.array([0, 1, top, 3], np.int64)
+    got = _narrow_actions(action)
+    assert got.dtype == dtype
+    assert got.tolist() == action.tolist()
+    assert _narrow_actions(np.zeros(0, np.int32)).size == 0
+
+
+def test_the_import_reads_ahead_into_two_small_blocks(tmp_path, monkeypatch):
+    """The read-ahead buffers are held for the whole import: two of ``BLOCK_BYTES`` (+ 2 frames), 2 MiB each
+    (8 MiB blocks cost 12 MB more of a 50M import's peak RSS, issue #42)."""
+    from mmreplay.datasets import dqn_replay
+
+    seen = []
+    real = dqn_replay.read_ahead_blocks
+
+    def spy(ckpt, start, buffers, inner):
+        seen.append([b.nbytes for b in buffers])
+        return real(ckpt, start, buffers, inner)
+
+    monkeypatch.setattr(dqn_replay, "read_ahead_blocks", spy)
+    dqn_replay.import_dqn_replay(FIXTURE, tmp_path / "store", checkpoints="0")
+    frame = 84 * 84
+    assert seen and all(len(b) == dqn_replay.READ_AHEAD_BUFFERS == 2 for b in seen)
+    assert max(max(b) for b in seen) <= (2 << 20) + 2 * frame

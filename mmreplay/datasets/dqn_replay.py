@@ -68,10 +68,11 @@ from mmreplay.datasets.npy_stream import (
 
 ProgressFn = Callable[[int, int], None]
 
-#: frames a block holds at most, in bytes (``READ_AHEAD_BUFFERS`` of them are held). 8 MiB (~1,190 Atari frames,
-#: several episodes): 32 MiB blocks cost 48 MB more of peak RSS, which a 50M-transition import has no room for
-#: (its index alone takes ~0.7 GB), and bought nothing measurable (the work a block does is per row)
-BLOCK_BYTES = 8 << 20
+#: frames a block holds at most, in bytes (``READ_AHEAD_BUFFERS`` of them are held). 2 MiB (~297 Atari frames):
+#: 32 MiB blocks cost 48 MB more of peak RSS than 8 MiB, and 8 MiB 12 MB more than 2 MiB, which a 50M-transition
+#: import has no room for (its index alone takes ~0.7 GB, issue #42: <= 1 GB); larger blocks bought nothing
+#: measurable (the work a block does is per row; an episode longer than a block is written in more pieces)
+BLOCK_BYTES = 2 << 20
 #: blocks of frames in turn: one being written while the reading thread decompresses the next
 READ_AHEAD_BUFFERS = 2
 #: transitions between two commits (each names where a resumed import starts)
