@@ -115,7 +115,6 @@ def decode_chunks(src_addrs, sizes, dst_addrs, copy_addrs, dst_nbytes, codec, st
     return bad
 
 
-
 @numba.njit(cache=True, nogil=True)
 def verify_chunks(src_addrs, sizes, ok):  # pragma: no cover (compiled)
     """``ok[i]``: chunk ``i`` (``sizes[i]`` bytes at ``src_addrs[i]``) ends with the crc32c of the bytes before
