@@ -7,7 +7,9 @@ import os
 import numpy as np
 import pytest
 import zarr
+from gymnasium import spaces
 
+from mmreplay import Store
 from mmreplay.columns.spec import ColumnSpec
 from mmreplay.errors import CorruptDataError
 from mmreplay.reading.cache import ChunkCache
@@ -124,6 +126,37 @@ def test_a_batch_larger_than_the_budget_grows_the_slab_and_forget_releases():
     assert c.slot_of[1] == -1 and c.slot_of[2] == -1 and c.stats.bytes == 4 * c.chunk_nbytes
     c.invalidate(0, 4)
     assert (c.slot_of[:4] == -1).all()
+
+
+def test_the_chunk_table_is_made_at_the_first_lookup_not_by_writes_or_growth():
+    """An import writes 50M frames and never samples: its cache's chunk table (an int32 a chunk, filled at
+    once) would cost 24 MiB of RSS for nothing (issue #42)."""
+    c = ChunkCache(1000, (1, 2), np.uint8, budget_bytes=200, min_slots=8)
+    c.invalidate(0, 1000)  # the writer overwriting frames
+    c.forget(np.array([3, 4]))
+    c.grow_address_space(3000)  # an unbounded store grew
+    assert c._slot_of is None and c.stats.bytes == 0
+    rows, _, hits = c.lookup_rows(np.array([2999, 5]), 0, 1)
+    assert hits == 0 and (rows == -1).all() and c.slot_of.shape == (3000,) and (c.slot_of == -1).all()
+    c.admit(np.array([2999]))
+    c.grow_address_space(5000)  # made now: growth keeps what is held
+    assert c.slot_of.shape == (5000,) and c.chunk_in[c.slot_of[2999]] == 2999 and (c.slot_of[3000:] == -1).all()
+
+
+def test_a_store_written_and_never_sampled_makes_no_chunk_table(tmp_path):
+    store = Store.create(str(tmp_path / "s"), observation_space=spaces.Box(0, 255, (8, 8), np.uint8),
+                         action_space=spaces.Discrete(4), capacity=4096)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        obs = rng.integers(0, 255, (512, 8, 8), dtype=np.uint8)
+        store.extend(obs, rng.integers(0, 4, 512), np.zeros(512, np.float32), obs, np.zeros(512, bool),
+                     np.zeros(512, bool))
+    store.flush()
+    caches = [col.cache for col in store._state.reader.columns.values()]
+    assert caches and all(c._slot_of is None for c in caches)
+    store.sample(16)
+    assert any(c._slot_of is not None for c in caches)
+    store.close()
 
 
 # -- the frame ring and its listener -----------------------------------------------------------------
