@@ -1,6 +1,7 @@
-"""The device's own limit: random 4 KiB reads per second from a store's own shard files, at queue depth 1 and
-32 (threads, each one ``preadv`` in flight), so the store's disk path can be judged against what the disk
-can do.
+"""The device's own limit: random reads per second from a store's own shard files, at queue depth 1 and 32
+(threads, each one ``preadv`` in flight), so the store's disk path can be judged against what the disk can do:
+4 KiB reads, and reads of the store's own mean read size (issue #38 judges the forced-to-disk path by bytes/s
+against the device's at that size, depth 32, probed in the same run).
 
 Invariant: no read is served from the page cache: the files are opened ``O_DIRECT`` where the filesystem
 allows (aligned buffers and offsets), otherwise the page cache is dropped first and every file is
@@ -44,22 +45,33 @@ def _open_all(files: list[str]) -> tuple[list[int], bool]:
     return [os.open(f, os.O_RDONLY) for f in files], False
 
 
-def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0) -> dict:
-    """Reads/s of ``depth`` threads each reading random aligned 4 KiB blocks for ``seconds``."""
+def aligned_size(nbytes: float) -> int:
+    """``nbytes`` rounded up to whole 4 KiB blocks (what ``O_DIRECT`` reads; at least one block)."""
+    return max(1, -(-int(np.ceil(nbytes)) // BLOCK)) * BLOCK
+
+
+def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0, read_bytes: int = BLOCK) -> dict:
+    """Reads/s and bytes/s of ``depth`` threads each reading ``read_bytes`` (a multiple of 4 KiB) at random
+    4 KiB-aligned offsets for ``seconds``."""
+    if read_bytes % BLOCK or read_bytes <= 0:
+        raise ValueError(f"read_bytes {read_bytes}: expected a positive multiple of {BLOCK}")
     fds, direct = _open_all(files)
     try:
         if not direct:
             drop_caches()
             for fd in fds:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        blocks = np.array([os.fstat(fd).st_size // BLOCK for fd in fds], np.int64)
+        # start blocks a whole read fits after (files shorter than a read are never picked)
+        blocks = np.array([max(0, (os.fstat(fd).st_size - read_bytes) // BLOCK + 1) for fd in fds], np.int64)
+        if not blocks.sum():
+            raise ValueError(f"no shard file holds a read of {read_bytes} bytes")
         cum = np.cumsum(blocks)
         counts = [0] * depth
         stop = threading.Event()
 
         def reader(k: int) -> None:
             rng = np.random.default_rng(seed * 1000 + k)
-            buf = mmap.mmap(-1, BLOCK)  # page aligned, as O_DIRECT needs
+            buf = mmap.mmap(-1, read_bytes)  # page aligned, as O_DIRECT needs
             picks = rng.integers(0, int(cum[-1]), 1 << 16)
             j = 0
             while not stop.is_set():
@@ -82,15 +94,22 @@ def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0) ->
     finally:
         for fd in fds:
             os.close(fd)
-    return {"depth": depth, "reads": sum(counts), "reads_per_s": sum(counts) / dt, "direct": direct}
+    return {"depth": depth, "reads": sum(counts), "reads_per_s": sum(counts) / dt,
+            "bytes_per_s": sum(counts) * read_bytes / dt, "read_bytes": read_bytes, "direct": direct}
 
 
 def task_device_reads(spec: dict) -> dict:
-    """Child task: depth 1 and 32 (``spec["depths"]``) on the store's frame shards, ``spec["seconds"]`` each."""
+    """Child task: 4 KiB reads at depth 1 and 32 (``spec["depths"]``) on the store's frame shards,
+    ``spec["seconds"]`` each; with ``spec["read_bytes"]`` (the store's mean read), reads of that size rounded up
+    to whole blocks at depth 32 as well (``sized_*``)."""
     files = shard_files(spec["path"])
     res = {"files": len(files), "bytes": int(sum(os.path.getsize(f) for f in files))}
     for depth in spec.get("depths", (1, 32)):
         r = random_reads(files, depth, spec["seconds"])
         res[f"qd{depth}_reads_per_s"] = r["reads_per_s"]
         res["direct"] = r["direct"]
+    if spec.get("read_bytes"):
+        r = random_reads(files, 32, spec["seconds"], read_bytes=aligned_size(spec["read_bytes"]))
+        res.update(sized_read_bytes=r["read_bytes"], sized_qd32_reads_per_s=r["reads_per_s"],
+                   sized_qd32_bytes_per_s=r["bytes_per_s"])
     return res
