@@ -155,6 +155,8 @@ class ChunkCache:
             self._release(held)
 
     def clear(self) -> None:
+        if self._slot_of is None:
+            return  # nothing was ever held (closing a writer that never sampled does not make the table)
         self._release(np.flatnonzero(self.chunk_in >= 0))
 
     def _release(self, slots: np.ndarray) -> None:

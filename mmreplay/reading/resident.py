@@ -48,6 +48,7 @@ import numpy as np
 from mmreplay.errors import CorruptDataError, UnsafeEntryError
 from mmreplay._native import bulk
 from mmreplay._native import decode as native
+from mmreplay.reading.sparse import grown_sparse, sparse_zeros
 from mmreplay.storage.files import open_regular
 from mmreplay.storage.format.layout import ArrayLayout
 from mmreplay.storage.format.shardfile import EMPTY, index_nbytes, parse_index
@@ -96,8 +97,9 @@ class ResidentShards:
         self.root = root
         self.layout = layout
         self.per_shard = layout.chunks_per_shard
-        self.chunk_addr = np.zeros(n_chunks, dtype=np.int64)
-        self.chunk_size = np.zeros(n_chunks, dtype=np.int64)
+        # one entry a chunk of the ring, written only for the shards held (``sparse``: RAM for those alone)
+        self.chunk_addr = sparse_zeros(n_chunks, np.int64)
+        self.chunk_size = sparse_zeros(n_chunks, np.int64)
         self.buffers: dict[int, np.ndarray] = {}
         self.nbytes = 0
         self.loads = 0  # shards read from their files
@@ -138,10 +140,7 @@ class ResidentShards:
         if n_chunks > self.chunk_addr.size:
             with self._lock:
                 for name in ("chunk_addr", "chunk_size"):
-                    old = getattr(self, name)
-                    grown = np.zeros(n_chunks, dtype=np.int64)
-                    grown[:old.size] = old
-                    setattr(self, name, grown)
+                    setattr(self, name, grown_sparse(getattr(self, name), n_chunks))
 
     def install(self, shard: int, raw) -> bool:
         """Hold ``raw``, the bytes the writer just wrote to ``shard``'s file, in place of any older copy
