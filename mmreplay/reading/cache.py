@@ -1,7 +1,8 @@
 """LRU cache of decoded chunks of one column, in one preallocated slab.
 
 Invariant: ``slot_of[chunk] == s >= 0`` iff ``slab[s]`` holds the decoded chunk ``chunk`` and
-``chunk_in[s] == chunk``; the slab never grows past its slot count except to fit a single batch. A cache
+``chunk_in[s] == chunk`` (until the first lookup makes it, the table is all -1 and held nowhere); the slab never
+grows past its slot count except to fit a single batch. A cache
 is direct-mapped while every chunk it admitted lies below its slot count: chunk ``c`` only ever lives in
 slot ``c``, so neighbouring frames are neighbours in the slab (a frame stack is one contiguous copy, measured
 1.3-1.7x faster than the same stack scattered) and nothing is ever evicted. That holds for good when it has a
