@@ -71,18 +71,21 @@ def test_device_reads_count_reads_of_the_files(tmp_path, monkeypatch):
         files.append(str(p))
     r = device_reads.random_reads(files, 4, 0.1)
     assert r["reads"] > 0 and r["depth"] == 4
-    sized = device_reads.random_reads(files, 2, 0.1, read_bytes=device_reads.aligned_size(9.5 * 1024))
-    assert sized["read_bytes"] == 3 * device_reads.BLOCK and sized["bytes_per_s"] == sized["reads_per_s"] * 3 * 4096
+    sized = device_reads.random_reads(files, 2, 0.1, read_bytes=9.2 * 1024)
+    # rounded up to the direct-I/O unit: 9.5 KiB where the device takes sectors, 12 KiB where it needs 4 KiB
+    assert sized["read_bytes"] in (19 * device_reads.SECTOR, 3 * device_reads.BLOCK)
+    assert sized["bytes_per_s"] == sized["reads_per_s"] * sized["read_bytes"]
     with pytest.raises(ValueError, match="no shard file holds a read of"):
         device_reads.random_reads(files, 1, 0.1, read_bytes=32 * device_reads.BLOCK)
-    with pytest.raises(ValueError, match="read_bytes 1000"):
-        device_reads.random_reads(files, 1, 0.1, read_bytes=1000)
+    with pytest.raises(ValueError, match="read_bytes 0"):
+        device_reads.random_reads(files, 1, 0.1, read_bytes=0)
 
 
 def test_the_device_probe_reads_the_size_the_forced_child_read():
     assert ltr_big.mean_read_of({"device_read_bytes_per_s": 9728e3, "syscr_per_s": 1000.0}) == 9728.0
     assert ltr_big.mean_read_of(None) is None and ltr_big.mean_read_of({"syscr_per_s": 0}) is None
     assert device_reads.aligned_size(9728.0) == 12288 and device_reads.aligned_size(1) == 4096
+    assert device_reads.aligned_size(9420.8, device_reads.SECTOR) == 9728
 
 
 def _summary(**kw):

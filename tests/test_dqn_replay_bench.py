@@ -88,6 +88,28 @@ def test_imported_store_is_the_ground_truth(written, tmp_path, monkeypatch):
         assert mode.verify_store(store, run, 2, batch=128)["wrong"] > 0
 
 
+def test_a_linked_run_imports_as_its_own_checkpoints_and_is_its_ground_truth(written, tmp_path, monkeypatch):
+    """``--dqn-distinct``: 5 checkpoints from the 2 written (links), each imported as its own; every sampled row and
+    every stack across a join equal the linked run's truth, and a truth one transition off is caught."""
+    from benchmarks.dqn_linked import LinkedRun, link_checkpoints
+    run, src = written
+    linked = str(tmp_path / "linked")
+    link_checkpoints(src, linked, ROWS, 2, 5)
+    link_checkpoints(src, linked, ROWS, 2, 5)  # again (a rerun of the bench): kept
+    assert os.path.samefile(os.path.join(linked, "$store$_observation_ckpt.4.gz"),
+                            os.path.join(src, "$store$_observation_ckpt.0.gz"))
+    assert int(load(linked, 4)["add_count"]) == run.add_count(4) != int(load(src, 0)["add_count"])
+    truth = LinkedRun(ROWS, 2, 5, small_pool())
+    import_dqn_replay(linked, tmp_path / "store")
+    with Store.open(str(tmp_path / "store"), mode="r") as store:
+        assert store.num_added == truth.starts[-1] - 1  # the last row waits for its next observation
+        assert mode.verify_store(store, truth, 8, batch=128) == {"verified": 1024, "wrong": 0}
+        joins = truth.checkpoint_starts()[:, None] + np.arange(-6, 6)
+        assert mode.verify_rows(store, truth, joins) == {"joins_checked": 48, "joins_wrong": 0}
+        monkeypatch.setattr(truth, "starts", truth.starts + 1)  # each checkpoint's rows one transition late
+        assert mode.verify_rows(store, truth, joins)["joins_wrong"] > 0
+
+
 def test_subset_loader_rows_are_the_runs(written):
     run, _ = written
     data = run.subset(500)

@@ -1,7 +1,8 @@
 """The device's own limit: random reads per second from a store's own shard files, at queue depth 1 and 32
 (threads, each one ``preadv`` in flight), so the store's disk path can be judged against what the disk can do:
 4 KiB reads, and reads of the store's own mean read size (issue #38 judges the forced-to-disk path by bytes/s
-against the device's at that size, depth 32, probed in the same run).
+against the device's at that size, depth 32, probed in the same run), rounded up to the device's direct-I/O
+unit (its logical block, 512 B here: 9.2 KiB is read as 9.5 KiB, not 12).
 
 Invariant: no read is served from the page cache: the files are opened ``O_DIRECT`` where the filesystem
 allows (aligned buffers and offsets), otherwise the page cache is dropped first and every file is
@@ -20,6 +21,7 @@ import numpy as np
 from .measure import drop_caches
 
 BLOCK = 4096
+SECTOR = 512  # the smallest logical block a device has: direct reads of it work where the device allows
 
 
 def shard_files(store_path: str, column: str = "obs") -> list[str]:
@@ -45,24 +47,36 @@ def _open_all(files: list[str]) -> tuple[list[int], bool]:
     return [os.open(f, os.O_RDONLY) for f in files], False
 
 
-def aligned_size(nbytes: float) -> int:
-    """``nbytes`` rounded up to whole 4 KiB blocks (what ``O_DIRECT`` reads; at least one block)."""
-    return max(1, -(-int(np.ceil(nbytes)) // BLOCK)) * BLOCK
+def aligned_size(nbytes: float, unit: int = BLOCK) -> int:
+    """``nbytes`` rounded up to whole ``unit``s (at least one)."""
+    return max(1, -(-int(np.ceil(nbytes)) // unit)) * unit
 
 
-def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0, read_bytes: int = BLOCK) -> dict:
-    """Reads/s and bytes/s of ``depth`` threads each reading ``read_bytes`` (a multiple of 4 KiB) at random
-    4 KiB-aligned offsets for ``seconds``."""
-    if read_bytes % BLOCK or read_bytes <= 0:
-        raise ValueError(f"read_bytes {read_bytes}: expected a positive multiple of {BLOCK}")
+def direct_unit(fd: int) -> int:
+    """The size and alignment ``O_DIRECT`` reads of ``fd`` need: a sector where the device's logical block is
+    512 B, else 4 KiB."""
+    try:
+        os.preadv(fd, [mmap.mmap(-1, BLOCK)], SECTOR)  # 4 KiB at a sector's offset: refused unless 512 B works
+        return SECTOR
+    except OSError:
+        return BLOCK
+
+
+def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0, read_bytes: float = BLOCK) -> dict:
+    """Reads/s and bytes/s of ``depth`` threads each reading ``read_bytes`` (rounded up to the direct-I/O unit)
+    at random offsets (multiples of that unit) for ``seconds``."""
+    if not read_bytes > 0:
+        raise ValueError(f"read_bytes {read_bytes}: expected a positive size")
     fds, direct = _open_all(files)
     try:
         if not direct:
             drop_caches()
             for fd in fds:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        # start blocks a whole read fits after (files shorter than a read are never picked)
-        blocks = np.array([max(0, (os.fstat(fd).st_size - read_bytes) // BLOCK + 1) for fd in fds], np.int64)
+        unit = direct_unit(fds[0]) if direct else SECTOR
+        read_bytes = aligned_size(read_bytes, unit)
+        # start units a whole read fits after (files shorter than a read are never picked)
+        blocks = np.array([max(0, (os.fstat(fd).st_size - read_bytes) // unit + 1) for fd in fds], np.int64)
         if not blocks.sum():
             raise ValueError(f"no shard file holds a read of {read_bytes} bytes")
         cum = np.cumsum(blocks)
@@ -78,7 +92,7 @@ def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0, re
                 g = int(picks[j & 0xFFFF])
                 f = int(np.searchsorted(cum, g, side="right"))
                 blk = g - (int(cum[f - 1]) if f else 0)
-                os.preadv(fds[f], [buf], blk * BLOCK)
+                os.preadv(fds[f], [buf], blk * unit)
                 counts[k] += 1
                 j += 1
 
@@ -100,8 +114,8 @@ def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0, re
 
 def task_device_reads(spec: dict) -> dict:
     """Child task: 4 KiB reads at depth 1 and 32 (``spec["depths"]``) on the store's frame shards,
-    ``spec["seconds"]`` each; with ``spec["read_bytes"]`` (the store's mean read), reads of that size rounded up
-    to whole blocks at depth 32 as well (``sized_*``)."""
+    ``spec["seconds"]`` each; with ``spec["read_bytes"]`` (the store's mean read), reads of that size (rounded up
+    to the direct-I/O unit) at depth 32 as well (``sized_*``)."""
     files = shard_files(spec["path"])
     res = {"files": len(files), "bytes": int(sum(os.path.getsize(f) for f in files))}
     for depth in spec.get("depths", (1, 32)):
@@ -109,7 +123,7 @@ def task_device_reads(spec: dict) -> dict:
         res[f"qd{depth}_reads_per_s"] = r["reads_per_s"]
         res["direct"] = r["direct"]
     if spec.get("read_bytes"):
-        r = random_reads(files, 32, spec["seconds"], read_bytes=aligned_size(spec["read_bytes"]))
+        r = random_reads(files, 32, spec["seconds"], read_bytes=spec["read_bytes"])
         res.update(sized_read_bytes=r["read_bytes"], sized_qd32_reads_per_s=r["reads_per_s"],
                    sized_qd32_bytes_per_s=r["bytes_per_s"])
     return res

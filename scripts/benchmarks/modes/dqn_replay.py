@@ -55,6 +55,12 @@ class DqnReplayMode(Mode):
         p.add_argument("--dqn-gzip-level", type=int, default=6, help="gzip level of the written checkpoints "
                        "(Dopamine's save: 9; default 6, the same format, written 4.5x faster)")
         p.add_argument("--dqn-verify-batches", type=int, default=None, help="batches of 256 checked (default 40)")
+        p.add_argument("--dqn-distinct", type=int, default=None, help="write only this many distinct checkpoints; "
+                       "the others are hard links of them, each with its own add_count (benchmarks/dqn_linked.py: "
+                       "the whole run of 50 from 3 in ~6 min of writing instead of ~100; default: all distinct)")
+        p.add_argument("--dqn-warm-s", type=float, default=0.0, help="seconds the store's child samples after "
+                       "the warm-up before its windows (a store larger than the cgroup fills its page cache "
+                       "and tier for ~30-60 s; default 0)")
 
     def finish_args(self, a, quick: bool, argv: list[str]) -> None:
         a.checkpoints = a.checkpoints or 2
@@ -62,6 +68,10 @@ class DqnReplayMode(Mode):
         a.dqn_subset = a.dqn_subset or (20_000 if quick else 500_000)
         a.dqn_repeats = a.dqn_repeats or (1 if quick else 2)
         a.dqn_verify_batches = a.dqn_verify_batches or (4 if quick else 40)
+        if a.dqn_distinct is not None and not 1 <= a.dqn_distinct <= a.checkpoints:
+            raise SystemExit(f"--dqn-distinct {a.dqn_distinct}: expected 1..--checkpoints ({a.checkpoints})")
+        if a.dqn_distinct == a.checkpoints:
+            a.dqn_distinct = None  # all distinct: nothing to link
 
     def requested(self, a) -> bool:
         return a.dqn_replay
@@ -78,12 +88,13 @@ class DqnReplayMode(Mode):
         n = imp.get("transitions")
         add(f"dqn-replay import of {n or 0:,}: transitions/s (2 cores, shared)", imp.get("transitions_per_s"),
             10_000, unit="/s")
-        add("dqn-replay import: peak PSS of the import's processes", imp.get("peak_pss_tree_mb"), 1024, unit="MB",
-            le=True)
+        # issue #42: <= 1 GB of peak RSS, read as 10^9 bytes (953.7 MiB; the figures are MiB)
+        add("dqn-replay import: peak RSS (sum of VmHWM) of the import's processes, MiB",
+            imp.get("peak_rss_hwm_sum_mb"), 953.7, unit="MiB", le=True)
         model = memory_model(part)
         if model:
             add(f"dqn-replay import of the whole run (~{model['transitions'] / 1e6:.0f}M): peak RSS, index-only "
-                "model (a lower bound)", model["rss_mb"], 1024, unit="MB", le=True)
+                "model (a lower bound), MiB", model["rss_mb"], 953.7, unit="MiB", le=True)
         add("dqn-replay bytes a transition on disk", imp.get("store_bytes_per_transition"), 120, unit="B", le=True)
         add(f"dqn-replay b32 in {part['limit_bytes'] / 1e9:.0f} GB vs the 1% loader in RAM", s.get("b32_ratio"), 1.0)
         add("dqn-replay sampled rows wrong", s.get("wrong"), 0, unit="rows", le=True)
@@ -96,8 +107,22 @@ class DqnReplayMode(Mode):
 # children
 # ----------------------------------------------------------------------------------------------
 def task_write(spec: dict) -> dict:
+    """The checkpoints the import reads: all written, or ``distinct`` written and the rest linked to them."""
     from ..dqn_data import ensure_checkpoints
-    return {"checkpoints": ensure_checkpoints(spec["src"], spec["rows"], spec["n"], spec["gzip_level"])}
+    from ..dqn_linked import link_checkpoints
+    distinct = spec.get("distinct")
+    recs = ensure_checkpoints(spec["src"], spec["rows"], distinct or spec["n"], spec["gzip_level"])
+    if distinct:
+        link_checkpoints(spec["src"], spec["linked"], spec["rows"], distinct, spec["n"])
+    return {"checkpoints": recs}
+
+
+def ground_truth(spec: dict):
+    """The run a store imported by ``run`` holds (``DopamineRun``, or ``LinkedRun`` when checkpoints are linked)."""
+    from ..dqn_data import DopamineRun
+    from ..dqn_linked import LinkedRun
+    distinct = spec.get("distinct")
+    return LinkedRun(spec["rows"], distinct, spec["n"]) if distinct else DopamineRun(spec["rows"])
 
 
 def task_import(spec: dict) -> dict:
@@ -111,18 +136,22 @@ def task_store(spec: dict) -> dict:
     child_setup(tune=False)
     import mmreplay
 
-    from ..dqn_data import DopamineRun
     res = {"page_cache_dropped": drop_caches()}
     t0 = time.perf_counter()
     s = mmreplay.Store.open(spec["path"], mode="r")
     res["open_s"], res["stored"] = time.perf_counter() - t0, len(s)
     smp = s.sampler(32, seed=32, name="b32")
     res["warm_hit_rate"] = warm_up(s, smp, spec["window_s"], spec["warm_max_s"])
+    if spec.get("warm_s"):  # a store larger than the cgroup: its page cache and tier fill meanwhile
+        res["warm_rates"] = rate_windows(smp.__next__, max(1, int(spec["warm_s"] // 10)), 10.0, 0.0)
     rates = rate_windows(smp.__next__, spec["windows"], spec["window_s"], 0.5)
     res["b32_per_s"], res["b32_windows"] = float(np.median(rates)), rates
     smp.close()
     res["peak_rss_sampling"] = peak_rss_bytes()
-    res.update(verify_store(s, DopamineRun(spec["rows"]), spec["verify_batches"]))
+    run = ground_truth(spec)
+    res.update(verify_store(s, run, spec["verify_batches"]))
+    if hasattr(run, "checkpoint_starts"):  # linked: every transition whose stacks cross a checkpoint's join
+        res.update(verify_rows(s, run, run.checkpoint_starts()[:, None] + np.arange(-6, 6)))
     res["peak_rss"] = peak_rss_bytes()
     if spec.get("cgroup_dir"):
         res["cgroup"] = read_cgroup_stats(spec["cgroup_dir"])
@@ -135,16 +164,30 @@ def verify_store(store, run, batches: int, batch: int = 256) -> dict:
     wrong, checked, smp = 0, 0, store.sampler(batch, seed=777, name="verify")
     for _ in range(batches):
         b = next(smp)
-        exp = run.truth(b.indices.numpy())
-        ok = np.ones(len(exp["action"]), bool)
-        for key, got in (("obs", b.obs), ("next_obs", b.next_obs)):
-            ok &= (got.numpy() == exp[key]).reshape(len(ok), -1).all(axis=1)
-        ok &= (b.action.numpy().reshape(-1) == exp["action"]) & (b.reward.numpy().reshape(-1) == exp["reward"])
-        ok &= b.terminated.numpy().reshape(-1).astype(bool) == exp["terminal"]
+        ok = rows_equal(b, run.truth(b.indices.numpy()))
         wrong += int((~ok).sum())
         checked += len(ok)
     smp.close()
     return {"verified": checked, "wrong": wrong}
+
+
+def verify_rows(store, run, t: np.ndarray) -> dict:
+    """Transitions ``t`` (those stored), read by id and compared with the run, as ``verify_store`` does."""
+    t = np.unique(t[(t >= 0) & (t < store.num_added)])
+    wrong = 0
+    for lo in range(0, t.size, 256):
+        ids = t[lo:lo + 256]
+        wrong += int((~rows_equal(store.inspect.get(ids), run.truth(ids))).sum())
+    return {"joins_checked": int(t.size), "joins_wrong": wrong}
+
+
+def rows_equal(b, exp: dict) -> np.ndarray:
+    """Per row of batch ``b``: obs stack, next stack, action, reward and terminal all equal to ``exp``'s."""
+    ok = np.ones(len(exp["action"]), bool)
+    for key, got in (("obs", b.obs), ("next_obs", b.next_obs)):
+        ok &= (got.numpy() == exp[key]).reshape(len(ok), -1).all(axis=1)
+    ok &= (b.action.numpy().reshape(-1) == exp["action"]) & (b.reward.numpy().reshape(-1) == exp["reward"])
+    return ok & (b.terminated.numpy().reshape(-1).astype(bool) == exp["terminal"])
 
 
 def subset_sampler(data: dict, seed: int = 32, batch: int = 32):
@@ -194,14 +237,16 @@ def run(runner, a) -> dict:
     src = os.path.join(runner.workdir, f"dqn_replay_dopamine_{a.dqn_rows}")
     out = {"checkpoints": a.checkpoints, "rows": a.dqn_rows, "limit_bytes": a.dqn_limit, "subset": a.dqn_subset,
            "source": src}
+    linked = f"{src}_linked{a.dqn_distinct}x{a.checkpoints}" if a.dqn_distinct else None
+    out["distinct"] = a.dqn_distinct
     written = runner.child({"task": "dqn_write", "src": src, "rows": a.dqn_rows, "n": a.checkpoints,
-                            "gzip_level": a.dqn_gzip_level},
+                            "gzip_level": a.dqn_gzip_level, "distinct": a.dqn_distinct, "linked": linked},
                            label=f"dqn-replay/write {a.checkpoints} checkpoints", timeout=24 * 3600)
     if "error" in written:
         return {**out, "error": written["error"]}
     out["written"] = written
     store = os.path.join(runner.workdir, f"dqn_replay_store_{a.dqn_rows}x{a.checkpoints}")
-    out["import"] = runner.child({"task": "dqn_import", "src": src, "store": store, "n": a.checkpoints},
+    out["import"] = runner.child({"task": "dqn_import", "src": linked or src, "store": store, "n": a.checkpoints},
                                  label=f"dqn-replay/import {a.checkpoints} checkpoints", timeout=24 * 3600)
     if "error" in out["import"]:
         return out
@@ -210,12 +255,12 @@ def run(runner, a) -> dict:
         f"{imp['cpu_us_per_transition']} us CPU each, peak PSS {imp['peak_pss_tree_mb']} MB, "
         f"{imp['store_bytes_per_transition']} B each")
     base = {"rows": a.dqn_rows, "windows": a.windows, "window_s": a.window_s, "warmup_s": a.warmup_s,
-            "warm_max_s": a.warm_max_s}
+            "warm_max_s": a.warm_max_s, "n": a.checkpoints, "distinct": a.dqn_distinct, "warm_s": a.dqn_warm_s}
     runs = {"mmreplay": [], "loader": []}
     cg = make_memory_cgroup(a.dqn_limit, f"mmreplay_dqn_{os.getpid()}")
     try:
         for rnd in range(a.dqn_repeats):
-            runs["loader"].append(runner.child({**base, "task": "dqn_loader", "n": a.dqn_subset},
+            runs["loader"].append(runner.child({**base, "task": "dqn_loader", "n": a.dqn_subset, "distinct": None},
                                                label=f"dqn-replay/1% loader {a.dqn_subset:,} r{rnd}",
                                                timeout=a.child_timeout))
             runs["mmreplay"].append(runner.child({**base, "task": "dqn_store", "path": store,
@@ -235,8 +280,8 @@ def summarize(runs: dict) -> dict:
     mm, peer = aggregate_runs(runs["mmreplay"]), aggregate_runs(runs["loader"])
     ok = [r for r in runs["mmreplay"] if "error" not in r]
     out = {"mmreplay": mm, "loader": peer,
-           "wrong": sum(r.get("wrong", 0) for r in ok) if ok else None,
-           "verified": sum(r.get("verified", 0) for r in ok)}
+           "wrong": sum(r.get("wrong", 0) + r.get("joins_wrong", 0) for r in ok) if ok else None,
+           "verified": sum(r.get("verified", 0) + r.get("joins_checked", 0) for r in ok)}
     a, b = mm.get("b32_per_s"), peer.get("b32_per_s")
     out["b32_ratio"] = a / b if a and b else None
     return out
@@ -245,8 +290,8 @@ def summarize(runs: dict) -> dict:
 def memory_model(part: dict) -> dict | None:
     """A lower bound of the import's peak memory for the whole run (``FULL_RUN`` checkpoints of this size): this
     import's peak plus the index's measured bytes a transition for the rest of the run (the store is sized
-    from the checkpoints' rows, so the index never doubles). Not the whole growth: measured on 2M and 5M
-    (docs/datasets.md), the import's RSS grew ~27 B a transition, ~13 B more than the index."""
+    from the checkpoints' rows, so the index never doubles). Not the whole growth: over the whole 50M run
+    (docs/datasets.md, `5603d00`) the import's RSS grew ~14.3 B a transition, ~0.8 B more than the index."""
     imp = part.get("import", {})
     n, per = imp.get("transitions"), imp.get("index_bytes_per_transition")
     if not n or per is None or "peak_rss_hwm_sum_mb" not in imp:
