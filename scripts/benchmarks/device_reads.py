@@ -64,7 +64,7 @@ def direct_unit(fd: int) -> int:
 
 def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0, read_bytes: float = BLOCK) -> dict:
     """Reads/s and bytes/s of ``depth`` threads each reading ``read_bytes`` (rounded up to the direct-I/O unit)
-    at random offsets (multiples of that unit) for ``seconds``."""
+    at random offsets (multiples of that unit; of 4 KiB for whole 4 KiB blocks) for ``seconds``."""
     if not read_bytes > 0:
         raise ValueError(f"read_bytes {read_bytes}: expected a positive size")
     fds, direct = _open_all(files)
@@ -75,6 +75,7 @@ def random_reads(files: list[str], depth: int, seconds: float, seed: int = 0, re
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         unit = direct_unit(fds[0]) if direct else SECTOR
         read_bytes = aligned_size(read_bytes, unit)
+        unit = BLOCK if read_bytes % BLOCK == 0 else unit  # whole blocks at block offsets, as 4 KiB probes always were
         # start units a whole read fits after (files shorter than a read are never picked)
         blocks = np.array([max(0, (os.fstat(fd).st_size - read_bytes) // unit + 1) for fd in fds], np.int64)
         if not blocks.sum():
