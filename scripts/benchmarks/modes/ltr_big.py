@@ -377,9 +377,10 @@ def targets(out: dict) -> list[tuple[str, float | None, float, bool]]:
 
 
 def mean_read(r: dict) -> float | None:
-    """Bytes per read syscall at batch 256 (device bytes / syscalls): the store reads whole chunks, not 4 KiB."""
-    b, n = r["b256_device_read_bytes_per_s"], r["b256_syscr_per_s"]
-    return b / n if b is not None and n else None
+    """Bytes per read syscall at batch 256 (device bytes / syscalls) of a summary: the store reads whole chunks,
+    not 4 KiB."""
+    return mean_read_of({"device_read_bytes_per_s": r["b256_device_read_bytes_per_s"],
+                         "syscr_per_s": r["b256_syscr_per_s"]})
 
 
 def mean_read_of(disk: dict | None) -> float | None:
@@ -387,7 +388,7 @@ def mean_read_of(disk: dict | None) -> float | None:
     if not disk:
         return None
     b, n = disk.get("device_read_bytes_per_s"), disk.get("syscr_per_s")
-    return b / n if b and n else None
+    return b / n if b is not None and n else None
 
 
 def report(out: dict) -> str:
