@@ -33,12 +33,14 @@ GREY = {
     "delta-zstd": "delta-zstd",  # temporal, layout 1
     "temporal-2": {"name": "temporal", "level": 3, "run": 8, "search": 8, "layout": 2},
     "temporal-3": {"name": "temporal", "level": 3, "run": 8, "search": 8, "layout": 3, "lz4_depth": 1},
+    "delta-lz4": {"name": "delta-lz4", "level": 9, "run": 8, "search": 8},  # one LZ4 block a run
 }
 RGB = {
     "lz4hc": "lz4hc",
     "zstd": "zstd",
     "temporal-3-run16": {"name": "temporal", "level": 6, "run": 16, "search": 8, "layout": 3, "lz4_depth": 0},
     "delta-zstd": "delta-zstd",
+    "delta-lz4": "delta-lz4",  # runs of 32, the store default for sequences of colour frames
 }
 DRAWS = {
     "uniform": lambda: mmreplay.Uniform(),
@@ -130,7 +132,7 @@ def grey_store(tmp_path_factory, request):
     return path
 
 
-@pytest.fixture(scope="module", params=["lz4hc", "delta-zstd", "temporal-3"])
+@pytest.fixture(scope="module", params=["lz4hc", "delta-zstd", "temporal-3", "delta-lz4"])
 def writing_store(tmp_path_factory, request):
     """A store still being written: rows of its staging shard come from the writer's RAM, the rest from files
     or the compressed tier."""
@@ -286,7 +288,7 @@ def damage_one_chunk(store_path, flip_at):
     return offset, nbytes
 
 
-@pytest.mark.parametrize("codec", ["lz4hc", "zstd", "delta-zstd", "temporal-3"])
+@pytest.mark.parametrize("codec", ["lz4hc", "zstd", "delta-zstd", "temporal-3", "delta-lz4"])
 def test_a_flipped_byte_is_refused_with_corrupt_data_error(tmp_path, codec):
     path = str(tmp_path / "bad.mmr")
     with make_store(path, grey_frames(), GREY[codec], adds=CAPACITY):
@@ -333,7 +335,8 @@ def test_codec_pieces_describe_their_bytes():
     spec_rows = [("zstd", {"name": "zstd", "level": 3}, 1),
                  ("blosc", {"name": "blosc", "cname": "lz4hc", "clevel": 5}, 1),
                  ("temporal-1", {"name": "temporal", "layout": 1}, 8),
-                 ("temporal-3", {"name": "temporal", "layout": 3, "lz4_depth": 1}, 8)]
+                 ("temporal-3", {"name": "temporal", "layout": 3, "lz4_depth": 1}, 8),
+                 ("delta-lz4", {"name": "delta-lz4", "run": 8}, 8)]
     for label, spec, rows in spec_rows:
         codec = codecs.for_config(spec)
         chunk = frames[:rows]
@@ -416,6 +419,55 @@ def test_the_batched_cut_of_runs_equals_the_loop(layout, monkeypatch):
     assert np.array_equal(slow_counts, fast_counts)
     for a, b in zip(slow, fast):
         assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_the_batched_cut_of_delta_lz4_runs_equals_the_loop(monkeypatch):
+    """delta-lz4 runs cut in array operations: the loop's pieces (each run's LZ4 block, every row), without cutting
+    any run one by one; a batch holding a malformed run goes to the loop, which names it."""
+    from mmreplay.codecs.base import FrameCodec
+
+    rng = np.random.default_rng(5)
+    codec = codecs.for_config({"name": "delta-lz4", "run": 8})
+    runs = [np.cumsum(rng.integers(0, 3, (8, 30, 30)), axis=0).astype(np.uint8) if i % 3 else
+            rng.integers(0, 256, (8, 30, 30), dtype=np.uint8) for i in range(7)]
+    bodies = [codec.encode_chunk(run) for run in runs]
+    buf = np.frombuffer(b"".join(bodies), dtype=np.uint8)
+    length = np.array([len(b) for b in bodies], dtype=np.int64)
+    at = np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
+    wants = [np.unique(rng.integers(0, 8, 3)) for _ in bodies]
+    slow, slow_counts = FrameCodec.device_pieces_many(codec, buf, at, length, 8, 900, wants)
+    assert (slow.refs >= 0).any() and set(slow.kinds.tolist()) == {PIECE_LZ4}
+    with monkeypatch.context() as m:
+        m.setattr(type(codec), "device_pieces", lambda *a: (_ for _ in ()).throw(AssertionError("one by one")))
+        fast, fast_counts = codec.device_pieces_many(buf, at, length, 8, 900, wants)
+    assert np.array_equal(slow_counts, fast_counts)
+    for a, b in zip(slow, fast):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    bad = buf.copy()
+    bad[at[4] + 12 + 2] = 7  # run 4's frame 2 refers 7 frames back
+    with pytest.raises(ValueError, match="before the run starts") as info:
+        codec.device_pieces_many(bad, at, length, 8, 900, wants)
+    assert info.value.args[1] == 4
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no-block", "bad-magic", "frames", "reference-out-of-run"])
+def test_malformed_delta_lz4_runs_are_value_errors_naming_what(damage):
+    codec = codecs.for_config({"name": "delta-lz4", "run": 8})
+    body = bytearray(codec.encode_chunk(np.cumsum(np.ones((8, 30, 30), np.uint8), axis=0, dtype=np.uint8)))
+    chunk_rows, match = 8, {"truncated": "shorter than", "no-block": "no LZ4 block", "bad-magic": "expected",
+                            "frames": "announces", "reference-out-of-run": "before the run starts"}[damage]
+    if damage == "truncated":
+        body = body[:10]
+    elif damage == "no-block":
+        body = body[:12 + 8]
+    elif damage == "bad-magic":
+        body[:4] = b"MRT1"
+    elif damage == "frames":
+        chunk_rows = 4  # a run of 8 where the column's chunks hold 4 frames
+    else:
+        body[12 + 3] = 9
+    with pytest.raises(ValueError, match=match):
+        codec.device_pieces(bytes(body), chunk_rows, 900 * 8 // chunk_rows, np.array([0]))
 
 
 def test_layout_3_pieces_are_only_the_chain_from_the_key():
@@ -665,7 +717,7 @@ def tier_batches_equal(store, room, batches=12, between=None) -> dict:
     return stats
 
 
-@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd", "temporal-3", "rgb-temporal-3-run16"])
+@pytest.mark.parametrize("codec", ["lz4hc", "delta-zstd", "temporal-3", "rgb-temporal-3-run16", "rgb-delta-lz4"])
 @pytest.mark.parametrize("room", [1 << 30, 6_000])
 def test_a_device_tier_serves_held_chunks_equal_to_the_cpu_path(tmp_path, codec, room):
     """Chunks held by the device-resident tier (``device_cache_bytes``; the CPU stands in for the device) give the CPU

@@ -29,6 +29,12 @@ frame (``_native/delta_lz4.py``); with runs of 32, a window of 64 steps decodes 
 How the encoder chooses references (the decoder does not care): each frame takes whichever of the last
 ``search`` frames leaves the smallest differences on a strided sample (``temporal.choose_references``): a
 vector env's interleaved streams and episodes starting inside a run find their own predecessor.
+
+On a device (``mmreplay/device/``): a run is one piece, its LZ4 block decoded whole by the batched LZ4 decoder
+(nvCOMP's raw LZ4 blocks; a device decoder has no "stop at this frame"), every frame listed with its
+reference, so the device rebuilds the chains as it does the temporal codec's layout-1 runs. The header is
+checked on the CPU first, as ``decode_run`` checks it (``device_pieces``, ``device_pieces_many``); the LZ4
+block's size is held to the run's bytes by the decoder.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import numpy as np
 from mmreplay._native import lz4
 from mmreplay._native.codec_kinds import CODEC_DELTA_LZ4
 from mmreplay._native.delta_lz4_header import HEADER, LZ4_MAX_BYTES, MAGIC, MAX_RUN
-from mmreplay.codecs.base import FrameCodec
+from mmreplay.codecs.base import PIECE_LZ4, DevicePieces, FrameCodec, read_le
 from mmreplay.codecs.registry import register
 from mmreplay.codecs.run_spec import check_settings, parse_run_header
 from mmreplay.codecs.temporal import choose_references, reconstruct
@@ -100,6 +106,7 @@ class DeltaLz4FrameCodec(FrameCodec):
     name = "delta-lz4"
     kernel_kind = CODEC_DELTA_LZ4  # ``_native/delta_lz4.py``: whole runs, or a run up to the last frame asked for
     decodes_frames_of_runs = True
+    device_decoder = ("lz4",)  # one raw LZ4 block a run (module docstring)
 
     def __init__(self, spec: Mapping[str, Any], dtype: Any = np.uint8):
         super().__init__(spec, dtype)
@@ -121,3 +128,36 @@ class DeltaLz4FrameCodec(FrameCodec):
 
     def decode_chunk(self, data, out: np.ndarray) -> np.ndarray:
         return decode_run(data, out)
+
+    def device_pieces(self, body, chunk_rows: int, row_nbytes: int, rows: np.ndarray) -> DevicePieces:
+        """The run's LZ4 block as one piece producing every row (module docstring), the header checked first."""
+        data = memoryview(body).cast("B")
+        nbytes = chunk_rows * row_nbytes
+        n, _, refs = parse_header(data, nbytes)
+        if n != chunk_rows:
+            raise ValueError(f"delta-lz4 chunk announces {n} frames, its column's chunks hold {chunk_rows}")
+        start = HEADER.size + n
+        if len(data) <= start:
+            raise ValueError(f"delta-lz4 chunk is {len(data)} bytes: no LZ4 block after its {start}-byte header")
+        every = np.arange(n, dtype=np.int64)
+        return DevicePieces(np.array([PIECE_LZ4], dtype=np.int8), np.array([[start, len(data)]], dtype=np.int64),
+                            np.array([[0, nbytes]], dtype=np.int64), every,
+                            np.where(refs != 0, every - refs.astype(np.int64), -1).astype(np.int64))
+
+    def device_pieces_many(self, buf, at, length, chunk_rows, row_nbytes, rows):
+        """``device_pieces`` of a batch's runs in array operations (the same checks; the loop, which names what is
+        wrong, where any run fails one)."""
+        n, r = chunk_rows, at.size
+        start = HEADER.size + n
+        if not r or n > MAX_RUN or n * row_nbytes > LZ4_MAX_BYTES or (length <= start).any() or \
+                (read_le(buf, at, 4) != int.from_bytes(MAGIC, "little")).any() or \
+                (read_le(buf, at + 4, 4) != n).any() or (read_le(buf, at + 8, 4) != row_nbytes).any():
+            return super().device_pieces_many(buf, at, length, chunk_rows, row_nbytes, rows)
+        cols = np.arange(n, dtype=np.int64)
+        back = buf[at[:, None] + HEADER.size + cols].astype(np.int64)
+        if (back > cols).any():
+            return super().device_pieces_many(buf, at, length, chunk_rows, row_nbytes, rows)
+        pieces = DevicePieces(np.full(r, PIECE_LZ4, dtype=np.int8), np.stack([at + start, at + length], axis=1),
+                              np.tile(np.array([[0, n * row_nbytes]], dtype=np.int64), (r, 1)), np.tile(cols, r),
+                              np.where(back > 0, cols - back, -1).reshape(-1))
+        return pieces, np.stack([np.ones(r, dtype=np.int64), np.full(r, n, dtype=np.int64)], axis=1)

@@ -172,8 +172,8 @@ class DevicePath:
             return cls(device, schema, cache_bytes=cache_bytes) if cuda and not bad and nvcomp_available() else None
         if bad:
             raise ValueError(f"decode='device': no device decoder for the frame codec of {', '.join(bad)}; "
-                             "device decoders exist for zstd, blosc (lz4, lz4hc, zstd over bytes) and the temporal "
-                             "codec (decode='cpu' reads any)")
+                             "device decoders exist for zstd, blosc (lz4, lz4hc, zstd over bytes), the temporal "
+                             "codec and delta-lz4 (decode='cpu' reads any)")
         return cls(device, schema, cache_bytes=cache_bytes)
 
     def _decode_buffer(self, nbytes: int):
