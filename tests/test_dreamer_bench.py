@@ -99,6 +99,20 @@ def test_sequences_of_a_built_store_match_the_dataset(tmp_path, fake_pool):
         s.close()
 
 
+def test_device_batches_of_a_built_store_match_the_dataset(tmp_path, fake_pool):
+    """``--device``: the store's batches come through the device decode path (the CPU stand-in decoder here), its
+    delta-lz4 runs decoded as one LZ4 block each and rebuilt there, and match the dataset step by step."""
+    import mmreplay
+    path = str(tmp_path / "s")
+    dreamer_data.build(path, 3000, '{"name": "delta-lz4", "run": 16}')
+    with mmreplay.Store.open(path, mode="r") as s:
+        with s.sampler(16, mmreplay.Sequences(64), **dreamer.on_device("cpu")) as smp:
+            assert smp.decode == "device"
+        got = dreamer.verify_store(s, 4, device="cpu")
+    assert got == {"verified_steps": 4 * 16 * 64, "wrong_frames": 0, "wrong_steps": 0}
+    assert dreamer.on_device(None) == {} and dreamer.synced(len, None) is len
+
+
 def _summary(**kw):
     base = {"per_s": None, "round_medians": [], "cold_per_s": None, "peak_rss": None, "peak_rss_sampling": None,
             "cgroup_max_usage": None, "cpu_ms_a_batch": None, "verified_steps": 0, "wrong_frames": 0,
@@ -131,6 +145,11 @@ def test_report_of_a_saved_run():
     assert "| dreamer 5,000,000 in 8 GB, Sequences(64) b16 vs DreamerV3-style replay 500,000 in RAM | 0.60 | " \
            ">= 0.5 | PASS |" in out
     assert "(tuned 100, glibc default 90.0)" in out
+    # a run with --device cuda: issue #42's GPU target (>= 1.0x), named as such
+    out = dreamer.report({**part, "device": "cuda"})
+    assert "| dreamer 5,000,000 in 8 GB, to cuda, decoded there, Sequences(64) b16 vs DreamerV3-style replay " \
+           "500,000 in RAM | 0.60 | >= 1.0 | FAIL |" in out
+    assert "batches on cuda" in out
 
 
 def test_shared_report_helpers():

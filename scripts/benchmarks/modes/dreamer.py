@@ -13,6 +13,11 @@ holding what fits its RAM.
 ``peer``      (not constrained) ``peers/dreamer_replay``: chunks of 1,024 steps in RAM, uniform over sequence
               starts, 16 sequences stacked per key; its batches checked the same way.
 
+``--device cuda`` (issue #42's GPU target, through issue #38's device decode path): the store's sampler delivers
+batches on the device (``decode="device"``: compressed runs staged and decoded there by nvCOMP, ``mmreplay[gpu]``),
+and the peer's batches are moved there (``.to(device)``); every batch ends with a device synchronise, on both
+sides. ``--device cpu`` runs the same path with the CPU stand-in decoder (a dry run, not a figure).
+
 Invariant: every figure comes from a fresh child, the rounds interleaved (peer, store, peer, store, ...); the
 cgroup is removed whatever happens; the store is built once (``dreamer_data.build``) and reused while it
 carries its build record. Rates are medians of all rounds' windows; the ratio compares them within one run.
@@ -55,23 +60,43 @@ def wrong_steps(src: DreamerSource, index: np.ndarray, image, action, reward, fi
     return int((~frames_ok).sum()), int((~ok).sum())
 
 
-def verify_store(store, n_batches: int) -> dict:
+def on_device(device: str | None) -> dict:
+    """The sampler's keywords for ``--device``: batches on that device, decoded there (none: the CPU path)."""
+    return {"device": device, "decode": "device"} if device else {}
+
+
+def synced(fn, device: str | None):
+    """``fn`` followed by a synchronise of ``device`` when it is a CUDA device (its queued work counted)."""
+    if not device or not device.startswith("cuda"):
+        return fn
+    import torch
+
+    def call():
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+    return call
+
+
+def verify_store(store, n_batches: int, device: str | None = None) -> dict:
     """Sequences(64) batches against the dataset: every step's frame, action, reward and flags, the windows
-    within one episode, and each window's ``next_obs`` (the frame after its last step)."""
+    within one episode, and each window's ``next_obs`` (the frame after its last step); with ``device``, the
+    batches of the device path, brought back to the host to be compared."""
     import mmreplay
     src, frames, steps, checked = DreamerSource(), 0, 0, 0
-    smp = store.sampler(BATCH, mmreplay.Sequences(LENGTH), seed=777, name="verify")
+    smp = store.sampler(BATCH, mmreplay.Sequences(LENGTH), seed=777, name="verify", **on_device(device))
+    host = lambda t: t.cpu().numpy()  # noqa: E731
     for _ in range(n_batches):
         b = next(smp)
-        idx = b.indices.numpy()
-        if not b.mask.numpy().all():
+        idx = host(b.indices)
+        if not host(b.mask).all():
             raise AssertionError("strict Sequences(64) returned padding")
         first = getattr(b, "is_first", None)
-        wf, ws = wrong_steps(src, idx, b.obs.numpy(), b.action.numpy(), b.reward.numpy(),
-                             None if first is None else first.numpy(), b.terminated.numpy(),
-                             (b.terminated | b.truncated).numpy())
+        wf, ws = wrong_steps(src, idx, host(b.obs), host(b.action), host(b.reward),
+                             None if first is None else host(first), host(b.terminated),
+                             host(b.terminated | b.truncated))
         same_episode = (idx // EPISODE == idx[:, :1] // EPISODE).all(axis=1)
-        nxt_ok = np.all((b.next_obs.numpy() == src.frames(idx[:, -1], 1)).reshape(BATCH, -1), axis=1)
+        nxt_ok = np.all((host(b.next_obs) == src.frames(idx[:, -1], 1)).reshape(BATCH, -1), axis=1)
         frames += wf + int((~nxt_ok).sum())
         steps += ws + int((~same_episode).sum()) * LENGTH
         checked += idx.size
@@ -86,21 +111,24 @@ def task_store(spec: dict) -> dict:
     child_setup(tune=False)  # glibc's defaults, as users run
     import mmreplay
     s, res, t0 = open_cold(spec["path"])  # default settings
-    smp = s.sampler(BATCH, mmreplay.Sequences(LENGTH), seed=1, name="b16")
+    device = spec.get("device")
+    smp = s.sampler(BATCH, mmreplay.Sequences(LENGTH), seed=1, name="b16", **on_device(device))
+    res["decode"] = smp.decode
+    batch = synced(smp.__next__, device)
     if spec.get("cold_s"):
-        res["cold_per_second"] = per_second(smp.__next__, spec["cold_s"])
+        res["cold_per_second"] = per_second(batch, spec["cold_s"])
         res["cold_per_s"] = float(np.mean(res["cold_per_second"]))
     # warm: once the compressed tier's background pass has ended, and the decoded cache's hit rate is stable (a
     # store whose frames fit the budget decoded fills it)
-    wait_background_pass(s, smp.__next__, time.perf_counter() + spec["warm_max_s"])
+    wait_background_pass(s, batch, time.perf_counter() + spec["warm_max_s"])
     res["warm_hit_rate"] = warm_up(s, smp, spec["window_s"], spec["warm_max_s"])
     res["warm_after_s"] = time.perf_counter() - t0
-    meter = CpuMeter(smp.__next__)
+    meter = CpuMeter(batch)
     rates = rate_windows(meter, spec["windows"], spec["window_s"], spec["warmup_s"])
     res["cpu_ms_a_batch"] = meter.ms_a_call()
     res["per_s"], res["windows"] = float(np.median(rates)), rates
     smp.close()
-    return close_store(s, res, spec, lambda: verify_store(s, spec["verify_batches"]))
+    return close_store(s, res, spec, lambda: verify_store(s, spec["verify_batches"], device))
 
 
 def task_peer(spec: dict) -> dict:
@@ -109,7 +137,14 @@ def task_peer(spec: dict) -> dict:
     t0 = time.perf_counter()
     rb = DreamerReplay(spec["n"], LENGTH)
     res = {"load_s": time.perf_counter() - t0}
-    meter = CpuMeter(lambda: rb.sample(BATCH))
+    device = spec.get("device")
+    if device:
+        import torch
+        dev = torch.device(device)
+        fn = synced(lambda: {k: v.to(dev, non_blocking=True) for k, v in rb.sample(BATCH).items()}, device)
+    else:
+        fn = lambda: rb.sample(BATCH)  # noqa: E731
+    meter = CpuMeter(fn)
     rates = rate_windows(meter, spec["windows"], spec["window_s"], spec["warmup_s"])
     res["cpu_ms_a_batch"] = meter.ms_a_call()
     res["per_s"], res["windows"] = float(np.median(rates)), rates
@@ -144,8 +179,9 @@ def run(runner, a) -> dict:
         if "error" in rec:
             return {"error": rec["error"]}
     base = {"windows": a.windows, "window_s": a.window_s, "warmup_s": max(a.warmup_s, 1.0),
-            "verify_batches": a.dreamer_verify_batches}
-    out = {"n": n, "peer_n": a.dreamer_peer_n, "limit_bytes": a.dreamer_limit, "path": path, "store": rec}
+            "verify_batches": a.dreamer_verify_batches, "device": a.device}
+    out = {"n": n, "peer_n": a.dreamer_peer_n, "limit_bytes": a.dreamer_limit, "path": path, "store": rec,
+           "device": a.device}
 
     def store_round(cg: str, rnd: int) -> dict:
         return {"mmreplay": runner.child(
@@ -191,8 +227,10 @@ def targets(out: dict) -> list[tuple[str, float | None, float, bool]]:
     s, rec = out["summary"], out["store"]
     mm, peer = s["mmreplay"], s["peer"]
     ratio = mm["per_s"] / peer["per_s"] if mm["per_s"] and peer["per_s"] else None
-    return [(f"dreamer {out['n']:,} in {out['limit_bytes'] / 1e9:.0f} GB, Sequences(64) b16 vs DreamerV3-style "
-             f"replay {out['peer_n']:,} in RAM", ratio, 0.5, False),
+    device = out.get("device")
+    on = f" to {device}, decoded there," if device else ""
+    return [(f"dreamer {out['n']:,} in {out['limit_bytes'] / 1e9:.0f} GB,{on} Sequences(64) b16 vs DreamerV3-style "
+             f"replay {out['peer_n']:,} in RAM", ratio, 1.0 if device == "cuda" else 0.5, False),
             ("dreamer frames smaller than raw", rec.get("frames_smaller_than_raw"), 4.5, False),
             (f"dreamer wrong frames (of {mm['verified_steps']:,} steps checked)", mm["wrong_frames"], 0, True)]
 
@@ -205,7 +243,9 @@ def report(out: dict) -> str:
     lines = [f"== dreamer: {out['n']:,} steps of 64x64 RGB ({rec['codec']} = {rec.get('codec_spec')}, "
              f"{rec['store_bytes'] / 1e6:,.0f} MB on disk, {rec['bytes_per_step']:,.0f} B/step, frames "
              f"{rec['frames_smaller_than_raw']:.2f}x smaller than raw, built at {rec['add_per_s']:,.0f} steps/s) in a "
-             f"{out['limit_bytes'] / 1e9:.1f} GB cgroup, Sequences(64) batch 16 ==",
+             f"{out['limit_bytes'] / 1e9:.1f} GB cgroup, Sequences(64) batch 16"
+             + (f", batches on {out['device']} (the store's decoded there; the peer's moved)" if out.get("device")
+                else "") + " ==",
              "| system | steps held | cold b/s (first s after open) | warm b/s (median) | round medians | CPU ms a batch "
              "| peak RSS MB | wrong frames / steps checked |", "|---|---|---|---|---|---|---|---|"]
     for name, label, held in (("mmreplay", "mmreplay, cgroup", out["n"]), ("peer", "DreamerV3-style replay, RAM",

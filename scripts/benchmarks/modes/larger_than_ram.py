@@ -374,8 +374,9 @@ class LargerThanRamMode(Mode):
         p.add_argument("--ltr-verify-batches", type=int, default=40, help="batches of 256 checked against the frames")
         p.add_argument("--ltr-memmap-once", action="store_true", help="run the (slow) memmap ring child once only")
         p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="--larger-than-ram --workload "
-                       "atari10m|dmc: decode on this device instead (issue #38; benchmarks/device_bench.py; cpu: a "
-                       "dry run of the same path on the CPU stand-in decoder)")
+                       "atari10m|dmc, or --dreamer: decode on this device instead (issue #38; "
+                       "benchmarks/device_bench.py, modes/dreamer.py; cpu: a dry run of the same path on the CPU "
+                       "stand-in decoder)")
 
     def finish_args(self, a, quick: bool, argv: list[str]) -> None:
         if a.ltr_n is None and a.ltr_workload == "atari1m":
