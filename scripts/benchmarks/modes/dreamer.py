@@ -85,7 +85,9 @@ def verify_store(store, n_batches: int, device: str | None = None) -> dict:
     import mmreplay
     src, frames, steps, checked = DreamerSource(), 0, 0, 0
     smp = store.sampler(BATCH, mmreplay.Sequences(LENGTH), seed=777, name="verify", **on_device(device))
-    host = lambda t: t.cpu().numpy()  # noqa: E731
+
+    def host(t):
+        return t.cpu().numpy()
     for _ in range(n_batches):
         b = next(smp)
         idx = host(b.indices)
@@ -138,13 +140,15 @@ def task_peer(spec: dict) -> dict:
     rb = DreamerReplay(spec["n"], LENGTH)
     res = {"load_s": time.perf_counter() - t0}
     device = spec.get("device")
+
+    def batch():
+        return rb.sample(BATCH)
     if device:
         import torch
         dev = torch.device(device)
-        fn = synced(lambda: {k: v.to(dev, non_blocking=True) for k, v in rb.sample(BATCH).items()}, device)
+        meter = CpuMeter(synced(lambda: {k: v.to(dev, non_blocking=True) for k, v in batch().items()}, device))
     else:
-        fn = lambda: rb.sample(BATCH)  # noqa: E731
-    meter = CpuMeter(fn)
+        meter = CpuMeter(batch)
     rates = rate_windows(meter, spec["windows"], spec["window_s"], spec["warmup_s"])
     res["cpu_ms_a_batch"] = meter.ms_a_call()
     res["per_s"], res["windows"] = float(np.median(rates)), rates
