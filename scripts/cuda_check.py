@@ -23,7 +23,8 @@ What it checks, on a store filled with the packaged real Atari fixture (stack 4,
    these, so that two versions of the package can be compared in one session (``PYTHONPATH``).
 
 6. The device decode path (issue 38, ``mmreplay/device/``): for Atari frames with each frame codec (``lz4hc``,
-   ``zstd``, ``delta-zstd``) and colour frames with the temporal codec's layout 3 (``delta-zstd`` on 84x84x3),
+   ``zstd``, ``delta-zstd``) and colour frames with the temporal codec's layout 3 (``delta-zstd`` on 84x84x3) and
+   ``delta-lz4`` (one LZ4 block a run),
    uniform b32 / b256, n-step-3 b256 and sequences, every field of every batch of ``decode="device"`` equals the
    CPU path's for the same seed (rows compared on the host), then batches/s and the process's CPU ms a batch
    (``time.process_time`` over the batches) of ``decode="device"`` against ``decode="cpu"`` on the same device.
@@ -294,11 +295,12 @@ def check_device_decode(fx: dict, root: str, n: int, batches: int, on: str, seco
                           frame_stack=4, reward_values=(-1, 0, 1), frame_codec=codec, durable=False) as store:
             fill(store, fx, n)
         stores[f"atari-{codec}"] = path
-    path = os.path.join(root, "colour-delta-zstd")
-    with Store.create(path, spaces.Box(0, 255, (84, 84, 3), np.uint8), spaces.Discrete(6), capacity=n // 4,
-                      frame_stack=3, reward_values=(-1, 0, 1), frame_codec="delta-zstd", durable=False) as store:
-        fill_colour(store, colour_frames(), n // 4)
-    stores["colour-delta-zstd"] = path
+    for codec in ("delta-zstd", "delta-lz4"):  # delta-lz4: DreamerV3's sequences (one LZ4 block a run of 32)
+        path = os.path.join(root, f"colour-{codec}")
+        with Store.create(path, spaces.Box(0, 255, (84, 84, 3), np.uint8), spaces.Discrete(6), capacity=n // 4,
+                          frame_stack=3, reward_values=(-1, 0, 1), frame_codec=codec, durable=False) as store:
+            fill_colour(store, colour_frames(), n // 4)
+        stores[f"colour-{codec}"] = path
     result: dict = {"on": on}
     wrong_total = rows_total = 0
     for label, path in stores.items():
