@@ -346,24 +346,25 @@ def summarize(runs: dict, wl: str) -> dict:
 
 
 def targets(out: dict) -> list[tuple[str, float | None, float, bool]]:
-    """(name, value, threshold, lower-is-better) per Done-when line of issue #21."""
+    """(name, value, threshold, lower-is-better) per Done-when line of issues #21 and #38 (#38's where it decided)."""
     s, wl, rec = out["summary"], out["workload"], out["store"]
     mm, peer, disk, dev = s["mmreplay"], s["peer"], s["disk"], s["device"]
     ratio = lambda a, b: a / b if a and b else None  # noqa: E731
     rows = []
     if wl == "atari10m":
         rows.append(("atari10m bytes per transition on disk", rec.get("bytes_per_transition"), 150, True))
-        for B in (32, 256):
+        for B in (32, 256):  # issue #38: >= 1.5x SB3 from RAM at b32 and b256, default settings (#21 asked 0.5x)
             rows.append((f"atari10m in 2 GB, warm batch-{B} vs SB3 100k in RAM",
-                         ratio(mm[f"b{B}_per_s"], peer[f"b{B}_per_s"]), 0.5, False))
+                         ratio(mm[f"b{B}_per_s"], peer[f"b{B}_per_s"]), 1.5, False))
         rows.append(("atari10m in 2 GB, first 10 s after open batch-32 vs SB3", ratio(mm["cold_b32_per_s"],
                                                                                      peer["b32_per_s"]), 0.25, False))
     else:
         raw = DMC_RAW_FRAME * rec["n"] * (1 + 1 / 500)  # distinct frames: one more than steps an episode
         # issue #38 accepts >= 4.5x for lossless colour frames bought back as speed (the default lz4_depth 3: 4.65x)
         rows.append(("dmc frames smaller than raw", ratio(raw, rec.get("frames_bytes")), 4.5, False))
+        # issue #38 decided the DMC target of #21: >= 0.75x the loader, judged in one run on the bench's machine
         rows.append(("dmc in 4 GB, batch-256 n-step-3 vs DrQ-v2 loader 50k in RAM",
-                     ratio(mm["b256_per_s"], peer["b256_per_s"]), 1.0, False))
+                     ratio(mm["b256_per_s"], peer["b256_per_s"]), 0.75, False))
     budget = out["cache_bytes"] or mm["budget"]
     peak = mm.get("peak_rss_sampling") or mm["peak_rss"]  # sampling, not the verification's ground truth
     rows.append((f"{wl} peak RSS - budget (MB, while sampling)", (peak - budget) / 1e6 if peak and budget
