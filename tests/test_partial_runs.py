@@ -371,3 +371,26 @@ def test_a_forked_child_reads_runs_from_files_with_its_own_thread(recorded):
             time.sleep(0.05)
         assert os.waitstatus_to_exitcode(status) == 0
         all_batches(s, ref)
+
+
+@pytest.mark.parametrize("layout", [1, 2])
+def test_only_runs_that_can_be_read_in_part_pay_for_a_directory(tmp_path, layout):
+    """A partial tier of layout-1 runs (one zstd frame a run: always read whole) keeps no run directory, so the whole
+    share planned for the tier holds runs; layout 2 keeps one, paid from that share."""
+    with np.load(FIXTURE, allow_pickle=False) as data:
+        frames = data["frames"]
+    spec = {**LAYOUT2, "layout": layout}
+    path = str(tmp_path / "s.mmr")
+    with mmreplay.Store.create(path, spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6), capacity=CAPACITY,
+                               frame_stack=3, reward_values=(-1, 0, 1), frame_codec=spec, durable=False) as s:
+        for t in range(CAPACITY + 37):
+            s.add(frames[t % len(frames)], t % 6, 0.0, frames[(t + 1) % len(frames)], False, False)
+    with mmreplay.Store.open(path, mode="r", cache_bytes=_frames_bytes(path) // 2) as s:
+        stats, plan = s.inspect.cache_stats()["obs"], s._state.reader.plan
+        assert 0 < plan.resident_bytes < _frames_bytes(path)  # a partial tier: some runs come from the files
+        if layout == 1:
+            assert stats["runs"] is None and column(s).runs is None
+            assert stats["compressed"]["capacity_bytes"] == plan.resident_bytes
+        else:
+            assert stats["runs"]["nbytes"] > 0
+            assert stats["compressed"]["capacity_bytes"] == plan.resident_bytes - stats["runs"]["nbytes"]
