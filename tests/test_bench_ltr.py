@@ -97,21 +97,32 @@ def _summary(**kw):
     return {**base, **kw}
 
 
-def test_report_of_a_saved_dmc_run(tmp_path):
-    part = {"workload": "dmc", "n": 1_000_000, "limit_bytes": 4e9, "path": "/tmp/x", "cache_bytes": None,
-            "disk_cache_bytes": 256 << 20,
-            "store": {"codec": "delta-zstd", "n": 1_000_000, "store_bytes": 4.2e9, "frames_bytes": 4.1e9,
-                      "bytes_per_transition": 4200.0, "build_s": 600.0},
-            "summary": {"mmreplay": _summary(b256_per_s=30.0, cold_b256_per_s=10.0, budget=1 << 30,
-                                             peak_rss=1.5e9, verified=10240),
-                        "disk": _summary(b256_per_s=20.0, b256_store_reads_per_s=12_000.0, b256_syscr_per_s=9e3,
-                                         b256_device_read_bytes_per_s=120e6, verified=10240, wrong=1),
-                        "peer": _summary(b256_per_s=20.0, peak_rss=3e8, workers_rss=3.2e9),
+def saved_run(workload: str, n: int, limit: float, store: dict, mmreplay: dict, disk: dict, peer: dict,
+              sized_read_bytes: int, sized_bytes_per_s: float) -> dict:
+    """A saved ``--larger-than-ram`` part of ``workload`` (what the report reads), from its figures."""
+    return {"workload": workload, "n": n, "limit_bytes": limit, "path": "/tmp/x", "cache_bytes": None,
+            "disk_cache_bytes": 256 << 20, "store": {"codec": "delta-zstd", "n": n, **store},
+            "summary": {"mmreplay": _summary(**mmreplay), "disk": _summary(**disk), "peer": _summary(**peer),
                         "device": _summary(qd1_reads_per_s=4000.0, qd32_reads_per_s=20_000.0, direct=True,
-                                           sized_read_bytes=12288, sized_qd32_bytes_per_s=200e6)}}
+                                           sized_read_bytes=sized_read_bytes,
+                                           sized_qd32_bytes_per_s=sized_bytes_per_s)}}
+
+
+def report_of(part: dict) -> str:
     from benchmarks.modes.larger_than_ram import LargerThanRamMode
+    return "\n".join(LargerThanRamMode().report(part, {}, None))
+
+
+def test_report_of_a_saved_dmc_run(tmp_path):
+    part = saved_run("dmc", 1_000_000, 4e9,
+                     {"store_bytes": 4.2e9, "frames_bytes": 4.1e9, "bytes_per_transition": 4200.0, "build_s": 600.0},
+                     {"b256_per_s": 30.0, "cold_b256_per_s": 10.0, "budget": 1 << 30, "peak_rss": 1.5e9,
+                      "verified": 10240},
+                     {"b256_per_s": 20.0, "b256_store_reads_per_s": 12_000.0, "b256_syscr_per_s": 9e3,
+                      "b256_device_read_bytes_per_s": 120e6, "verified": 10240, "wrong": 1},
+                     {"b256_per_s": 20.0, "peak_rss": 3e8, "workers_rss": 3.2e9}, 12288, 200e6)
     from benchmarks.report import evaluate_targets, targets_text
-    out = "\n".join(LargerThanRamMode().report(part, {}, None))
+    out = report_of(part)
     assert "Larger than RAM: dmc, 1,000,000 transitions" in out
     assert "| dmc in 4 GB, batch-256 n-step-3 vs DrQ-v2 loader 50k in RAM | 1.50 | >= 0.75 | PASS |" in out
     # judged by bytes (issue #38): 120 MB/s against the device's 200 MB/s in reads of the store's size
@@ -127,17 +138,12 @@ def test_report_of_a_saved_dmc_run(tmp_path):
 
 def test_report_of_a_saved_atari10m_run_judges_issue_38s_ratios(tmp_path):
     """10M Atari is judged against issue #38's >= 1.5x SB3 at b32 and at b256 (#21's 0.5x no longer counts)."""
-    part = {"workload": "atari10m", "n": 10_000_000, "limit_bytes": 2e9, "path": "/tmp/x", "cache_bytes": None,
-            "disk_cache_bytes": 256 << 20,
-            "store": {"codec": "delta-zstd", "n": 10_000_000, "store_bytes": 1.03e9, "frames_bytes": 1.02e9,
-                      "bytes_per_transition": 103.0, "build_s": 260.0},
-            "summary": {"mmreplay": _summary(b32_per_s=2400.0, b256_per_s=480.0, cold_b32_per_s=1500.0,
-                                             budget=1400 << 20, peak_rss=1.2e9, verified=10240),
-                        "disk": _summary(b256_per_s=70.0, b256_device_read_bytes_per_s=60e6, verified=10240),
-                        "peer": _summary(b32_per_s=2000.0, b256_per_s=300.0, peak_rss=3e9),
-                        "device": _summary(qd1_reads_per_s=4000.0, qd32_reads_per_s=20_000.0, direct=True,
-                                           sized_read_bytes=1024, sized_qd32_bytes_per_s=100e6)}}
-    from benchmarks.modes.larger_than_ram import LargerThanRamMode
-    out = "\n".join(LargerThanRamMode().report(part, {}, None))
+    out = report_of(saved_run("atari10m", 10_000_000, 2e9,
+                              {"store_bytes": 1.03e9, "frames_bytes": 1.02e9, "bytes_per_transition": 103.0,
+                               "build_s": 260.0},
+                              {"b32_per_s": 2400.0, "b256_per_s": 480.0, "cold_b32_per_s": 1500.0,
+                               "budget": 1400 << 20, "peak_rss": 1.2e9, "verified": 10240},
+                              {"b256_per_s": 70.0, "b256_device_read_bytes_per_s": 60e6, "verified": 10240},
+                              {"b32_per_s": 2000.0, "b256_per_s": 300.0, "peak_rss": 3e9}, 1024, 100e6))
     assert "| atari10m in 2 GB, warm batch-32 vs SB3 100k in RAM | 1.20 | >= 1.5 | FAIL |" in out
     assert "| atari10m in 2 GB, warm batch-256 vs SB3 100k in RAM | 1.60 | >= 1.5 | PASS |" in out

@@ -391,25 +391,35 @@ def test_the_batched_cut_equals_the_loop_and_takes_no_chunk_one_by_one(spec, mon
         assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("layout", [1, 2, 3])
-def test_the_batched_cut_of_runs_equals_the_loop(layout, monkeypatch):
-    """A batch's temporal runs cut in array operations: the loop's pieces (layouts 2 and 3: only the asked rows and
-    their chains), without cutting any run one by one."""
+def coded_runs(codec, rng, n=7):
+    """``n`` runs of 8 frames (drifting ones, which code as differences, and every third one noise) coded by
+    ``codec`` back to back: ``(buf, at, length)`` as ``device_pieces_many`` takes them."""
+    runs = [np.cumsum(rng.integers(0, 3, (8, 30, 30)), axis=0).astype(np.uint8) if i % 3 else
+            rng.integers(0, 256, (8, 30, 30), dtype=np.uint8) for i in range(n)]
+    bodies = [codec.encode_chunk(run) for run in runs]
+    length = np.array([len(b) for b in bodies], dtype=np.int64)
+    return np.frombuffer(b"".join(bodies), dtype=np.uint8), np.r_[0, np.cumsum(length)[:-1]].astype(np.int64), length
+
+
+RUN_SPECS = {"temporal-1": {"name": "temporal", "layout": 1, "run": 8},
+             "temporal-2": {"name": "temporal", "layout": 2, "run": 8},
+             "temporal-3": {"name": "temporal", "layout": 3, "run": 8, "lz4_depth": 1},
+             "delta-lz4": {"name": "delta-lz4", "run": 8}}
+
+
+@pytest.mark.parametrize("spec", sorted(RUN_SPECS))
+def test_the_batched_cut_of_runs_equals_the_loop(spec, monkeypatch):
+    """A batch's runs cut in array operations: the loop's pieces (temporal layouts 2 and 3: only the asked rows and
+    their chains; delta-lz4: each run's LZ4 block, every row), without cutting any run one by one."""
     from mmreplay.codecs.base import FrameCodec
 
     rng = np.random.default_rng(4)
-    spec = {"name": "temporal", "layout": layout, "run": 8, **({"lz4_depth": 1} if layout == 3 else {})}
-    codec = codecs.for_config(spec)
-    runs = []
-    for i in range(7):
-        drift = np.cumsum(rng.integers(0, 3, (8, 30, 30)), axis=0).astype(np.uint8)
-        runs.append(drift if i % 3 else rng.integers(0, 256, (8, 30, 30), dtype=np.uint8))
-    bodies = [codec.encode_chunk(run) for run in runs]
-    buf = np.frombuffer(b"".join(bodies), dtype=np.uint8)
-    length = np.array([len(b) for b in bodies], dtype=np.int64)
-    at = np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
-    wants = [np.unique(rng.integers(0, 8, 3)) for _ in bodies]
+    codec = codecs.for_config(RUN_SPECS[spec])
+    buf, at, length = coded_runs(codec, rng)
+    wants = [np.unique(rng.integers(0, 8, 3)) for _ in at]
     slow, slow_counts = FrameCodec.device_pieces_many(codec, buf, at, length, 8, 900, wants)
+    if spec == "delta-lz4":
+        assert (slow.refs >= 0).any() and set(slow.kinds.tolist()) == {PIECE_LZ4}
 
     def refuse(*args):
         raise AssertionError("a run was cut one by one")
@@ -421,32 +431,13 @@ def test_the_batched_cut_of_runs_equals_the_loop(layout, monkeypatch):
         assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
-def test_the_batched_cut_of_delta_lz4_runs_equals_the_loop(monkeypatch):
-    """delta-lz4 runs cut in array operations: the loop's pieces (each run's LZ4 block, every row), without cutting
-    any run one by one; a batch holding a malformed run goes to the loop, which names it."""
-    from mmreplay.codecs.base import FrameCodec
-
-    rng = np.random.default_rng(5)
-    codec = codecs.for_config({"name": "delta-lz4", "run": 8})
-    runs = [np.cumsum(rng.integers(0, 3, (8, 30, 30)), axis=0).astype(np.uint8) if i % 3 else
-            rng.integers(0, 256, (8, 30, 30), dtype=np.uint8) for i in range(7)]
-    bodies = [codec.encode_chunk(run) for run in runs]
-    buf = np.frombuffer(b"".join(bodies), dtype=np.uint8)
-    length = np.array([len(b) for b in bodies], dtype=np.int64)
-    at = np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
-    wants = [np.unique(rng.integers(0, 8, 3)) for _ in bodies]
-    slow, slow_counts = FrameCodec.device_pieces_many(codec, buf, at, length, 8, 900, wants)
-    assert (slow.refs >= 0).any() and set(slow.kinds.tolist()) == {PIECE_LZ4}
-    with monkeypatch.context() as m:
-        m.setattr(type(codec), "device_pieces", lambda *a: (_ for _ in ()).throw(AssertionError("one by one")))
-        fast, fast_counts = codec.device_pieces_many(buf, at, length, 8, 900, wants)
-    assert np.array_equal(slow_counts, fast_counts)
-    for a, b in zip(slow, fast):
-        assert a.dtype == b.dtype and np.array_equal(a, b)
+def test_a_batch_holding_a_malformed_delta_lz4_run_is_cut_by_the_loop_which_names_it():
+    codec = codecs.for_config(RUN_SPECS["delta-lz4"])
+    buf, at, length = coded_runs(codec, np.random.default_rng(5))
     bad = buf.copy()
     bad[at[4] + 12 + 2] = 7  # run 4's frame 2 refers 7 frames back
     with pytest.raises(ValueError, match="before the run starts") as info:
-        codec.device_pieces_many(bad, at, length, 8, 900, wants)
+        codec.device_pieces_many(bad, at, length, 8, 900, [np.array([0])] * at.size)
     assert info.value.args[1] == 4
 
 
