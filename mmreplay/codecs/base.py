@@ -13,7 +13,8 @@ frame):
 - ``decodes_frames_of_runs``: the compiled decoder takes single frames out of a chunk of several rows
   (``_native/run_decode.py``'s ``decode_frame_groups``), so frames go straight into batches;
 - ``decodes_partial_runs``: a chunk's frames can be read from a file in part (``reading/runs.py`` keeps what
-  the runs' headers say, ``_native/runs.py`` decodes);
+  the runs' headers say, ``_native/runs.py`` decodes); the temporal codec says it per configuration (a property:
+  layout-1 runs are one zstd frame, read whole, and a reader would pay for a directory it never uses);
 - ``device_decoder``: the batched decoders (``"zstd"``, ``"lz4"``) a device decodes this codec's chunks with (None:
   none); ``device_pieces`` then cuts a chunk into what they take (``DevicePieces``: each piece one zstd frame, one
   raw LZ4 block or bytes stored as they are, and for runs of frames the references to rebuild), having checked
